@@ -1,0 +1,39 @@
+"""Entry point of the ``cocos`` console script: one typer app, one module per command."""
+
+from __future__ import annotations
+
+import typer
+
+from cocos import __version__
+
+app = typer.Typer(
+    name="cocos",
+    help="COCOS gradient diagnostics for contrastive image-caption retrieval.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"cocos {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Show the version and exit."
+    ),
+) -> None:
+    """COCOS gradient diagnostics for contrastive image-caption retrieval."""
+
+
+def _register() -> None:
+    # Each command module adds itself to ``app``; imported here so the order of
+    # ``cocos --help`` is stable.
+    from cli import count  # noqa: F401
+
+
+_register()

@@ -1,0 +1,99 @@
+"""Side effects at the edge: atomic writes and safe loading of arrays.
+
+Every file cocos writes goes through a temporary file in the same folder and an
+``os.replace``, so an interrupted run never leaves a half-written file and never
+damages a file that was there before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cocos.errors import CocosError
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; on success rename it onto ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix + ".tmp", dir=path.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        os.replace(tmp_path, path)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> None:
+    """Deterministic JSON (sorted keys, fixed indentation), written atomically."""
+    write_text(path, json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n")
+
+
+def write_npz(path: str | os.PathLike, **arrays: np.ndarray) -> None:
+    with atomic_path(path, suffix=".npz") as tmp:
+        with open(tmp, "wb") as fh:
+            np.savez(fh, **arrays)
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
+    """Build a folder under a temporary name and move it into place at the end.
+
+    If ``path`` exists it is replaced only after the new folder is complete; on
+    error nothing is left behind and the old folder is untouched.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        yield tmp
+        if path.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
+            old.rmdir()
+            os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Load every array of an ``.npz`` without pickle (object arrays are refused)."""
+    path = Path(path)
+    if not path.exists():
+        raise CocosError(f"{path}: no such file")
+    if path.stat().st_size == 0:
+        raise CocosError(f"{path}: the file is empty")
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            return {name: npz[name] for name in npz.files}
+    except (ValueError, OSError, zipfile.BadZipFile, EOFError, KeyError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CocosError(f"{path}: not a readable .npz file ({first})") from None
