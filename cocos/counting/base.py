@@ -1,0 +1,97 @@
+"""One interface for every counter: a :class:`QueryView` in, a :class:`Count` out.
+
+All tensors may carry leading batch dimensions, so a whole stack of batches is
+counted in one pass. Per-query values stay available for distributions; batch
+values follow the definitions file (``C^q`` is the mean over queries **with** a
+gradient and is NaN for a batch where no query has one).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+
+from cocos.data.layout import QueryView
+from cocos.errors import CocosError
+
+DEFAULT_EPS = 0.01
+COMPANIONS = ("N_eff", "N_invsimpson", "top1_share")
+
+
+@dataclass
+class Count:
+    """Counts of one loss in one direction, for one batch (or a stack of batches).
+
+    ``per_query[stat]`` is ``(..., Q)``; ``batch[stat]`` is ``(...)``. ``n_excluded``
+    is the number of same-image pairs excluded from the negatives per batch.
+    """
+
+    per_query: dict[str, torch.Tensor]
+    batch: dict[str, torch.Tensor]
+    n_excluded: torch.Tensor
+    weights: torch.Tensor | None = field(default=None, repr=False)
+
+
+class Counter:
+    """Base class: subclasses set ``name``, ``statistics`` and implement :meth:`count`."""
+
+    name: ClassVar[str]
+    statistics: ClassVar[tuple[str, ...]]
+    uses_eps: ClassVar[bool] = False  # whether the count depends on the threshold eps
+
+    def params(self) -> dict:
+        return {}
+
+    def count(self, view: QueryView, compat: bool = False) -> Count:
+        raise NotImplementedError
+
+    def sweep(self, view: QueryView, eps_values, compat: bool = False) -> dict[float, Count]:
+        """Counts as a function of the threshold ``eps`` (for counters that use one)."""
+        raise CocosError(f"counter '{self.name}' has no threshold to sweep")
+
+    @classmethod
+    def create(cls, **params) -> Counter:
+        accepted = inspect.signature(cls.__init__).parameters
+        return cls(**{k: v for k, v in params.items() if v is not None and k in accepted})
+
+
+def batch_counts(c_q: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``C^B``, ``C^0`` and ``C^q`` (mean over queries with a gradient) from per-query counts."""
+    c_b = c_q.sum(-1).to(torch.float64)
+    c_0 = (c_q == 0).sum(-1).to(torch.float64)
+    with_grad = c_q.shape[-1] - c_0
+    mean = torch.where(with_grad > 0, c_b / with_grad.clamp(min=1), torch.nan)
+    return {"C_q": mean, "C_B": c_b, "C_0": c_0}
+
+
+def companions(weights: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Threshold-free companions from each query's non-negative weights on its negatives.
+
+    With ``u_n = w_n / sum w``: effective number of negatives ``exp(H(u))``, inverse
+    Simpson ``1 / sum u_n^2`` and the largest share ``max u_n``. Queries whose
+    negatives carry no weight get NaN; the batch value is the mean over the others.
+    """
+    w = weights.to(torch.float64)
+    total = w.sum(-1, keepdim=True)
+    has = total.squeeze(-1) > 0
+    u = w / total.clamp(min=torch.finfo(w.dtype).tiny)
+    entropy = -(torch.where(u > 0, u * torch.log(u.clamp(min=1e-300)), 0.0)).sum(-1)
+    per_query = {
+        "N_eff": torch.exp(entropy),
+        "N_invsimpson": 1.0 / (u * u).sum(-1).clamp(min=1e-300),
+        "top1_share": u.amax(-1),
+    }
+    per_query = {k: torch.where(has, v, torch.nan) for k, v in per_query.items()}
+    batch = {k: nanmean(v) for k, v in per_query.items()}
+    return per_query, batch
+
+
+def nanmean(x: torch.Tensor) -> torch.Tensor:
+    """Mean over the last axis ignoring NaN; NaN when every entry is NaN."""
+    ok = ~torch.isnan(x)
+    n = ok.sum(-1)
+    s = torch.where(ok, x, 0.0).sum(-1)
+    return torch.where(n > 0, s / n.clamp(min=1), torch.nan)

@@ -1,0 +1,84 @@
+"""COCOS for SmoothAP, computed from positive rows only (``Q x |P| x M``, never ``Q x M x M``).
+
+For query ``q`` and anchor ``a`` (a positive): ``G(a, b) = sigmoid((s_b - s_a) / tau)``
+(the training loss's own sigmoid, exponent clamped to [-50, 50], ``G(a, a) = 0``),
+``R(a) = 1 + sum_b G(a, b)`` and ``w(a, b) = G (1 - G) / R(a)^2`` (the sigmoid's
+derivative without its ``1/tau``, as in the published counter). Per query
+``C^q(q) = 1/|P_q| sum_a #{b != a : w(a, b) > eps}``.
+
+``compat`` t2i reproduces the published counter: caption query ``q`` takes the rows
+``k q .. k q + k - 1`` (those ``< B``) of its image-by-image matrix instead of the
+row of its own image, and divides by 1; for ``q >= B / k`` nothing is counted.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cocos.counting.base import DEFAULT_EPS, Count, Counter, companions
+from cocos.data.layout import QueryView
+from cocos.losses.functional import positive_index, smoothap_sigmoid
+
+
+class SmoothAPCounter(Counter):
+    name = "smoothap"
+    statistics = ("C_q", "C_0")
+    uses_eps = True
+
+    def __init__(self, tau: float = 0.01, eps: float = DEFAULT_EPS) -> None:
+        self.tau = float(tau)
+        self.eps = float(eps)
+
+    def params(self) -> dict:
+        return {"tau": self.tau, "eps": self.eps}
+
+    @staticmethod
+    def anchors(view: QueryView, compat: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(anchors, valid, divisor)``: which rows of the ``K x K`` matrix each query uses."""
+        if compat and view.direction == "t2i":
+            q, k_cand = view.scores.shape[-2:]
+            k = view.group_size
+            device = view.scores.device
+            rows = torch.arange(q, device=device)[:, None] * k + torch.arange(k, device=device)
+            valid = rows < k_cand
+            lead = view.scores.shape[:-2]
+            rows = rows.clamp(max=k_cand - 1).expand(*lead, q, k)
+            valid = valid.expand(*lead, q, k)
+            divisor = torch.ones(q, device=device, dtype=view.scores.dtype)
+            return rows, valid, divisor
+        idx, valid = positive_index(view.pos)
+        return idx, valid, valid.sum(-1).clamp(min=1).to(view.scores.dtype)
+
+    def pair_weights(self, view: QueryView, compat: bool = False):
+        """``w(a, b)`` of shape ``(..., Q, A, K)`` and the per-query divisor."""
+        rows, valid, divisor = self.anchors(view, compat)
+        g, _ = smoothap_sigmoid(view, self.tau, rows, valid)
+        rank = 1.0 + g.sum(-1, keepdim=True)
+        return g * (1.0 - g) / (rank * rank), divisor
+
+    def _count(
+        self, w: torch.Tensor, divisor: torch.Tensor, view: QueryView, eps: float, extras: bool = True
+    ) -> Count:
+        c_q = (w > eps).sum(-1).sum(-1).to(torch.float64) / divisor.to(torch.float64)
+        c_0 = (c_q == 0).sum(-1).to(torch.float64)
+        with_grad = c_q.shape[-1] - c_0
+        c_b = c_q.sum(-1)
+        batch = {
+            "C_q": torch.where(with_grad > 0, c_b / with_grad.clamp(min=1), torch.nan),
+            "C_0": c_0,
+            "C_B": c_b,
+        }
+        if not extras:
+            return Count({"C_q": c_q}, batch, view.n_excluded)
+        neg_w = torch.where(view.neg, w.sum(-2), 0.0)
+        comp_q, comp_b = companions(neg_w)
+        batch.update(comp_b)
+        return Count({"C_q": c_q, **comp_q}, batch, view.n_excluded, weights=neg_w)
+
+    def count(self, view: QueryView, compat: bool = False) -> Count:
+        w, divisor = self.pair_weights(view, compat)
+        return self._count(w, divisor, view, self.eps)
+
+    def sweep(self, view: QueryView, eps_values, compat: bool = False) -> dict[float, Count]:
+        w, divisor = self.pair_weights(view, compat)
+        return {float(e): self._count(w, divisor, view, float(e), extras=False) for e in eps_values}

@@ -1,0 +1,69 @@
+"""COCOS for the Triplet loss (all triplets) and Triplet SH (hardest negative).
+
+Violation ``v(q, n) = 1{alpha + s(q,n) - s(q,p) > 0}`` (strict), from the same
+hinge the training loss uses (:func:`cocos.losses.functional.triplet_hinge`).
+With several positives per query, each (query, positive) pair is an anchor of the
+loss and its triplets are summed; in a pair batch there is one positive.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cocos.counting.base import Count, Counter, batch_counts, companions
+from cocos.data.layout import QueryView
+from cocos.losses.functional import triplet_hinge
+
+
+class TripletCounter(Counter):
+    """Per query ``C^q(q) = sum_n v(q, n)``; ``C^B``, ``C^0``, ``C^q`` per batch.
+
+    ``compat`` t2i reproduces the published counter: violations are grouped by the
+    *negative image* instead of the caption query, ``C(i) = #{j : v(j, i)}``;
+    ``C^B`` is unchanged, ``C^0`` and ``C^q`` are computed over the ``C(i)``.
+    """
+
+    name = "triplet"
+    statistics = ("C_q", "C_B", "C_0")
+    hardest = False
+
+    def __init__(self, margin: float = 0.2) -> None:
+        self.margin = float(margin)
+
+    def params(self) -> dict:
+        return {"margin": self.margin}
+
+    def violations(self, view: QueryView) -> torch.Tensor:
+        """``(..., Q, K)``: number of (positive, negative) triplets of each query that violate."""
+        hinge = triplet_hinge(view, self.margin)  # (..., Q, A, K)
+        if self.hardest:
+            hardest = hinge.amax(-1, keepdim=True)
+            first = hinge.argmax(-1, keepdim=True)
+            onehot = torch.zeros_like(hinge, dtype=torch.bool).scatter_(-1, first, True)
+            hit = onehot & (hardest > 0)
+        else:
+            hit = hinge > 0
+        return hit.sum(-2)
+
+    def count(self, view: QueryView, compat: bool = False) -> Count:
+        v = self.violations(view)
+        per_query_counts = v.sum(-1)
+        grouped = per_query_counts
+        if compat and not self.hardest and view.direction == "t2i":
+            grouped = v.sum(-2)  # by negative image
+        batch = batch_counts(grouped)
+        comp_q, comp_b = companions(v)
+        batch.update(comp_b)
+        return Count(
+            per_query={"C_q": grouped.to(torch.float64), **comp_q},
+            batch=batch,
+            n_excluded=view.n_excluded,
+            weights=v,
+        )
+
+
+class TripletSHCounter(TripletCounter):
+    """Per query ``C^q(q) = 1`` if the hardest negative violates the margin, else 0."""
+
+    name = "triplet_sh"
+    hardest = True

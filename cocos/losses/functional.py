@@ -1,0 +1,106 @@
+"""The maths shared by the training losses and the COCOS counters.
+
+Every function takes a :class:`~cocos.data.layout.QueryView` (one direction of a
+batch: ``scores[..., q, v]`` with positive/negative masks from
+:class:`~cocos.data.layout.BatchLayout`) so that a loss and its counter see the
+same positives, negatives and excluded pairs. Leading batch dimensions are
+allowed everywhere: many batches are handled in one tensor operation.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cocos.data.layout import QueryView
+
+SIGMOID_CLAMP = 50.0  # SmoothAP: the sigmoid's exponent is clamped to [-50, 50]
+
+
+def positive_index(pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Indices of each query's positives, padded: ``(idx, valid)``, both ``(..., Q, A)``.
+
+    ``A`` is the largest number of positives of any query (1 in a pair batch, ``k``
+    for image queries of a ranking batch). Positives keep their candidate order.
+    """
+    a = max(int(pos.sum(-1).max()), 1) if pos.numel() else 1
+    if a == 1:
+        idx = pos.to(torch.uint8).argmax(-1, keepdim=True)
+    else:
+        idx = torch.sort(pos.to(torch.uint8), dim=-1, descending=True, stable=True).indices[..., :a]
+    return idx, torch.gather(pos, -1, idx)
+
+
+def triplet_hinge(view: QueryView, margin: float) -> torch.Tensor:
+    """``alpha + s(q,n) - s(q,p)`` for every (query, positive, negative): ``(..., Q, A, K)``.
+
+    Entries that are not a (valid positive, negative) pair are ``-inf``, so that
+    ``relu`` gives 0 there and ``max`` over negatives picks the hardest real one.
+    """
+    idx, valid = positive_index(view.pos)
+    s_pos = torch.gather(view.scores, -1, idx)  # (..., Q, A)
+    hinge = margin + view.scores[..., None, :] - s_pos[..., :, None]
+    mask = valid[..., :, None] & view.neg[..., None, :]
+    return hinge.masked_fill(~mask, float("-inf"))
+
+
+def triplet_direction(view: QueryView, margin: float = 0.2, hardest: bool = False) -> torch.Tensor:
+    """Triplet loss of one direction, summed over queries (VSE++ ``ContrastiveLoss``).
+
+    ``hardest=False``: all triplets (paper Eq. 3); ``hardest=True``: only the hardest
+    negative per (query, positive), VSE++ "max violation" (paper Eq. 1-2).
+    """
+    hinge = triplet_hinge(view, margin)
+    if hardest:
+        hinge = hinge.amax(-1)
+    return hinge.clamp(min=0).sum()
+
+
+def ntxent_log_probs(view: QueryView, tau: float) -> torch.Tensor:
+    """Log-softmax over each query's candidates of ``s / tau``; excluded pairs get weight 0."""
+    logits = (view.scores / tau).masked_fill(~view.candidates, float("-inf"))
+    return torch.log_softmax(logits, dim=-1)
+
+
+def ntxent_direction(view: QueryView, tau: float = 0.1) -> torch.Tensor:
+    """NT-Xent of one direction: mean over queries of ``-log p(q, p)`` (mean over positives)."""
+    logp = ntxent_log_probs(view, tau)
+    pos = view.pos.to(logp.dtype)
+    per_query = -(logp.masked_fill(~view.pos, 0.0) * pos).sum(-1) / pos.sum(-1).clamp(min=1)
+    return per_query.mean()
+
+
+def smoothap_sigmoid(
+    view: QueryView,
+    tau: float,
+    anchors: torch.Tensor | None = None,
+    anchor_valid: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``G(a, b) = sigmoid((s_b - s_a) / tau)``: the probability that ``b`` ranks above anchor ``a``.
+
+    Anchors default to the query's positives. Returns ``(G, anchor_valid)`` with
+    ``G`` of shape ``(..., Q, A, K)``; ``G(a, a) = 0``, and ``G = 0`` for excluded
+    candidates and padding anchors. The exponent is clamped to ``[-50, 50]``.
+    """
+    if anchors is None:
+        anchors, anchor_valid = positive_index(view.pos)
+    s_a = torch.gather(view.scores, -1, anchors)  # (..., Q, A)
+    x = ((view.scores[..., None, :] - s_a[..., :, None]) / tau).clamp(-SIGMOID_CLAMP, SIGMOID_CLAMP)
+    k = view.scores.shape[-1]
+    not_self = torch.arange(k, device=anchors.device) != anchors[..., None]
+    keep = not_self & view.candidates[..., None, :] & anchor_valid[..., None]
+    return torch.sigmoid(x) * keep, anchor_valid
+
+
+def smoothap_direction(view: QueryView, tau: float = 0.01) -> torch.Tensor:
+    """SmoothAP loss of one direction: mean over queries of ``1 - AP_q`` (paper Eq. 8).
+
+    ``AP_q = 1/|P| sum_a (1 + sum_{b in P} G(a,b)) / (1 + sum_b G(a,b))``.
+    """
+    g, valid = smoothap_sigmoid(view, tau)
+    pos_b = view.pos[..., None, :].expand_as(g)
+    rank_all = 1.0 + g.sum(-1)
+    rank_pos = 1.0 + (g * pos_b).sum(-1)
+    n_pos = valid.sum(-1).clamp(min=1)
+    ap = ((rank_pos / rank_all) * valid).sum(-1) / n_pos
+    return (1.0 - ap).mean()
+

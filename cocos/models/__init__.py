@@ -1,0 +1,28 @@
+"""Retrieval models: VSE++ and VSRN encoders for precomputed image features.
+
+Every model exposes ``encode_images(features)``, ``encode_captions(tokens,
+lengths)`` and ``forward(features, tokens, lengths) -> (img_emb, cap_emb)``;
+embeddings are L2-normalised. ``model.kind`` and ``model.hparams`` are enough
+to rebuild it: ``build_model(model.kind, **model.hparams)``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cocos.errors import CocosError
+from cocos.models.text import CaptionEncoder, l2norm
+from cocos.models.vsepp import VSEPP
+from cocos.models.vsrn import VSRN, RsGCN
+
+MODELS: dict[str, type[torch.nn.Module]] = {"vsepp": VSEPP, "vsrn": VSRN}
+
+
+def build_model(kind: str, **hparams) -> torch.nn.Module:
+    """Build the model called ``kind`` with constructor arguments ``hparams``."""
+    if kind not in MODELS:
+        raise CocosError(f"unknown model '{kind}' (choose from {', '.join(MODELS)})")
+    return MODELS[kind](**hparams)
+
+
+__all__ = ["MODELS", "VSEPP", "VSRN", "CaptionEncoder", "RsGCN", "build_model", "l2norm"]

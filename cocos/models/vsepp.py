@@ -1,0 +1,51 @@
+"""VSE++ (Faghri et al., 2018) on precomputed image features."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from cocos.errors import CocosError
+from cocos.models.text import CaptionEncoder, l2norm
+
+
+class VSEPP(nn.Module):
+    """Image side: ``Linear(img_dim, embed_size)`` -> l2norm (VSE++ ``EncoderImagePrecomp``).
+
+    Takes global features ``(n, img_dim)``; region features ``(n, R, img_dim)``
+    are mean-pooled over the regions first. Caption side: ``CaptionEncoder``.
+    """
+
+    kind = "vsepp"
+
+    def __init__(self, img_dim: int, vocab_size: int, word_dim: int = 300,
+                 embed_size: int = 1024):
+        super().__init__()
+        self.hparams = {"img_dim": int(img_dim), "vocab_size": int(vocab_size),
+                        "word_dim": int(word_dim), "embed_size": int(embed_size)}
+        self.fc = nn.Linear(img_dim, embed_size)
+        self.txt_enc = CaptionEncoder(vocab_size, word_dim, embed_size)
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        """Xavier-uniform image projection with zero bias, as VSE++."""
+        r = math.sqrt(6.0) / math.sqrt(self.fc.in_features + self.fc.out_features)
+        with torch.no_grad():
+            self.fc.weight.uniform_(-r, r)
+            self.fc.bias.zero_()
+
+    def encode_images(self, features: torch.Tensor) -> torch.Tensor:
+        if features.dim() == 3:
+            features = features.mean(dim=1)
+        if features.dim() != 2 or features.shape[-1] != self.fc.in_features:
+            raise CocosError(f"image features must be (n, {self.fc.in_features}) or "
+                             f"(n, R, {self.fc.in_features}), got {tuple(features.shape)}")
+        return l2norm(self.fc(features))
+
+    def encode_captions(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        return self.txt_enc(tokens, lengths)
+
+    def forward(self, features, tokens, lengths) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.encode_images(features), self.encode_captions(tokens, lengths)

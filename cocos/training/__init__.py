@@ -1,0 +1,1 @@
+"""Training utilities: retrieval metrics and the training loop."""
