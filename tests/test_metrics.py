@@ -195,7 +195,8 @@ def test_fold5_needs_divisible_n():
 def test_fold5_automatic_for_5000_images():
     img, cap = embeddings(5000, 1, d=8, seed=1)
     out = evaluate_embeddings(img, cap, 1)
-    assert "1k_rsum" in out and "rsum" in out
-    sims = (img[:1000] @ cap[:1000].T).numpy()
-    first = evaluate_sims(sims, 1)
-    assert 0 <= out["1k_i2t_R@1"] <= 100 and first["i2t_R@1"] >= out["i2t_R@1"] - 5
+    assert set(out) == set(EXPECTED) | {f"1k_{key}" for key in EXPECTED}
+    # a fold's candidates are a subset of the full set's, so no rank can get worse
+    for key in ("i2t_R@1", "i2t_R@5", "i2t_R@10", "t2i_R@1", "t2i_R@5", "t2i_R@10"):
+        assert out[f"1k_{key}"] >= out[key], key
+    assert out["1k_rsum"] > out["rsum"]

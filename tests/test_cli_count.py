@@ -1,0 +1,83 @@
+"""``cocos count``: numbers, JSON output and bad input (one line, exit code 2, nothing written)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from cli.main import app
+from cocos.counting.engine import EmbeddingSet, count_embeddings
+
+runner = CliRunner()
+
+
+def _write(path, n=40, k=5, d=8, **extra):
+    g = np.random.default_rng(0)
+    images = g.normal(size=(n, d))
+    captions = np.repeat(images, k, 0) + g.normal(size=(n * k, d))
+    arrays = {"images": images, "captions": captions, **extra}
+    np.savez(path, **{k: v for k, v in arrays.items() if v is not None})
+    return images, captions
+
+
+def test_count_json_matches_the_library(tmp_path):
+    images, captions = _write(tmp_path / "e.npz")
+    out = tmp_path / "out.json"
+    res = runner.invoke(app, ["count", str(tmp_path / "e.npz"), "--batch-size", "8", "--seed", "3",
+                              "--json", str(out), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    expected = count_embeddings(EmbeddingSet.from_arrays(images, captions), batch_size=8, seed=3).summary()
+    assert data["stats"]["smoothap"]["t2i"]["C_0"] == pytest.approx(expected["smoothap"]["t2i"]["C_0"])
+    assert data["stats"]["triplet"]["i2t"]["C_q"] == pytest.approx(expected["triplet"]["i2t"]["C_q"])
+    assert data["n_batches"] == {"pair": 25, "ranking": 5}
+    assert "triplet_sh" in res.output and "W_qv-" in res.output
+
+
+def test_count_one_loss_and_compat(tmp_path):
+    _write(tmp_path / "e.npz")
+    out = tmp_path / "o.json"
+    res = runner.invoke(app, ["count", str(tmp_path / "e.npz"), "--loss", "smoothap", "--compat",
+                              "--batch-size", "8", "--json", str(out), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    assert list(data["stats"]) == ["smoothap"] and data["compat"] is True
+
+
+BAD = {
+    "dims": lambda p: np.savez(p, images=np.ones((4, 3)), captions=np.ones((20, 2))),
+    "multiple": lambda p: np.savez(p, images=np.eye(4), captions=np.ones((7, 4))),
+    "nan": lambda p: np.savez(p, images=np.full((4, 4), np.nan), captions=np.ones((20, 4))),
+    "zero": lambda p: np.savez(p, images=np.zeros((4, 4)), captions=np.ones((20, 4))),
+    "empty": lambda p: p.write_bytes(b""),
+    "garbage": lambda p: p.write_bytes(b"not a zip at all"),
+    "missing_name": lambda p: np.savez(p, imgs=np.eye(4), captions=np.ones((20, 4))),
+    "pickle": lambda p: np.savez(p, images=np.array([{"a": 1}], dtype=object), captions=np.ones((5, 4))),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_one_line_exit_2_nothing_written(tmp_path, case):
+    path = tmp_path / "bad.npz"
+    BAD[case](path)
+    out = tmp_path / "out.json"
+    out.write_text("previous result\n")
+    res = runner.invoke(app, ["count", str(path), "--batch-size", "2", "--json", str(out), "--no-progress"])
+    assert res.exit_code == 2, res.output
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), res.output
+    assert "Traceback" not in res.output
+    assert out.read_text() == "previous result\n"
+
+
+def test_missing_file_and_batch_too_large_and_unknown_loss(tmp_path):
+    res = runner.invoke(app, ["count", str(tmp_path / "nope.npz")])
+    assert res.exit_code == 2 and "no such file" in res.output
+    _write(tmp_path / "e.npz", n=6)
+    res = runner.invoke(app, ["count", str(tmp_path / "e.npz"), "--batch-size", "64", "--no-progress"])
+    assert res.exit_code == 2 and "larger than the data" in res.output
+    res = runner.invoke(app, ["count", str(tmp_path / "e.npz"), "--loss", "hinge"])
+    assert res.exit_code == 2 and "unknown loss 'hinge'" in res.output
