@@ -46,7 +46,7 @@ def test_triplet_hand():
 def test_triplet_compat_groups_t2i_by_negative_image():
     images, captions = _pair(S3)
     out = count_batch(images, captions, "triplet", compat=True)
-    assert out["t2i"] ["C_B"] == 3  # unchanged
+    assert out["t2i"]["C_B"] == 3  # unchanged
     assert out["t2i"]["C_0"] == 0 and out["t2i"]["C_q"] == 1.0
     assert count_queries(images, captions, "triplet", compat=True)["t2i"].per_query["C_q"].tolist() == [1, 1, 1]
     # i2t is not affected by compat

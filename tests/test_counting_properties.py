@@ -162,7 +162,8 @@ def test_generic_autograd_counter_agrees_with_closed_forms(batch, compat):
         tau, eps = 0.1, 0.01
         q = view.scores.shape[-2]
         ntx = get_loss("ntxent", tau=tau)
-        generic = count_generic(view, lambda v: ntx.direction_loss(v) * q * tau, eps=eps, relative=False)
+        generic = count_generic(view, lambda v, f=ntx, n=q: f.direction_loss(v) * n * tau, eps=eps,
+                                relative=False)
         closed = count_queries(images, captions, "ntxent", image_ids=ids, compat=compat, eps=eps)[d]
         assert torch.equal(generic.per_query["C_q"], closed.per_query["C_qv-"])
 

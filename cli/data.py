@@ -1,0 +1,90 @@
+"""``cocos data ...``: make and inspect data folders in the precomputed-feature layout."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import typer
+
+from cli.common import fail, handle_errors
+from cli.main import app
+
+data_app = typer.Typer(
+    help="Data folders in the precomputed-feature layout ({split}_ims.npy, {split}_caps.txt).",
+    no_args_is_help=True,
+)
+
+
+@data_app.command("synth")
+@handle_errors
+def synth(
+    out_dir: Path = typer.Argument(..., help="Folder to write (must not exist or be empty)."),
+    n_train: int = typer.Option(3000, "--n-train", help="Training images (k captions each)."),
+    n_dev: int = typer.Option(500, "--n-dev", help="Validation images."),
+    n_test: int = typer.Option(500, "--n-test", help="Test images."),
+    k: int = typer.Option(5, "--k", help="Captions per image."),
+    feature_dim: int = typer.Option(256, "--feature-dim", help="Feature dimension D."),
+    n_regions: int = typer.Option(6, "--n-regions", help="Regions per image R (at least 4)."),
+    regions: bool = typer.Option(
+        False, "--regions/--global", help="Store (N, R, D) region features instead of (N, D)."
+    ),
+    seed: int = typer.Option(0, help="Seed; the same seed gives byte-identical files."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty OUT_DIR."),
+) -> None:
+    """Write a small deterministic synthetic image-caption world (scenes of coloured shapes)."""
+    from cocos.data.synth import make_synthetic
+
+    if out_dir.exists() and not out_dir.is_dir():
+        fail(f"{out_dir}: exists and is not a folder")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
+        fail(f"{out_dir}: folder exists and is not empty (pass --overwrite to replace it)")
+    start = time.perf_counter()
+    make_synthetic(
+        out_dir,
+        n_train=n_train,
+        n_dev=n_dev,
+        n_test=n_test,
+        k=k,
+        feature_dim=feature_dim,
+        n_regions=n_regions,
+        regions=regions,
+        seed=seed,
+        overwrite=overwrite,
+    )
+    shape = f"(N, {n_regions}, {feature_dim})" if regions else f"(N, {feature_dim})"
+    typer.echo(
+        f"wrote {out_dir}: {n_train}/{n_dev}/{n_test} train/dev/test images, k={k}, "
+        f"features {shape}, seed {seed} ({time.perf_counter() - start:.1f} s)"
+    )
+
+
+@data_app.command("info")
+@handle_errors
+def info(
+    folder: Path = typer.Argument(..., help="A data folder in the precomputed-feature layout."),
+    k: int = typer.Option(5, "--k", help="Captions per image."),
+) -> None:
+    """Validate a data folder and print each split's sizes and the data fingerprint."""
+    from cocos.data.precomp import SPLITS, data_fingerprint, load_split
+
+    if not folder.is_dir():
+        fail(f"{folder}: no such data folder")
+    found = 0
+    for split in SPLITS:
+        if not (folder / f"{split}_ims.npy").exists():
+            continue
+        s = load_split(folder, split, k=k)
+        kind = "regions" if s.is_regions else "global"
+        typer.echo(
+            f"{split}: {s.n_images} images, {s.n_captions} captions, "
+            f"features {s.feature_shape} {s.features.dtype} ({kind}), captions from "
+            f"{s.captions_path.name}"
+        )
+        found += 1
+    if not found:
+        fail(f"{folder}: no {{train,dev,test}}_ims.npy in the folder")
+    typer.echo(f"fingerprint: {data_fingerprint(folder)}")
+
+
+app.add_typer(data_app, name="data", help="Make and check data folders (synthetic world, layout).")
