@@ -150,6 +150,7 @@ def test_smoothap_compat_zeroes_late_caption_queries(batch):
 def test_generic_autograd_counter_agrees_with_closed_forms(batch, compat):
     images, captions, ids = batch
     scores, layout = batch_similarity(images, captions, image_ids=ids)
+    tau, eps = 0.1, 0.01
     for d in ("i2t", "t2i"):
         view = layout.view(scores, d, compat)
         for loss in ("triplet", "triplet_sh"):
@@ -159,10 +160,9 @@ def test_generic_autograd_counter_agrees_with_closed_forms(batch, compat):
             generic = count_generic(view, get_loss(loss).direction_loss, eps=0.5)
             assert torch.equal(generic.per_query["C_q"], closed.per_query["C_q"])
         # NT-Xent: the summed loss times tau has dL/dS[q, n] = p(q, n): absolute threshold eps
-        tau, eps = 0.1, 0.01
         q = view.scores.shape[-2]
         ntx = get_loss("ntxent", tau=tau)
-        generic = count_generic(view, lambda v, f=ntx, n=q: f.direction_loss(v) * n * tau, eps=eps,
+        generic = count_generic(view, lambda v, f=ntx, n=q: f.direction_loss(v) * n * f.tau, eps=eps,
                                 relative=False)
         closed = count_queries(images, captions, "ntxent", image_ids=ids, compat=compat, eps=eps)[d]
         assert torch.equal(generic.per_query["C_q"], closed.per_query["C_qv-"])
