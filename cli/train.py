@@ -1,0 +1,92 @@
+"""``cocos train`` and ``cocos evaluate``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from cli.common import handle_errors
+from cli.main import app
+from cocos.io import write_json
+
+
+@app.command("train")
+@handle_errors
+def train(
+    data: Path = typer.Option(..., help="Folder with {train,dev,test}_ims.npy and _caps.txt."),
+    model: str = typer.Option("vsepp", help="vsepp or vsrn."),
+    loss: str = typer.Option("triplet_sh", help="triplet, triplet_sh, ntxent or smoothap."),
+    out: Path = typer.Option(..., help="Output folder, e.g. checkpoints/NAME."),
+    epochs: int = typer.Option(30, help="Training epochs."),
+    lr: float = typer.Option(2e-4, help="Adam learning rate."),
+    lr_update: int = typer.Option(15, help="Epochs after which the learning rate drops x0.1."),
+    batch_size: int = typer.Option(128, help="Pair batches: captions; ranking batches: images."),
+    embed_size: int = typer.Option(1024, help="Joint embedding size."),
+    word_dim: int = typer.Option(300, help="Word embedding size."),
+    margin: float = typer.Option(None, help="Triplet margin (default 0.2)."),
+    tau: float = typer.Option(None, help="Temperature (NT-Xent 0.1, SmoothAP 0.01)."),
+    k: int = typer.Option(5, help="Captions per image."),
+    seed: int = typer.Option(0, help="Seed of initialisation and batch order."),
+    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from OUT/last.pt."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Start over in an existing OUT."),
+    json_path: Path = typer.Option(None, "--json", help="Write the best validation metrics here."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
+) -> None:
+    """Train VSE++ or VSRN with one loss; keeps model_best.pt (best validation rsum) and last.pt."""
+    from cocos.training.trainer import Trainer, TrainConfig
+
+    cfg = TrainConfig(data=str(data), model=model, loss=loss, out=str(out), epochs=epochs, lr=lr,
+                      lr_update=lr_update, batch_size=batch_size, embed_size=embed_size,
+                      word_dim=word_dim, margin=margin, tau=tau, k=k, seed=seed, device=device)
+    trainer = Trainer(cfg, resume=resume, overwrite=overwrite, progress=progress, log=typer.echo)
+    try:
+        metrics = trainer.fit()
+    except KeyboardInterrupt:
+        typer.echo(f"interrupted: {trainer.last_path} holds epoch {trainer.epoch}; "
+                   "continue with --resume", err=True)
+        raise typer.Exit(code=130) from None
+    typer.echo(f"best validation rsum {metrics['rsum']:.1f} -> {trainer.best_path}")
+    if json_path is not None:
+        write_json(json_path, metrics)
+
+
+@app.command("evaluate")
+@handle_errors
+def evaluate(
+    checkpoint: Path = typer.Argument(..., help="A checkpoint written by cocos train."),
+    data: Path = typer.Option(None, help="Data folder (default: the one recorded in the checkpoint)."),
+    split: str = typer.Option("test", help="train, dev or test."),
+    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    json_path: Path = typer.Option(None, "--json", help="Write the metrics here."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+) -> None:
+    """R@1/5/10 both ways, rsum, mAP@5 and R-precision of a checkpoint on a split."""
+    from cocos.data.precomp import PrecompSplit
+    from cocos.device import resolve_device
+    from cocos.training.checkpoint import load_checkpoint
+    from cocos.training.evaluate import evaluate_model, tokenize_split
+    from cocos.training.trainer import build_from_checkpoint, resolve_data
+
+    ckpt = load_checkpoint(checkpoint)
+    folder = resolve_data(ckpt, data, checkpoint)
+    dev = resolve_device(device)
+    model, vocab = build_from_checkpoint(ckpt)
+    split_data = PrecompSplit(folder, split, k=int(ckpt["data"]["k"]))
+    metrics = evaluate_model(model.to(dev), split_data, tokenize_split(split_data, vocab), device=dev,
+                             progress=progress)
+    typer.echo(format_metrics(metrics, f"{checkpoint} on {split}"))
+    if json_path is not None:
+        write_json(json_path, metrics)
+
+
+def format_metrics(m: dict, title: str) -> str:
+    lines = [f"{title}: rsum {m['rsum']:.1f}",
+             f"  i2t R@1/5/10 {m['i2t_R@1']:.1f} / {m['i2t_R@5']:.1f} / {m['i2t_R@10']:.1f}   "
+             f"mAP@5 {m['mAP@5']:.3f}   R-prec {m['i2t_Rprec']:.3f}",
+             f"  t2i R@1/5/10 {m['t2i_R@1']:.1f} / {m['t2i_R@5']:.1f} / {m['t2i_R@10']:.1f}   "
+             f"R-prec {m['t2i_Rprec']:.3f}"]
+    if "1k_rsum" in m:
+        lines.append(f"  5-fold 1K mean rsum {m['1k_rsum']:.1f}")
+    return "\n".join(lines)

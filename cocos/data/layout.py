@@ -1,0 +1,205 @@
+"""The one definition of positives and negatives in a batch.
+
+A batch holds ``B`` images and ``M`` captions; caption ``c`` belongs to the image
+in row ``caption_image[c]``. Two layouts occur (definitions file, "Notation"):
+
+* pair batch (Triplet, Triplet SH, NT-Xent): ``M = B``, caption ``j`` belongs to
+  image row ``j``; two rows may hold the same dataset image.
+* ranking batch (SmoothAP): ``B`` images with all ``k`` captions, ``M = k B``,
+  caption ``c`` belongs to image row ``c // k``.
+
+Positives of a query: i2t, the captions of that image; t2i, its image. Every other
+candidate is a negative, except *same-image pairs* (a caption whose image row is a
+different row holding the same dataset image): the published code treats them as
+negatives (``compat=True``); cocos excludes them otherwise.
+
+Both the training losses (``cocos.losses``) and the counters (``cocos.counting``)
+get their masks from here and nowhere else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from cocos.errors import CocosError
+
+DIRECTIONS = ("i2t", "t2i")
+
+
+@dataclass(frozen=True)
+class BatchLayout:
+    """Which caption belongs to which image row, and which rows hold the same image.
+
+    ``image_ids`` may carry leading batch dimensions (``(..., B)``) so that many
+    batches with the same caption layout are handled in one tensor operation.
+    """
+
+    caption_image: torch.Tensor  # (M,) long: image row of each caption
+    n_images: int  # B
+    image_ids: torch.Tensor | None = None  # (..., B) dataset id of each image row
+
+    @classmethod
+    def build(
+        cls,
+        n_images: int,
+        n_captions: int,
+        caption_image=None,
+        image_ids=None,
+        device: torch.device | str | None = None,
+    ) -> BatchLayout:
+        """Validate and build a layout; ``caption_image`` defaults to ``c // (M // B)``."""
+        if n_images < 1 or n_captions < 1:
+            raise CocosError(f"empty batch: {n_images} images, {n_captions} captions")
+        if caption_image is None:
+            if n_captions % n_images:
+                raise CocosError(
+                    f"{n_captions} captions is not a multiple of {n_images} images; "
+                    "pass caption_image to say which caption belongs to which image"
+                )
+            k = n_captions // n_images
+            caption_image = torch.arange(n_captions, device=device) // k
+        else:
+            caption_image = torch.as_tensor(caption_image, device=device)
+            if caption_image.dtype.is_floating_point or caption_image.dtype == torch.bool:
+                raise CocosError("caption_image must hold integer image rows")
+            caption_image = caption_image.long()
+            if caption_image.shape != (n_captions,):
+                raise CocosError(
+                    f"caption_image has shape {tuple(caption_image.shape)}, "
+                    f"expected ({n_captions},)"
+                )
+            if n_captions and (caption_image.min() < 0 or caption_image.max() >= n_images):
+                raise CocosError(f"caption_image values must lie in [0, {n_images})")
+        if image_ids is not None:
+            image_ids = torch.as_tensor(image_ids, device=caption_image.device).long()
+            if image_ids.shape[-1] != n_images:
+                raise CocosError(
+                    f"image_ids has {image_ids.shape[-1]} entries per batch, expected {n_images}"
+                )
+        return cls(caption_image=caption_image, n_images=n_images, image_ids=image_ids)
+
+    @property
+    def n_captions(self) -> int:
+        return int(self.caption_image.shape[0])
+
+    @property
+    def group_size(self) -> int:
+        """``k``: captions per image in the regular layout (``M // B``)."""
+        return max(1, self.n_captions // self.n_images)
+
+    def positives(self) -> torch.Tensor:
+        """``(B, M)`` bool: caption ``c`` belongs to image row ``b``."""
+        rows = torch.arange(self.n_images, device=self.caption_image.device)
+        return rows[:, None] == self.caption_image[None, :]
+
+    def same_image(self) -> torch.Tensor:
+        """``(..., B, M)`` bool: not a positive, but the caption's image row holds the same image."""
+        pos = self.positives()
+        if self.image_ids is None:
+            return torch.zeros_like(pos)
+        caption_ids = self.image_ids[..., self.caption_image]  # (..., M)
+        same = self.image_ids[..., :, None] == caption_ids[..., None, :]
+        return same & ~pos
+
+    def negatives(self, compat: bool = False) -> torch.Tensor:
+        """``(..., B, M)`` bool: everything that is not a positive (and, unless compat, not a same-image pair)."""
+        pos = self.positives()
+        if self.image_ids is None:
+            return ~pos
+        lead = self.image_ids.shape[:-1]
+        if compat:
+            return (~pos).expand(*lead, *pos.shape)
+        return ~pos & ~self.same_image()
+
+    def view(self, scores: torch.Tensor, direction: str, compat: bool = False) -> QueryView:
+        """Orient a ``(..., B, M)`` similarity matrix as queries x candidates for one direction."""
+        if direction not in DIRECTIONS:
+            raise CocosError(f"unknown direction '{direction}' (use i2t or t2i)")
+        shape = torch.broadcast_shapes(scores.shape, self.negatives(compat).shape)
+        pos = self.positives().expand(shape)
+        neg = self.negatives(compat).expand(shape)
+        scores = scores.expand(shape)
+        if direction == "t2i":
+            scores, pos, neg = (t.transpose(-1, -2) for t in (scores, pos, neg))
+        return QueryView(scores=scores, pos=pos, neg=neg, direction=direction,
+                         group_size=self.group_size)
+
+
+@dataclass(frozen=True)
+class QueryView:
+    """One direction of a batch: ``scores[..., q, v]`` of query ``q`` and candidate ``v``.
+
+    ``pos``/``neg`` are the masks of positive and negative candidates; a candidate
+    in neither is excluded (a same-image pair outside compat mode).
+    """
+
+    scores: torch.Tensor  # (..., Q, K)
+    pos: torch.Tensor  # (..., Q, K) bool
+    neg: torch.Tensor  # (..., Q, K) bool
+    direction: str
+    group_size: int
+
+    @property
+    def candidates(self) -> torch.Tensor:
+        return self.pos | self.neg
+
+    @property
+    def n_excluded(self) -> torch.Tensor:
+        """Per batch: number of (query, candidate) pairs excluded as same-image pairs."""
+        return (~self.candidates).sum(dim=(-1, -2))
+
+
+def batch_similarity(
+    images,
+    captions,
+    caption_image=None,
+    image_ids=None,
+    *,
+    check: bool = True,
+) -> tuple[torch.Tensor, BatchLayout]:
+    """Normalise embeddings and return ``S = I Cᵀ`` (``(..., B, M)``) with the batch layout.
+
+    ``images`` is ``(..., B, d)``, ``captions`` ``(..., M, d)`` (numpy or torch;
+    float32 and float64 are kept, other dtypes become float32). With ``check``,
+    shapes, NaN/Inf and zero vectors raise :class:`CocosError` with one line.
+    """
+    images = torch.as_tensor(images)
+    captions = torch.as_tensor(captions, device=images.device)
+    if check:
+        _check_embeddings(images, captions)
+    if images.dtype not in (torch.float32, torch.float64):
+        images = images.float()
+    captions = captions.to(images.dtype)
+    images = torch.nn.functional.normalize(images, dim=-1)
+    captions = torch.nn.functional.normalize(captions, dim=-1)
+    scores = images @ captions.transpose(-1, -2)
+    layout = BatchLayout.build(
+        images.shape[-2], captions.shape[-2], caption_image, image_ids, device=images.device
+    )
+    return scores, layout
+
+
+def _check_embeddings(images: torch.Tensor, captions: torch.Tensor) -> None:
+    for name, x in (("images", images), ("captions", captions)):
+        if x.dtype == torch.bool or x.is_complex():
+            raise CocosError(f"{name} must be real-valued, got {x.dtype}")
+        if x.ndim < 2:
+            raise CocosError(f"{name} must be a (n, d) matrix, got shape {tuple(x.shape)}")
+        if x.shape[-2] == 0 or x.shape[-1] == 0:
+            raise CocosError(f"{name} is empty (shape {tuple(x.shape)})")
+    if images.shape[-1] != captions.shape[-1]:
+        raise CocosError(
+            f"images have dimension {images.shape[-1]} but captions have {captions.shape[-1]}"
+        )
+    for name, x in (("images", images), ("captions", captions)):
+        if x.dtype.is_floating_point:
+            bad = ~torch.isfinite(x).all(-1)
+            if bad.any():
+                row = int(bad.reshape(-1).nonzero()[0])
+                raise CocosError(f"{name} row {row} holds NaN or Inf")
+        zero = (x == 0).all(-1)
+        if zero.any():
+            row = int(zero.reshape(-1).nonzero()[0])
+            raise CocosError(f"{name} row {row} is a zero vector (cannot be normalised)")

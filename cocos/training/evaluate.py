@@ -1,0 +1,84 @@
+"""Encode a split with a frozen model, and evaluate retrieval on it."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from cocos.data.precomp import PrecompSplit
+from cocos.data.text import Vocabulary, pad_batch
+from cocos.errors import CocosError
+from cocos.progress import progress_bar
+from cocos.training.metrics import evaluate_embeddings
+
+
+def tokenize_split(split: PrecompSplit, vocab: Vocabulary) -> list[list[int]]:
+    """Token ids of every caption of the split (with <start>/<end>)."""
+    return [vocab.encode(c) for c in split.captions]
+
+
+def check_compatible(model: torch.nn.Module, split: PrecompSplit) -> None:
+    expected = int(model.hparams["img_dim"])
+    if split.feature_dim != expected:
+        raise CocosError(
+            f"{split.features_path}: features have dimension {split.feature_dim} but the model "
+            f"expects {expected}"
+        )
+
+
+@torch.no_grad()
+def encode_split(
+    model: torch.nn.Module,
+    split: PrecompSplit,
+    token_ids: list[list[int]],
+    *,
+    batch_size: int = 256,
+    device: torch.device | str = "cpu",
+    progress: bool = False,
+    description: str = "encoding",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Embeddings of all images ``(N, e)`` and captions ``(N k, e)`` of a split, in eval mode.
+
+    Every item is encoded on its own (no batch statistics in eval mode), so the
+    result does not depend on ``batch_size``. Raises CocosError on NaN embeddings.
+    """
+    check_compatible(model, split)
+    was_training = model.training
+    model.eval()
+    images, captions = [], []
+    n_img, n_cap = split.n_images, split.n_captions
+    total = -(-n_img // batch_size) + -(-n_cap // batch_size)
+    try:
+        with progress_bar(total, description, enabled=progress) as advance:
+            for start in range(0, n_img, batch_size):
+                feats = split.features_for(np.arange(start, min(start + batch_size, n_img)))
+                images.append(model.encode_images(feats.to(device)).float().cpu())
+                advance(1)
+            for start in range(0, n_cap, batch_size):
+                tokens, lengths = pad_batch(token_ids[start : start + batch_size])
+                captions.append(model.encode_captions(tokens.to(device), lengths).float().cpu())
+                advance(1)
+    finally:
+        model.train(was_training)
+    img, cap = torch.cat(images), torch.cat(captions)
+    for name, emb in (("image", img), ("caption", cap)):
+        bad = ~torch.isfinite(emb).all(-1)
+        if bad.any():
+            row = int(bad.nonzero()[0])
+            raise CocosError(f"{split.features_path}: the model gives a NaN {name} embedding (row {row})")
+    return img, cap
+
+
+def evaluate_model(
+    model: torch.nn.Module,
+    split: PrecompSplit,
+    token_ids: list[list[int]],
+    *,
+    device="cpu",
+    batch_size: int = 256,
+    progress: bool = False,
+) -> dict[str, float]:
+    """R@1/5/10 both ways, rsum, mAP@5, R-precision (and 5-fold 1K means for 5K test sets)."""
+    img, cap = encode_split(model, split, token_ids, batch_size=batch_size, device=device,
+                            progress=progress)
+    return evaluate_embeddings(img.numpy(), cap.numpy(), split.k)

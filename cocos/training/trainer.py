@@ -1,0 +1,250 @@
+"""The bundled trainer: VSE++ / VSRN with any registered loss, the COCOS paper's schedule.
+
+Adam, lr 2e-4 dropped x0.1 after ``lr_update`` of ``epochs`` epochs, batch 128,
+gradient clipping at 2. Pair batches (Triplet, Triplet SH, NT-Xent) sample
+captions; ranking batches (SmoothAP) sample images with all ``k`` captions. The
+final short batch of an epoch is dropped. Validation every epoch on the dev split;
+``model_best.pt`` keeps the best validation rsum, ``last.pt`` allows resuming.
+Batch order depends only on ``(seed, epoch)``, so a resumed run equals an
+uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from cocos.data.precomp import PrecompSplit, data_fingerprint
+from cocos.data.samplers import pair_batches, ranking_batches
+from cocos.data.text import Vocabulary, pad_batch
+from cocos.device import resolve_device
+from cocos.errors import CocosError
+from cocos.losses import LOSSES, get_loss
+from cocos.models import MODELS, build_model
+from cocos.training.checkpoint import load_checkpoint, save_checkpoint
+from cocos.training.evaluate import evaluate_model, tokenize_split
+
+
+@dataclass
+class TrainConfig:
+    data: str
+    model: str = "vsepp"
+    loss: str = "triplet_sh"
+    out: str = "checkpoints/run"
+    epochs: int = 30
+    lr: float = 2e-4
+    lr_update: int = 15
+    batch_size: int = 128
+    embed_size: int = 1024
+    word_dim: int = 300
+    margin: float | None = None
+    tau: float | None = None
+    grad_clip: float = 2.0
+    vocab_threshold: int = 4
+    k: int = 5
+    seed: int = 0
+    device: str = "auto"
+    compat: bool = False
+
+    def loss_params(self) -> dict:
+        params = {"margin": self.margin, "tau": self.tau}
+        accepted = inspect.signature(LOSSES[self.loss].__init__).parameters
+        return {k: v for k, v in params.items() if v is not None and k in accepted}
+
+
+@dataclass
+class EpochLog:
+    epoch: int
+    loss: float
+    captions_per_s: float
+    lr: float
+    metrics: dict = field(default_factory=dict)
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    return seed * 1_000_003 + epoch
+
+
+def build_from_checkpoint(ckpt: dict) -> tuple[torch.nn.Module, Vocabulary]:
+    """Rebuild the model (eval mode) and vocabulary recorded in a checkpoint."""
+    kind = ckpt["model"]["kind"]
+    if kind not in MODELS:
+        raise CocosError(f"checkpoint holds an unknown model kind '{kind}'")
+    model = build_model(kind, **ckpt["model"]["hparams"])
+    try:
+        model.load_state_dict(ckpt["state_dict"])
+    except RuntimeError as exc:
+        raise CocosError(f"checkpoint weights do not fit a {kind} model ({str(exc).splitlines()[0]})") from None
+    model.eval()
+    return model, Vocabulary.from_tokens(ckpt["vocab"])
+
+
+class Trainer:
+    """Train one model with one loss; call :meth:`fit`."""
+
+    def __init__(self, cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False,
+                 progress: bool = True, log=print):
+        if cfg.loss not in LOSSES:
+            raise CocosError(f"unknown loss '{cfg.loss}' (choose from {', '.join(LOSSES)})")
+        if cfg.model not in MODELS:
+            raise CocosError(f"unknown model '{cfg.model}' (choose from {', '.join(MODELS)})")
+        for name in ("epochs", "batch_size", "embed_size", "word_dim"):
+            if getattr(cfg, name) < 1:
+                raise CocosError(f"--{name.replace('_', '-')} must be positive")
+        self.cfg, self.progress, self.log = cfg, progress, log
+        self.out = Path(cfg.out)
+        self.last_path, self.best_path = self.out / "last.pt", self.out / "model_best.pt"
+        if self.out.exists() and any(self.out.iterdir()) and not (resume or overwrite):
+            raise CocosError(f"{self.out} exists; pass --resume to continue or --overwrite to start over")
+        if resume and not self.last_path.exists():
+            raise CocosError(f"{self.last_path}: nothing to resume")
+        self.device = resolve_device(cfg.device)
+        self.train_split = PrecompSplit(cfg.data, "train", k=cfg.k)
+        self.dev_split = PrecompSplit(cfg.data, "dev", k=cfg.k)
+        self.fingerprint = data_fingerprint(cfg.data)
+
+        resume_ckpt = load_checkpoint(self.last_path) if resume else None
+        if resume_ckpt is not None:
+            self._check_resume(resume_ckpt)
+            self.vocab = Vocabulary.from_tokens(resume_ckpt["vocab"])
+        else:
+            self.vocab = Vocabulary.build(self.train_split.captions, threshold=cfg.vocab_threshold)
+        self.train_ids = tokenize_split(self.train_split, self.vocab)
+        self.dev_ids = tokenize_split(self.dev_split, self.vocab)
+
+        torch.manual_seed(cfg.seed)
+        self.model = build_model(cfg.model, img_dim=self.train_split.feature_dim,
+                                 vocab_size=len(self.vocab), word_dim=cfg.word_dim,
+                                 embed_size=cfg.embed_size).to(self.device)
+        self.loss_fn = get_loss(cfg.loss, **cfg.loss_params(), compat=cfg.compat)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr)
+        self.scheduler = torch.optim.lr_scheduler.StepLR(self.optimizer, step_size=cfg.lr_update, gamma=0.1)
+        self.epoch, self.best_rsum, self.history = 0, -math.inf, []
+        if resume_ckpt is not None:
+            self.model.load_state_dict(resume_ckpt["state_dict"])
+            self.optimizer.load_state_dict(resume_ckpt["optimizer"])
+            self.scheduler.load_state_dict(resume_ckpt["scheduler"])
+            self.epoch = int(resume_ckpt["epoch"])
+            self.best_rsum = float(resume_ckpt["best_rsum"])
+            self.history = list(resume_ckpt["history"])
+            torch.set_rng_state(resume_ckpt["rng"]["torch"])
+
+    def _check_resume(self, ckpt: dict) -> None:
+        cfg = self.cfg
+        if ckpt["model"]["kind"] != cfg.model:
+            raise CocosError(f"{self.last_path}: checkpoint is a {ckpt['model']['kind']} model, not {cfg.model}")
+        if ckpt["loss"]["name"] != cfg.loss:
+            raise CocosError(f"{self.last_path}: checkpoint was trained with {ckpt['loss']['name']}, not {cfg.loss}")
+        if ckpt["data"]["fingerprint"] != self.fingerprint:
+            raise CocosError(f"{self.last_path}: checkpoint was trained on other data than {cfg.data}")
+
+    # -- one epoch --------------------------------------------------------------------
+
+    def batches(self, epoch: int):
+        seed = epoch_seed(self.cfg.seed, epoch)
+        bs = self.cfg.batch_size
+        if self.loss_fn.batch_layout == "ranking":
+            n = self.train_split.n_images
+            for img in ranking_batches(n, min(bs, n), seed):
+                cap = self.train_split.image_captions[img].reshape(-1)
+                yield img, cap, None
+        else:
+            caption_image = self.train_split.caption_image
+            for cap, img in pair_batches(caption_image, min(bs, len(caption_image)), seed):
+                yield img, cap, np.arange(len(cap))
+
+    def step(self, img: np.ndarray, cap: np.ndarray, caption_image) -> float:
+        feats = self.train_split.features_for(img).to(self.device)
+        tokens, lengths = pad_batch([self.train_ids[c] for c in cap])
+        img_emb, cap_emb = self.model(feats, tokens.to(self.device), lengths)
+        loss = self.loss_fn(img_emb, cap_emb, caption_image=caption_image,
+                            image_ids=torch.as_tensor(img, device=self.device))
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        self.optimizer.step()
+        return float(loss)
+
+    def train_epoch(self, epoch: int) -> tuple[float, float]:
+        from cocos.progress import progress_bar
+
+        self.model.train()
+        batches = list(self.batches(epoch))
+        total_loss, n_caps, start = 0.0, 0, time.perf_counter()
+        with progress_bar(len(batches), f"epoch {epoch}/{self.cfg.epochs}", enabled=self.progress,
+                          fields=True) as advance:
+            for done, (img, cap, caption_image) in enumerate(batches, start=1):
+                total_loss += self.step(img, cap, caption_image)
+                n_caps += len(cap)
+                rate = n_caps / max(time.perf_counter() - start, 1e-9)
+                advance(1, f"loss {total_loss / done:.4f} · {rate:,.0f} captions/s")
+        elapsed = time.perf_counter() - start
+        return total_loss / max(len(batches), 1), n_caps / max(elapsed, 1e-9)
+
+    # -- the loop ---------------------------------------------------------------------
+
+    def checkpoint(self, metrics: dict, full: bool) -> dict:
+        ckpt = {
+            "model": {"kind": self.cfg.model, "hparams": dict(self.model.hparams)},
+            "vocab": self.vocab.tokens,
+            "state_dict": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
+            "loss": {"name": self.cfg.loss, "params": self.loss_fn.params(), "compat": self.cfg.compat},
+            "data": {"path": str(Path(self.cfg.data).resolve()), "fingerprint": self.fingerprint,
+                     "k": self.cfg.k, "feature_shape": list(self.train_split.feature_shape)},
+            "train": asdict(self.cfg),
+            "epoch": self.epoch,
+            "metrics": metrics,
+            "best_rsum": self.best_rsum,
+            "history": self.history,
+        }
+        if full:
+            ckpt["optimizer"] = self.optimizer.state_dict()
+            ckpt["scheduler"] = self.scheduler.state_dict()
+            ckpt["rng"] = {"torch": torch.get_rng_state()}
+        return ckpt
+
+    def fit(self) -> dict:
+        """Train the remaining epochs; returns the best checkpoint's validation metrics."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        while self.epoch < self.cfg.epochs:
+            epoch = self.epoch + 1
+            lr = self.optimizer.param_groups[0]["lr"]
+            loss, rate = self.train_epoch(epoch)
+            self.scheduler.step()
+            metrics = evaluate_model(self.model, self.dev_split, self.dev_ids, device=self.device)
+            self.epoch = epoch
+            improved = metrics["rsum"] > self.best_rsum
+            if improved:
+                self.best_rsum = metrics["rsum"]
+            self.history.append({"epoch": epoch, "loss": loss, "lr": lr, "captions_per_s": rate,
+                                 **{k: metrics[k] for k in ("rsum", "i2t_R@1", "t2i_R@1")}})
+            if improved:
+                save_checkpoint(self.best_path, self.checkpoint(metrics, full=False))
+            save_checkpoint(self.last_path, self.checkpoint(metrics, full=True))
+            self.log(
+                f"epoch {epoch:>3}  loss {loss:.4f}  {rate:,.0f} cap/s  "
+                f"i2t R@1/5/10 {metrics['i2t_R@1']:.1f}/{metrics['i2t_R@5']:.1f}/{metrics['i2t_R@10']:.1f}  "
+                f"t2i {metrics['t2i_R@1']:.1f}/{metrics['t2i_R@5']:.1f}/{metrics['t2i_R@10']:.1f}  "
+                f"rsum {metrics['rsum']:.1f}{'  *best' if improved else ''}"
+            )
+        return load_checkpoint(self.best_path)["metrics"]
+
+
+def resolve_data(ckpt: dict, data: str | Path | None, checkpoint_path: str | Path) -> Path:
+    """The data folder: ``data`` if given, else the one recorded in the checkpoint if it still exists."""
+    if data is not None:
+        folder = Path(data)
+        if not folder.is_dir():
+            raise CocosError(f"{folder}: no such data folder")
+        return folder
+    recorded = Path(ckpt["data"]["path"])
+    if not recorded.is_dir():
+        raise CocosError(f"{checkpoint_path}: its data folder {recorded} is gone; pass --data")
+    return recorded
