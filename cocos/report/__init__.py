@@ -1,0 +1,1 @@
+"""Reports: paper-ready tables (markdown, LaTeX), figures, triplet-weight diagrams."""
