@@ -170,7 +170,7 @@ class Trainer:
         if self.cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         self.optimizer.step()
-        return float(loss)
+        return float(loss.detach())
 
     def train_epoch(self, epoch: int) -> tuple[float, float]:
         from cocos.progress import progress_bar
