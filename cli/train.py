@@ -35,7 +35,7 @@ def train(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
 ) -> None:
     """Train VSE++ or VSRN with one loss; keeps model_best.pt (best validation rsum) and last.pt."""
-    from cocos.training.trainer import Trainer, TrainConfig
+    from cocos.training.trainer import TrainConfig, Trainer
 
     cfg = TrainConfig(data=str(data), model=model, loss=loss, out=str(out), epochs=epochs, lr=lr,
                       lr_update=lr_update, batch_size=batch_size, embed_size=embed_size,

@@ -16,7 +16,7 @@ from cocos.errors import CocosError
 from cocos.models import build_model
 from cocos.training.checkpoint import load_checkpoint, save_checkpoint
 from cocos.training.evaluate import evaluate_model, tokenize_split
-from cocos.training.trainer import Trainer, TrainConfig, build_from_checkpoint
+from cocos.training.trainer import TrainConfig, Trainer, build_from_checkpoint
 
 runner = CliRunner()
 QUIET = {"progress": False, "log": lambda *a: None}
