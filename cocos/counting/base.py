@@ -74,17 +74,18 @@ def companions(weights: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str
     Simpson ``1 / sum u_n^2`` and the largest share ``max u_n``. Queries whose
     negatives carry no weight get NaN; the batch value is the mean over the others.
     """
-    w = weights.to(torch.float64)
+    w = weights if weights.is_floating_point() else weights.to(torch.float32)
     total = w.sum(-1, keepdim=True)
     has = total.squeeze(-1) > 0
-    u = w / total.clamp(min=torch.finfo(w.dtype).tiny)
-    entropy = -(torch.where(u > 0, u * torch.log(u.clamp(min=1e-300)), 0.0)).sum(-1)
+    tiny = torch.finfo(w.dtype).tiny
+    u = w / total.clamp(min=tiny)
+    entropy = -(u * torch.log(u.clamp(min=tiny))).sum(-1)  # u log u -> 0 as u -> 0
     per_query = {
         "N_eff": torch.exp(entropy),
-        "N_invsimpson": 1.0 / (u * u).sum(-1).clamp(min=1e-300),
+        "N_invsimpson": 1.0 / (u * u).sum(-1).clamp(min=tiny),
         "top1_share": u.amax(-1),
     }
-    per_query = {k: torch.where(has, v, torch.nan) for k, v in per_query.items()}
+    per_query = {k: torch.where(has, v.to(torch.float64), torch.nan) for k, v in per_query.items()}
     batch = {k: nanmean(v) for k, v in per_query.items()}
     return per_query, batch
 

@@ -166,10 +166,10 @@ def count_embeddings(
                                                torch.arange(batch_size, device=device), image_ids=i)
                 else:
                     layout = BatchLayout.build(batch_size, c.shape[-1], device=device)
-                for name in groups[layout_name]:
-                    counter = counters[name]
-                    for d in DIRECTIONS:
-                        view = layout.view(scores, d, compat)
+                for d in DIRECTIONS:
+                    view = layout.view(scores, d, compat)
+                    for name in groups[layout_name]:
+                        counter = counters[name]
                         result = counter.count(view, compat=compat)
                         _append(run.batch_stats, (name, d), result.batch)
                         _append(run.batch_stats, (name, d), {"n_excluded": result.n_excluded})

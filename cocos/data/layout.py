@@ -19,7 +19,7 @@ get their masks from here and nowhere else.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -39,6 +39,7 @@ class BatchLayout:
     caption_image: torch.Tensor  # (M,) long: image row of each caption
     n_images: int  # B
     image_ids: torch.Tensor | None = None  # (..., B) dataset id of each image row
+    _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def build(
@@ -113,17 +114,28 @@ class BatchLayout:
             return (~pos).expand(*lead, *pos.shape)
         return ~pos & ~self.same_image()
 
-    def view(self, scores: torch.Tensor, direction: str, compat: bool = False) -> QueryView:
-        """Orient a ``(..., B, M)`` similarity matrix as queries x candidates for one direction."""
+    def masks(self, direction: str, compat: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(pos, neg)`` oriented for one direction (queries x candidates), contiguous, computed once."""
         if direction not in DIRECTIONS:
             raise CocosError(f"unknown direction '{direction}' (use i2t or t2i)")
-        shape = torch.broadcast_shapes(scores.shape, self.negatives(compat).shape)
-        pos = self.positives().expand(shape)
-        neg = self.negatives(compat).expand(shape)
-        scores = scores.expand(shape)
+        key = (direction, compat)
+        if key not in self._cache:
+            neg = self.negatives(compat)
+            pos = self.positives().expand(neg.shape)
+            if direction == "t2i":
+                pos, neg = pos.transpose(-1, -2), neg.transpose(-1, -2)
+            self._cache[key] = (pos.contiguous(), neg.contiguous())
+        return self._cache[key]
+
+    def view(self, scores: torch.Tensor, direction: str, compat: bool = False) -> QueryView:
+        """Orient a ``(..., B, M)`` similarity matrix as queries x candidates for one direction."""
+        pos, neg = self.masks(direction, compat)
         if direction == "t2i":
-            scores, pos, neg = (t.transpose(-1, -2) for t in (scores, pos, neg))
-        return QueryView(scores=scores, pos=pos, neg=neg, direction=direction,
+            scores = scores.transpose(-1, -2)
+        shape = torch.broadcast_shapes(scores.shape, pos.shape)
+        if pos.shape != shape:
+            pos, neg = pos.expand(shape).contiguous(), neg.expand(shape).contiguous()
+        return QueryView(scores=scores.expand(shape).contiguous(), pos=pos, neg=neg, direction=direction,
                          group_size=self.group_size)
 
 

@@ -1,0 +1,40 @@
+"""``cocos analyze CHECKPOINT``: the main job, from a checkpoint to COCOS tables and plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from cli.common import handle_errors
+from cli.count import loss_names
+from cli.main import app
+
+
+@app.command("analyze")
+@handle_errors
+def analyze(
+    checkpoint: Path = typer.Argument(..., help="A checkpoint written by cocos train (model_best.pt)."),
+    data: Path = typer.Option(None, help="Data folder (default: the one recorded in the checkpoint)."),
+    out: Path = typer.Option(None, help="Output folder (default: reports/<checkpoint name>/)."),
+    loss: list[str] = typer.Option(["all"], "--loss", "-l", help="Losses to count (all by default)."),
+    batch_size: int = typer.Option(128, help="Images per counting batch."),
+    seed: int = typer.Option(0, help="Seed of the counting batches."),
+    compat: bool = typer.Option(False, "--compat", help="Show the published counter's values."),
+    eps: float = typer.Option(0.01, help="Threshold eps for NT-Xent and SmoothAP."),
+    split: str = typer.Option("test", help="Split to evaluate retrieval on."),
+    save_embeddings: Path = typer.Option(None, help="Also save the training embeddings (.npz, count format)."),
+    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
+) -> None:
+    """Encode the training set with the frozen model, count every loss both ways, write tables and figures."""
+    from cocos.report.analyze import analyze_checkpoint, default_out, summary_lines, write_analysis
+
+    analysis = analyze_checkpoint(checkpoint, data, losses=loss_names(loss), batch_size=batch_size, seed=seed,
+                                  compat=compat, split=split, device=device, eps=eps,
+                                  save_embeddings_to=save_embeddings, progress=progress)
+    target = out or default_out(checkpoint)
+    files = write_analysis(analysis, target)
+    for line in summary_lines(analysis.results):
+        typer.echo(line)
+    typer.echo(f"wrote {target}/: {', '.join(f.name for f in files)}")

@@ -1,0 +1,121 @@
+"""``cocos diagram``: GOAL triplet-weight diagrams, optionally with a checkpoint's training triplets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from cli.common import handle_errors
+from cli.main import app
+from cocos.errors import CocosError
+
+
+def weight_names(weight: str, pair_weight: str | None) -> list[str]:
+    """The panel names: each of ``weight`` (comma list), or ``T*P+`` and ``T*P-`` with a pair weight."""
+    from cocos.losses.goal import PAIR_WEIGHTS, parse_weight
+
+    names = [w.strip() for w in weight.split(",") if w.strip()]
+    if not names:
+        raise CocosError("--weight is empty")
+    specs = [parse_weight(n) for n in names]
+    if pair_weight is None:
+        return [s.name for s in specs]
+    pair = parse_weight(f"{pair_weight.strip().rstrip('+-')}+")
+    if pair.triplet is not None:
+        raise CocosError(f"unknown pair weight '{pair_weight}' (choose from {', '.join(PAIR_WEIGHTS)})")
+    out = []
+    for s in specs:
+        if s.triplet is None or s.pair is not None:
+            raise CocosError(f"--pair-weight needs triplet weights in --weight, got '{s.name}'")
+        out += [f"{s.triplet}*{pair.pair}+", f"{s.triplet}*{pair.pair}-"]
+    return out
+
+
+def parse_extent(text: str) -> tuple[float, float] | None:
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        lo, hi = (float(x) for x in text.split(","))
+    except ValueError:
+        raise CocosError(f"--extent must be 'auto' or 'LO,HI' (e.g. 0,1), got '{text}'") from None
+    if not lo < hi:
+        raise CocosError(f"--extent needs LO < HI, got '{text}'")
+    return lo, hi
+
+
+@app.command("diagram")
+@handle_errors
+def diagram(
+    weight: str = typer.Option("T_con", "--weight", "-w",
+                               help="T_con, T_nca, T_cir, T*P+ / T*P- (e.g. T_nca*P_sig-), or a comma list "
+                                    "(one panel each)."),
+    pair_weight: str = typer.Option(None, "--pair-weight",
+                                    help="P_con, P_lin, P_sig, P_lin-ms or P_sig-ms: draw T*P+ and T*P- "
+                                         "and the pair-weight curves."),
+    tau: float = typer.Option(None, help="Scale tau of T_nca and T_cir (default 10)."),
+    margin: float = typer.Option(None, help="Margin of T_con (default 0.2)."),
+    cir_offset: bool = typer.Option(False, "--cir-offset",
+                                    help="T_cir as in the authors' code (0.5 subtracted in the exponent)."),
+    checkpoint: Path = typer.Option(None, "--checkpoint",
+                                    help="Overlay where this checkpoint's training triplets lie."),
+    data: Path = typer.Option(None, help="Data folder (default: the one recorded in the checkpoint)."),
+    batch_size: int = typer.Option(128, help="Captions per pair batch."),
+    seed: int = typer.Option(0, help="Seed of the random batches."),
+    max_batches: int = typer.Option(None, help="Use only the first N batches."),
+    compat: bool = typer.Option(False, "--compat", help="Keep same-image pairs as negatives."),
+    extent: str = typer.Option("auto", help="'auto' ([0,1], or [-1,1] when points lie outside) or LO,HI."),
+    out: Path = typer.Option(None, help="Output path stem (default reports/diagram_<weight>); "
+                                        "writes .png and .pdf."),
+    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+) -> None:
+    """Triplet-weight diagram (GOAL Figure 2): a weight over (Sp, Sn), with a checkpoint's triplets."""
+    from cocos.report.diagram import file_slug, plot_pair_weights, plot_triplet_diagram, triplet_points
+
+    names = weight_names(weight, pair_weight)
+    ext = parse_extent(extent)
+    if data is not None and checkpoint is None:
+        raise CocosError("--data needs --checkpoint")
+    if batch_size < 1:
+        raise CocosError(f"--batch-size must be positive, got {batch_size}")
+    params = {"tau": tau, "margin": margin, "offset": True if cir_offset else None}
+    if out is None:
+        stem = "_".join(file_slug(w.strip()) for w in weight.split(",") if w.strip())
+        if pair_weight:
+            stem += f"_x_{file_slug(pair_weight.strip().rstrip('+-'))}"
+        out = Path("reports") / f"diagram_{stem}"
+
+    points = None
+    if checkpoint is not None:
+        from cocos.embed import encode_checkpoint
+
+        encoded = encode_checkpoint(checkpoint, data, "train", device=device, progress=progress)
+        emb = getattr(encoded, "embeddings", encoded)
+        points = triplet_points(emb, batch_size=batch_size, seed=seed, max_batches=max_batches,
+                                compat=compat)
+
+    result = plot_triplet_diagram(names, params=params, points=points, path_stem=out, extent=ext,
+                                  title=None if checkpoint is None else f"{checkpoint} (training split)")
+    written = [str(p) for p in result.paths]
+    if pair_weight is not None:
+        pair = names[0].split("*")[1][:-1]
+        curves = plot_pair_weights(pair, params=params, path_stem=f"{out}_pair")
+        written += [str(p) for p in curves.paths]
+    typer.echo(f"wrote {', '.join(written)}")
+    if points is not None:
+        n = {d: len(sp) for d, (sp, _) in points.items()}
+        typer.echo(f"{sum(n.values())} triplets ({', '.join(f'{d} {k}' for d, k in n.items())}) from "
+                   f"batches of {batch_size}, seed {seed}{', compat' if compat else ''}")
+        seen = set()
+        for name in names:
+            t_name = name.split("*")[0]
+            if t_name in seen or not t_name.startswith("T_"):
+                continue
+            seen.add(t_name)
+            shares = result.active[name]
+            parts = ", ".join(f"{d} {100 * s:.1f}%" for d, s in shares.items() if s is not None)
+            typer.echo(f"{t_name}: share of triplets in the active region (T > 0.5): {parts}")
+        for d, share in result.outside.items():
+            if share > 0:
+                typer.echo(f"note: {100 * share:.1f}% of {d} triplets lie outside the drawn square")

@@ -1,0 +1,363 @@
+"""Triplet-weight diagrams (GOAL paper, Figure 2) with where a checkpoint's triplets lie.
+
+A *triplet diagram* is the heat map of a triplet weight ``T`` (or a gradient scalar
+``T·P±``) over the positive similarity ``Sp`` (x axis) and the hardest-negative
+similarity ``Sn`` (y axis). :func:`triplet_points` forms the same seeded pair
+batches as the counting engine and collects ``(s+, hardest s−)`` of every query in
+both directions; :func:`plot_triplet_diagram` overlays them as density contours
+(a 2-D histogram smoothed with a fixed Gaussian kernel, contours at the levels
+that enclose 50% and 90% of the points: deterministic, no random KDE bandwidth)
+and reports the share of triplets in the *active region*: where the triplet weight
+``T > 1/2`` (for ``T_con``: the triplets that violate the margin and get a gradient;
+for ``T·P±`` the region is that of its ``T``, the pair weight only scales).
+
+Range: the paper's Figure 2 draws the similarity square where the diagram is
+informative; cosine similarities of a trained model's hardest triplets lie in
+``[0, 1]``. ``extent=None`` picks ``[0, 1]²`` when every point lies there, else the
+full ``[−1, 1]²``, so no point is ever cut off silently.
+
+Figures are drawn with the Agg canvas (no pyplot state), written as PNG and PDF
+through a temporary file and ``os.replace``, without time stamps: the same
+inputs give the same bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from cocos.data.layout import DIRECTIONS, BatchLayout
+from cocos.data.samplers import pair_batches
+from cocos.errors import CocosError
+from cocos.io import atomic_path
+from cocos.losses.goal import PAIR_WEIGHTS, hardest_triplets, parse_weight, triplet_part, weight_grid
+
+ACTIVE_THRESHOLD = 0.5
+DEFAULT_EXTENT = (0.0, 1.0)
+FULL_EXTENT = (-1.0, 1.0)
+DENSITY_LEVELS = (0.5, 0.9)  # contours enclosing these shares of the points
+DIRECTION_STYLE = {"i2t": ("#d62728", "solid"), "t2i": ("#ff9896", "dashed")}
+
+
+# -- points ------------------------------------------------------------------------------
+
+
+def triplet_points(emb, batch_size: int = 128, seed: int = 0, max_batches: int | None = None,
+                   compat: bool = False, chunk: int = 32) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """``{direction: (sp, sn)}``: positive and hardest-negative similarity of every query.
+
+    ``emb`` is an :class:`~cocos.counting.engine.EmbeddingSet` (normalised). Batches
+    are the counting engine's seeded pair batches (``pair_batches(caption_image,
+    batch_size, seed)``, last short batch dropped), the first ``max_batches`` of
+    them; the image ids of a batch exclude same-image pairs unless ``compat``.
+    Arrays are float64, batch-major then query order.
+    """
+    if max_batches is not None and max_batches < 1:
+        raise CocosError(f"max_batches must be positive, got {max_batches}")
+    batches = pair_batches(emb.caption_image, batch_size, seed)
+    if max_batches is not None:
+        batches = batches[:max_batches]
+    cap_idx = np.stack([c for c, _ in batches])
+    img_idx = np.stack([i for _, i in batches])
+    device = emb.images.device
+    out: dict[str, tuple[list, list]] = {d: ([], []) for d in DIRECTIONS}
+    for start in range(0, len(cap_idx), chunk):
+        c = torch.as_tensor(cap_idx[start : start + chunk], device=device)
+        i = torch.as_tensor(img_idx[start : start + chunk], device=device)
+        scores = emb.images[i] @ emb.captions[c].transpose(-1, -2)  # (nb, B, B)
+        layout = BatchLayout.build(batch_size, batch_size, torch.arange(batch_size, device=device),
+                                   image_ids=i)
+        for d in DIRECTIONS:
+            sp, sn, _ = hardest_triplets(layout.view(scores, d, compat))
+            sp = sp.detach().to("cpu", torch.float64).numpy().reshape(-1)
+            sn = sn.detach().to("cpu", torch.float64).numpy().reshape(-1)
+            keep = ~(np.isnan(sp) | np.isnan(sn))
+            out[d][0].append(sp[keep])
+            out[d][1].append(sn[keep])
+    return {d: (np.concatenate(sps), np.concatenate(sns)) for d, (sps, sns) in out.items()}
+
+
+def _as_point_dict(points) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    if points is None:
+        return {}
+    if isinstance(points, dict):
+        items = points.items()
+    else:
+        items = [("points", points)]
+    out = {}
+    for key, (sp, sn) in items:
+        sp, sn = np.asarray(sp, dtype=np.float64).reshape(-1), np.asarray(sn, dtype=np.float64).reshape(-1)
+        if sp.shape != sn.shape:
+            raise CocosError(f"points '{key}': {sp.size} positive but {sn.size} negative similarities")
+        out[str(key)] = (sp, sn)
+    return out
+
+
+def active_share(weight: str, sp, sn, **params) -> float | None:
+    """Share of the triplets ``(sp, sn)`` where the triplet weight of ``weight`` is ``> 1/2``.
+
+    For ``T_con`` that is ``T = 1`` (margin violated). ``None`` for a pair weight alone
+    or no points.
+    """
+    sp, sn = np.asarray(sp, dtype=np.float64), np.asarray(sn, dtype=np.float64)
+    if sp.size == 0:
+        return None
+    t = triplet_part(weight, torch.from_numpy(sp), torch.from_numpy(sn), **params)
+    if t is None:
+        return None
+    return float((t > ACTIVE_THRESHOLD).double().mean())
+
+
+# -- drawing helpers ------------------------------------------------------------------------
+
+
+def _gaussian_kernel(sigma: float) -> np.ndarray:
+    r = max(1, int(np.ceil(3 * sigma)))
+    x = np.arange(-r, r + 1, dtype=np.float64)
+    k = np.exp(-0.5 * (x / sigma) ** 2)
+    return k / k.sum()
+
+
+def density_grid(sp, sn, extent: tuple[float, float], bins: int = 80, sigma: float = 1.5):
+    """Smoothed 2-D histogram of the points over ``extent²``: ``(centres, density[sn, sp], levels)``.
+
+    ``levels`` are the density values whose super-level sets enclose the shares
+    :data:`DENSITY_LEVELS` of the (smoothed) mass, ascending; deterministic.
+    """
+    lo, hi = extent
+    edges = np.linspace(lo, hi, bins + 1)
+    hist, _, _ = np.histogram2d(np.asarray(sn), np.asarray(sp), bins=[edges, edges])
+    k = _gaussian_kernel(sigma)
+    pad = len(k) // 2
+    h = np.pad(hist, pad)
+    h = np.apply_along_axis(lambda r: np.convolve(r, k, mode="valid"), 0, h)
+    h = np.apply_along_axis(lambda r: np.convolve(r, k, mode="valid"), 1, h)
+    centres = (edges[:-1] + edges[1:]) / 2
+    total = h.sum()
+    if total <= 0:
+        return centres, h, []
+    flat = np.sort(h.reshape(-1))[::-1]
+    cum = np.cumsum(flat) / total
+    levels = sorted({float(flat[min(np.searchsorted(cum, q), len(flat) - 1)]) for q in DENSITY_LEVELS})
+    levels = [lv for lv in levels if lv > 0]
+    return centres, h, levels
+
+
+def _save(fig, path_stem: Path) -> list[Path]:
+    paths = []
+    for ext, meta in (("png", {"Software": None}), ("pdf", {"CreationDate": None, "ModDate": None})):
+        path = Path(f"{path_stem}.{ext}")
+        with atomic_path(path, suffix=f".{ext}") as tmp:
+            fig.savefig(tmp, format=ext, dpi=150, metadata=meta)
+        paths.append(path)
+    return paths
+
+
+def _new_figure(n_panels: int, panel_size: float = 3.6):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(panel_size * n_panels + 0.6, panel_size + 0.4))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, n_panels, squeeze=False)[0]
+    return fig, axes
+
+
+def _label(name: str, params: dict) -> str:
+    from cocos.losses.goal import weight_params
+
+    used = weight_params(name, **params)
+    shown = {k: v for k, v in used.items() if k in ("margin", "tau", "offset", "alpha", "beta", "lam",
+                                                     "m_pos", "m_neg")}
+    if not shown.get("offset", True):
+        shown.pop("offset")
+    args = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items())
+    return name + ("\n" + "\n".join(textwrap.wrap(args, 48)) if args else "")
+
+
+# -- the diagram -------------------------------------------------------------------------------
+
+
+@dataclass
+class DiagramResult:
+    """What :func:`plot_triplet_diagram` drew: the grid data of each panel and the point summary.
+
+    ``values[name][i, j]`` is the weight at ``(sp[j], sn[i])`` (rows: ``Sn``, as drawn
+    with the origin at the bottom left).
+    """
+
+    paths: list[Path]
+    sp: np.ndarray
+    sn: np.ndarray
+    values: dict[str, np.ndarray]
+    extent: tuple[float, float]
+    active: dict[str, dict[str, float | None]] = field(default_factory=dict)  # name -> points key -> share
+    n_points: dict[str, int] = field(default_factory=dict)
+    outside: dict[str, float] = field(default_factory=dict)  # points key -> share outside the square
+
+
+def _choose_extent(extent, pts: dict) -> tuple[float, float]:
+    if extent is not None:
+        lo, hi = float(extent[0]), float(extent[1])
+        if not (np.isfinite(lo) and np.isfinite(hi) and lo < hi):
+            raise CocosError(f"extent must be two numbers lo < hi, got {extent}")
+        return lo, hi
+    lo, hi = DEFAULT_EXTENT
+    for sp, sn in pts.values():
+        if sp.size and (min(sp.min(), sn.min()) < lo or max(sp.max(), sn.max()) > hi):
+            return FULL_EXTENT
+    return DEFAULT_EXTENT
+
+
+def plot_triplet_diagram(
+    weight: str | Sequence[str],
+    *,
+    params: dict | None = None,
+    points=None,
+    path_stem: str | os.PathLike,
+    extent: tuple[float, float] | None = None,
+    resolution: int = 201,
+    title: str | None = None,
+) -> DiagramResult:
+    """Heat map(s) of weight(s) over ``(Sp, Sn)``, one panel per name, written as PNG and PDF.
+
+    ``weight``: a name (``"T_nca"``, ``"T_cir*P_sig-"``, ...) or a list of names
+    (side-by-side panels, as the paper's Figure 2). ``params``: ``margin``, ``tau``,
+    ``offset``, ``alpha``, ... (each weight takes what it uses). ``points``:
+    ``{direction: (sp, sn)}`` (e.g. :func:`triplet_points`) or one ``(sp, sn)`` pair,
+    drawn as density contours. Writes ``path_stem.png`` and ``path_stem.pdf``.
+    """
+    names = [weight] if isinstance(weight, str) else list(weight)
+    if not names:
+        raise CocosError("no weight to draw")
+    specs = [parse_weight(n) for n in names]
+    names = [s.name for s in specs]
+    params = {k: v for k, v in (params or {}).items() if v is not None}
+    if resolution < 2:
+        raise CocosError(f"resolution must be at least 2, got {resolution}")
+    pts = _as_point_dict(points)
+    lo, hi = _choose_extent(extent, pts)
+    grid = np.linspace(lo, hi, resolution)
+    g = torch.from_numpy(grid)
+    values = {n: weight_grid(n, g[None, :], g[:, None], **params).numpy().copy() for n in names}
+
+    result = DiagramResult(paths=[], sp=grid, sn=grid.copy(), values=values, extent=(lo, hi))
+    for key, (sp, sn) in pts.items():
+        result.n_points[key] = int(sp.size)
+        inside = (sp >= lo) & (sp <= hi) & (sn >= lo) & (sn <= hi)
+        result.outside[key] = float(1 - inside.mean()) if sp.size else 0.0
+    for n in names:
+        result.active[n] = {key: active_share(n, sp, sn, **params) for key, (sp, sn) in pts.items()}
+
+    fig, axes = _new_figure(len(names))
+    for ax, name in zip(axes, names, strict=True):
+        v = values[name]
+        vmin, vmax = float(min(v.min(), 0.0)), float(max(v.max(), 1.0))
+        im = ax.imshow(v, origin="lower", extent=(lo, hi, lo, hi), cmap="viridis", vmin=vmin, vmax=vmax,
+                       aspect="equal", interpolation="nearest")
+        binary = bool(np.isin(v, (0.0, 1.0)).all())
+        scale = 1.0 if v.max() <= 1.0 else float(v.max())
+        levels = [lv * scale for lv in ((0.5,) if binary else (0.1, 0.3, 0.5, 0.7, 0.9))]
+        levels = [lv for lv in levels if v.min() < lv < v.max()]
+        if levels:
+            cs = ax.contour(grid, grid, v, levels=levels, colors="white", linewidths=0.6, alpha=0.7)
+            if not binary:
+                ax.clabel(cs, fontsize=6, fmt="%.2g")
+        ax.plot([lo, hi], [lo, hi], color="0.85", linewidth=0.6, linestyle=":")
+        handles = []
+        for i, (key, (sp, sn)) in enumerate(pts.items()):
+            if sp.size < 2:
+                continue
+            color, style = DIRECTION_STYLE.get(key, (f"C{i}", "solid"))
+            centres, dens, dlevels = density_grid(sp, sn, (lo, hi))
+            if dlevels:
+                ax.contour(centres, centres, dens, levels=dlevels, colors=[color], linestyles=style,
+                           linewidths=1.2)
+            share = result.active[name].get(key)
+            label = key if share is None else f"{key}: {100 * share:.1f}% active"
+            handles.append(ax.plot([], [], color=color, linestyle=style, label=label)[0])
+        if handles:
+            ax.legend(handles=handles, loc="upper left", fontsize=7, framealpha=0.8)
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        ax.set_xlabel(r"$S_p$ (positive similarity)")
+        ax.set_ylabel(r"$S_n$ (hardest negative similarity)")
+        ax.set_title(_label(name, params), fontsize=9)
+        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    result.paths = _save(fig, Path(path_stem))
+    return result
+
+
+@dataclass
+class PairCurves:
+    """Pair-weight curves: ``positive[name]`` is ``P+`` over ``s``, ``negative[name]`` is ``P−`` over ``s``."""
+
+    paths: list[Path]
+    s: np.ndarray
+    positive: dict[str, np.ndarray]
+    negative: dict[str, np.ndarray]
+
+
+def plot_pair_weights(
+    names: str | Sequence[str] = tuple(PAIR_WEIGHTS),
+    *,
+    params: dict | None = None,
+    path_stem: str | os.PathLike,
+    extent: tuple[float, float] = DEFAULT_EXTENT,
+    resolution: int = 201,
+) -> PairCurves:
+    """Curves of pair weights (paper Figure 3): ``P+`` over ``Sp`` (left), ``P−`` over ``Sn`` (right).
+
+    The multi-similarity forms are drawn with fixed relative terms ``m_pos``/``m_neg``
+    (default 0.1 as in Figure 3).
+    """
+    names = [names] if isinstance(names, str) else list(names)
+    canon = []
+    for n in names:
+        spec = parse_weight(f"{n.rstrip('+-')}+")
+        if spec.triplet is not None:
+            raise CocosError(f"'{n}' is not a pair weight (choose from {', '.join(PAIR_WEIGHTS)})")
+        canon.append(spec.pair)
+    params = {k: v for k, v in (params or {}).items() if v is not None}
+    lo, hi = _choose_extent(extent, {})
+    s = np.linspace(lo, hi, resolution)
+    st = torch.from_numpy(s)
+    positive = {n: weight_grid(f"{n}+", st, st, **params).numpy().copy() for n in canon}
+    negative = {n: weight_grid(f"{n}-", st, st, **params).numpy().copy() for n in canon}
+    fig, axes = _new_figure(2)
+    for ax, curves, xlabel, title in ((axes[0], positive, r"$S_p$", r"$P_+$ (positive pairs)"),
+                                      (axes[1], negative, r"$S_n$", r"$P_-$ (negative pairs)")):
+        for i, (n, y) in enumerate(curves.items()):
+            ax.plot(s, y, color=f"C{i}", label=n, linewidth=1.4)
+        ax.set_xlim(lo, hi)
+        ax.set_xlabel(xlabel)
+        ax.set_title(title, fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return PairCurves(paths=_save(fig, Path(path_stem)), s=s, positive=positive, negative=negative)
+
+
+def file_slug(name: str) -> str:
+    """A file-name-safe form of a weight name: ``T_nca*P_sig-`` -> ``T_nca_x_P_sig_neg``."""
+    out = str(name).replace("\u2212", "-")
+    if out.endswith("+"):
+        out = out[:-1] + "_pos"
+    elif out.endswith("-"):
+        out = out[:-1] + "_neg"
+    return out.replace("*", "_x_").replace(",", "_")
+
+
+__all__ = [
+    "ACTIVE_THRESHOLD", "DiagramResult", "PairCurves", "active_share", "density_grid", "file_slug",
+    "plot_pair_weights", "plot_triplet_diagram", "triplet_points",
+]

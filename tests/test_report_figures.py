@@ -1,0 +1,111 @@
+"""Figures: PNG and PDF written atomically, deterministic, and plotting exactly the input data."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cocos.report.figures import plot_cocos_vs_rsum, plot_count_distributions, plot_eps_sweep
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def check_files(paths, folder):
+    assert [p.suffix for p in paths] == [".png", ".pdf"]
+    png, pdf = (p.read_bytes() for p in paths)
+    assert png[:8] == PNG and len(png) > 1000
+    assert pdf[:5] == b"%PDF-" and len(pdf) > 1000
+    assert sorted(p.name for p in folder.iterdir()) == sorted(p.name for p in paths)  # no temp files left
+
+
+def per_query_fixture():
+    g = np.random.default_rng(0)
+    return {
+        "triplet": {"i2t": {"C_q": g.integers(0, 12, 300).astype(float)},
+                    "t2i": {"C_q": g.integers(0, 9, 280).astype(float)}},
+        "ntxent": {"i2t": {"C_qv-": g.integers(0, 20, 300).astype(float), "W_qv-": g.random(300)},
+                   "t2i": {"C_qv-": np.array([1.0, 2.0, 2.0, np.nan, 3.0])}},
+        "smoothap": {"i2t": {"C_q": g.random(64) * 3}},
+    }
+
+
+def test_count_distributions_plot_the_input(tmp_path):
+    pq = per_query_fixture()
+    out = plot_count_distributions(pq, tmp_path / "counts")
+    check_files(out.paths, tmp_path)
+    assert set(out.data) == {("triplet", "i2t"), ("triplet", "t2i"), ("ntxent", "i2t"), ("ntxent", "t2i"),
+                             ("smoothap", "i2t")}
+    for (loss, d), got in out.data.items():
+        stat = "C_qv-" if loss == "ntxent" else "C_q"
+        assert got["stat"] == stat
+        values = pq[loss][d][stat]
+        values = values[np.isfinite(values)]
+        expected, _ = np.histogram(values, bins=got["edges"])
+        np.testing.assert_array_equal(got["heights"], expected)
+        assert got["heights"].sum() == values.size
+        assert got["mean"] == pytest.approx(values.mean())
+    # integer counts get one bar per integer
+    assert np.allclose(np.diff(out.data[("triplet", "i2t")]["edges"]), 1.0)
+    tri = pq["triplet"]["i2t"]["C_q"]
+    assert out.data[("triplet", "i2t")]["mean_with_gradient"] == pytest.approx(tri[tri > 0].mean())
+    assert out.data[("ntxent", "t2i")]["mean"] == pytest.approx(2.0)  # NaN left out
+
+
+def test_figures_are_deterministic(tmp_path):
+    pq = per_query_fixture()
+    a = plot_count_distributions(pq, tmp_path / "a" / "counts").paths
+    b = plot_count_distributions(pq, tmp_path / "b" / "counts").paths
+    for x, y in zip(a, b, strict=True):
+        assert x.read_bytes() == y.read_bytes(), x.suffix
+
+
+def sweep_fixture():
+    def e(m):
+        return {"mean": m, "std": 0.1, "n": 10, "n_skipped": 0}
+
+    return {
+        "ntxent": {"i2t": {"0.001": {"C_qv-": e(40.0), "W_qv-": e(0.9)}, "0.01": {"C_qv-": e(9.88)},
+                           "0.1": {"C_qv-": e(1.5)}, "0.005": {"C_qv-": e(15.0)}},
+                   "t2i": {"0.01": {"C_qv-": e(9.65)}, "0.1": {"C_qv-": e(None)}}},
+        "smoothap": {"i2t": {"0.01": {"C_q": e(1.27)}, "0.001": {"C_q": e(3.0)}}},
+    }
+
+
+def test_eps_sweep_lines_equal_the_input(tmp_path):
+    out = plot_eps_sweep(sweep_fixture(), tmp_path / "sweep")
+    check_files(out.paths, tmp_path)
+    x, y = out.data[("ntxent", "i2t")]
+    np.testing.assert_allclose(x, [0.001, 0.005, 0.01, 0.1])
+    np.testing.assert_allclose(y, [40.0, 15.0, 9.88, 1.5])
+    x, y = out.data[("ntxent", "t2i")]  # a null mean is left out
+    np.testing.assert_allclose(x, [0.01])
+    np.testing.assert_allclose(y, [9.65])
+    x, y = out.data[("smoothap", "i2t")]
+    np.testing.assert_allclose(x, [0.001, 0.01])
+    np.testing.assert_allclose(y, [3.0, 1.27])
+    assert out.data["default_eps"] == 0.01
+    assert ("smoothap", "t2i") not in out.data
+
+
+def test_cocos_vs_rsum_points_equal_the_input(tmp_path):
+    rows = [("F30k VSE++ Triplet", 309.4, 6.79), ("F30k VSE++ Triplet SH", 353.8, 1.0),
+            ("F30k VSE++ NT-Xent", 337.1, 9.88)]
+    out = plot_cocos_vs_rsum(rows, tmp_path / "cocos_vs_rsum")
+    check_files(out.paths, tmp_path)
+    np.testing.assert_allclose(out.data["points"], [[6.79, 309.4], [1.0, 353.8], [9.88, 337.1]])
+    assert out.data["labels"] == [r[0] for r in rows]
+    empty = plot_cocos_vs_rsum([], tmp_path / "empty" / "x")
+    assert empty.data["points"].shape == (0, 2)
+    assert empty.paths[0].read_bytes()[:8] == PNG
+
+
+def test_failed_write_leaves_no_file(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    def boom(self, *args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(Figure, "savefig", boom)
+    with pytest.raises(RuntimeError):
+        plot_cocos_vs_rsum([("a", 1.0, 2.0)], tmp_path / "fig")
+    assert list(tmp_path.iterdir()) == []

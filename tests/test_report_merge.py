@@ -1,0 +1,289 @@
+"""``cocos report``: loading, grouping by metadata, mean ± std over seeds, the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.main import app
+from cocos.errors import CocosError
+from cocos.report.merge import (
+    SOURCE,
+    cocos_vs_rsum_rows,
+    group_results,
+    load_result,
+    load_results,
+    report_tables,
+    select_stats,
+)
+from cocos.report.tables import to_latex, to_markdown
+from tests.test_report_tables import check_latex, make_results, md_cell, parse_markdown
+
+runner = CliRunner()
+
+
+def write(path, results):
+    path.write_text(json.dumps(results, indent=2, sort_keys=True))
+    return path
+
+
+def tables_by_number(tables):
+    return {t.title.split(":")[0]: t for t in tables}
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def test_load_results_keeps_content_and_source(tmp_path):
+    r = make_results(seed=4)
+    (loaded,) = load_results([write(tmp_path / "r.json", r)])
+    assert loaded[SOURCE] == str(tmp_path / "r.json")
+    assert {k: v for k, v in loaded.items() if k != SOURCE} == r
+
+
+BAD = {
+    "missing": (None, "no such file"),
+    "invalid_json": ('{"data": {', "invalid JSON"),
+    "empty": ("", "invalid JSON"),
+    "list": ("[1, 2]", "not a cocos results file"),
+    "no_training": (json.dumps({k: v for k, v in make_results().items() if k != "training"}),
+                    "missing training.loss, training.seed"),
+    "no_fingerprint": (json.dumps({**make_results(), "data": {"name": "f30k"}}), "missing data.fingerprint"),
+    "stats_not_object": (json.dumps({**make_results(), "stats": [1]}), "not a cocos results file"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_results_file_is_one_cocos_error_line_naming_the_file(tmp_path, case):
+    text, expected = BAD[case]
+    path = tmp_path / f"{case}.json"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(CocosError) as info:
+        load_results([write(tmp_path / "good.json", make_results()), path])
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(str(path)) and expected in message, message
+
+
+def test_folder_and_no_paths(tmp_path):
+    with pytest.raises(CocosError, match="folder"):
+        load_result(tmp_path)
+    with pytest.raises(CocosError, match="no results files"):
+        load_results([])
+
+
+# --------------------------------------------------------------------------- grouping
+
+
+def test_grouping_comes_from_metadata_not_file_names(tmp_path):
+    # names suggest vsrn/smoothap and vsepp/triplet, contents say the opposite
+    a = write(tmp_path / "vsrn_smoothap_seed0.json", make_results("triplet", 0, model="vsepp"))
+    b = write(tmp_path / "vsrn_smoothap_seed1.json", make_results("triplet", 1, model="vsepp"))
+    c = write(tmp_path / "vsepp_triplet_seed0.json", make_results("smoothap", 0, model="vsrn"))
+    groups, warnings = group_results(load_results([a, b, c]))
+    assert warnings == []
+    assert [(g.dataset, g.model, g.loss, g.seeds) for g in groups] == [
+        ("f30k", "vsepp", "triplet", [0, 1]), ("f30k", "vsrn", "smoothap", [0])]
+    assert [r[SOURCE] for r in groups[0].results] == [str(a), str(b)]
+
+
+def test_rows_sorted_dataset_model_then_paper_loss_order():
+    results = [make_results(loss, 0, dataset=ds, model=m)
+               for ds in ("coco", "f30k") for m in ("vsrn", "vsepp")
+               for loss in ("smoothap", "ntxent", "triplet_sh", "triplet")]
+    groups, _ = group_results(results)
+    assert [(g.dataset, g.model, g.loss) for g in groups][:5] == [
+        ("f30k", "vsepp", "triplet"), ("f30k", "vsepp", "triplet_sh"), ("f30k", "vsepp", "ntxent"),
+        ("f30k", "vsepp", "smoothap"), ("f30k", "vsrn", "triplet")]
+    assert groups[8].dataset == "coco"
+    t1 = report_tables(groups)[0]
+    assert [row.labels for row in t1.rows][:2] == [("Flickr30k", "VSE++", "Triplet loss"),
+                                                   ("Flickr30k", "VSE++", "Triplet loss SH")]
+    assert t1.rows[-1].labels == ("MS-COCO", "VSRN", "SmoothAP")
+
+
+def test_warnings_for_duplicate_seed_and_fingerprints():
+    results = [make_results("triplet", 1), make_results("triplet", 1), make_results("ntxent", 0)]
+    groups, warnings = group_results(results)
+    assert len(warnings) == 1 and "f30k/vsepp/triplet: seed 1 appears 2 times" in warnings[0]
+    assert groups[0].n == 2
+    results = [make_results("triplet", 0, fingerprint="aaa"), make_results("ntxent", 0, fingerprint="bbb"),
+               make_results("ntxent", 0, dataset="coco", fingerprint="ccc")]
+    _, warnings = group_results(results)
+    assert len(warnings) == 1 and "dataset 'f30k'" in warnings[0] and "aaa" in warnings[0] and "bbb" in warnings[0]
+    _, warnings = group_results([make_results("triplet", 0), make_results("triplet", 1, compat=True)])
+    assert len(warnings) == 1 and "different modes" in warnings[0]
+
+
+# --------------------------------------------------------------------------- tables over seeds
+
+
+def test_retrieval_mean_and_population_std_over_seeds():
+    groups, _ = group_results([make_results("triplet", 0, rsum=300.0), make_results("triplet", 1, rsum=310.0),
+                               make_results("ntxent", 0, rsum=333.333)])
+    t1 = report_tables(groups)[0]
+    md = to_markdown(t1)
+    header, rows, _ = parse_markdown(md)
+    assert header[-2:] == ["rsum", "n"]
+    assert md_cell(md, "Triplet loss", "rsum") == "305.00 ± 5.00"
+    assert md_cell(md, "Triplet loss", "n") == "2"
+    assert md_cell(md, "Triplet loss", "i2t R@1") == "30.80 ± 0.00"
+    assert md_cell(md, "NT-Xent", "rsum") == "333.33"  # one seed: the value alone
+    assert md_cell(md, "NT-Xent", "n") == "1"
+    check_latex(to_latex(t1))
+
+
+def test_three_seeds_population_std():
+    groups, _ = group_results([make_results("triplet", s, rsum=v) for s, v in enumerate((300.0, 306.0, 312.0))])
+    md = to_markdown(report_tables(groups)[0])
+    assert md_cell(md, "Triplet loss", "rsum") == "306.00 ± 4.90"  # sqrt(24) = 4.899; sample std would be 6.00
+
+
+def test_cocos_cells_mean_over_seeds_of_each_checkpoints_mean():
+    results = [make_results("triplet", 0, stats={("triplet", "i2t", "C_q"): (6.0, 0.9)}),
+               make_results("triplet", 1, stats={("triplet", "i2t", "C_q"): (7.0, 0.1)}),
+               make_results("triplet_sh", 0, stats={("triplet_sh", "t2i", "C_B"): (98.224, 4.661)})]
+    groups, _ = group_results(results)
+    t2 = tables_by_number(report_tables(groups))["Table 2"]
+    md = to_markdown(t2)
+    assert md_cell(md, "Triplet loss", "i2t C^q") == "6.50 ± 0.50"
+    assert md_cell(md, "Triplet loss", "t2i C^q") == "6.79 ± 0.00"
+    # one seed: that checkpoint's batch mean ± batch std, said in a footnote
+    assert md_cell(md, "Triplet loss SH", "t2i C^B") == "98.22 ± 4.66"
+    assert any("Only one seed for Flickr30k / VSE++ / Triplet loss SH" in f.text for f in t2.footnotes)
+    assert any("mean over seeds" in f.text for f in t2.footnotes)
+    check_latex(to_latex(t2))
+
+
+def test_each_group_shows_the_counter_of_its_own_training_loss():
+    results = [make_results("smoothap", 0, stats={("smoothap", "i2t", "C_q"): (1.27, 0.06),
+                                                  ("triplet", "i2t", "C_q"): (42.0, 1.0)}),
+               make_results("ntxent", 0, stats={("ntxent", "i2t", "C_qv-"): (9.88, 0.51),
+                                                ("smoothap", "i2t", "C_q"): (55.0, 1.0)})]
+    groups, _ = group_results(results)
+    tables = tables_by_number(report_tables(groups))
+    assert set(tables) == {"Table 1", "Table 3", "Table 4", "Companions"}  # no triplet-trained group
+    t4 = to_markdown(tables["Table 4"])
+    _, rows, _ = parse_markdown(t4)
+    assert [r[2] for r in rows] == ["SmoothAP"]
+    assert md_cell(t4, "SmoothAP", "i2t C^q") == "1.27 ± 0.06"
+    t3 = to_markdown(tables["Table 3"])
+    assert [r[2] for r in parse_markdown(t3)[1]] == ["NT-Xent"]
+    assert md_cell(t3, "NT-Xent", "i2t C^qv-") == "9.88 ± 0.51"
+    assert check_latex("\n".join(to_latex(t) for t in tables.values())) == 4
+
+
+def test_merged_footnotes_for_alt_values_and_mode_choice():
+    # counted corrected, the compat value differs for SmoothAP t2i C^0
+    results = [make_results("smoothap", s, alt={("smoothap", "t2i", "C_0"): (v, 18.0)})
+               for s, v in enumerate((636.0, 638.0))]
+    groups, _ = group_results(results)
+    t4 = tables_by_number(report_tables(groups))["Table 4"]
+    marked = [f for f in t4.footnotes if f.mark]
+    assert len(marked) == 1
+    assert "Flickr30k / VSE++ / SmoothAP t2i C^0, compat (published counter): 637.00 ± 1.00" in marked[0].text
+    assert any("C^0 ≈ 637 of 640" in f.text for f in t4.footnotes)
+    assert "corrected counting" in t4.title
+    # the same files shown in compat mode: the corrected value in the footnote
+    t4c = tables_by_number(report_tables(groups, compat=True))["Table 4"]
+    assert "compat (published counter) counting" in t4c.title
+    assert md_cell(to_markdown(t4c), "SmoothAP", "t2i C^0").startswith("637.00 ± 1.00<sup>a</sup>")
+    assert "corrected: 2.15 ± 0.00" in [f for f in t4c.footnotes if f.mark][0].text
+    # no difference, corrected: no mark and no artefact note
+    groups, _ = group_results([make_results("smoothap", 0)])
+    t4 = tables_by_number(report_tables(groups))["Table 4"]
+    assert not [f for f in t4.footnotes if f.mark]
+    assert not any("published counter" in f.text for f in t4.footnotes)
+
+
+def test_select_stats_without_alt_stats_is_a_clear_error():
+    r = make_results()
+    r["alt_stats"] = None
+    assert select_stats(r, None)[0] is r["stats"]
+    with pytest.raises(CocosError, match="no compat"):
+        select_stats({**r, SOURCE: "x.json"}, True)
+
+
+def test_cocos_vs_rsum_rows():
+    results = [make_results("triplet", 0, rsum=300.0, stats={("triplet", "i2t", "C_q"): (6.0, 1.0)}),
+               make_results("triplet", 1, rsum=310.0, stats={("triplet", "i2t", "C_q"): (8.0, 1.0)}),
+               make_results("ntxent", 0, rsum=340.0, stats={("ntxent", "i2t", "C_qv-"): (9.88, 0.5)})]
+    groups, _ = group_results(results)
+    assert cocos_vs_rsum_rows(groups) == [("Flickr30k VSE++ Triplet loss", 305.0, 7.0),
+                                          ("Flickr30k VSE++ NT-Xent", 340.0, 9.88)]
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def test_cli_report_writes_tables_and_figure(tmp_path):
+    a = write(tmp_path / "a.json", make_results("triplet", 0, rsum=300.0, dataset="my_data"))
+    b = write(tmp_path / "b.json", make_results("triplet", 1, rsum=310.0, dataset="my_data"))
+    out = tmp_path / "reports" / "summary"
+    res = runner.invoke(app, ["report", str(a), str(b), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert sorted(p.name for p in out.iterdir()) == ["cocos_vs_rsum.pdf", "cocos_vs_rsum.png",
+                                                     "tables.md", "tables.tex"]
+    assert "305.00 ± 5.00" in res.stdout and str(out / "tables.md") in res.stdout
+    md = (out / "tables.md").read_text()
+    assert md_cell(md[md.index("**Table 1"):], "Triplet loss", "rsum") == "305.00 ± 5.00"
+    assert "**Table 2" in md and "**Table 3" not in md
+    tex = (out / "tables.tex").read_text()
+    assert check_latex(tex) == 3  # Table 1, Table 2, companions
+    assert r"my\_data" in tex
+    assert (out / "cocos_vs_rsum.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not [p for p in out.parent.iterdir() if p.name != "summary"]  # no temporary siblings
+
+
+def test_cli_report_bad_file_exit_2_one_line_nothing_written(tmp_path):
+    a = write(tmp_path / "a.json", make_results("triplet", 0))
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    out = tmp_path / "reports" / "summary"
+    res = runner.invoke(app, ["report", str(a), str(bad), "--out", str(out)])
+    assert res.exit_code == 2, res.output
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and "bad.json" in lines[0], res.output
+    assert not out.exists()
+    assert not (tmp_path / "reports").exists() or not list((tmp_path / "reports").iterdir())
+    # an existing report is left untouched
+    out.mkdir(parents=True)
+    (out / "tables.md").write_text("old\n")
+    res = runner.invoke(app, ["report", str(tmp_path / "missing.json"), "--out", str(out)])
+    assert res.exit_code == 2 and "no such file" in res.output
+    assert (out / "tables.md").read_text() == "old\n"
+    assert [p.name for p in out.parent.iterdir()] == ["summary"]
+
+
+def test_cli_report_counting_mode_option(tmp_path):
+    a = write(tmp_path / "a.json", make_results("smoothap", 0, alt={("smoothap", "t2i", "C_0"): (636.72, 18.72)}))
+    out = tmp_path / "o"
+    res = runner.invoke(app, ["report", str(a), "--out", str(out), "--counting", "compat"])
+    assert res.exit_code == 0, res.output
+    md = (out / "tables.md").read_text()
+    assert md_cell(md[md.index("**Table 4"):], "SmoothAP", "t2i C^0") == "636.72 ± 18.72<sup>a</sup>"
+    res = runner.invoke(app, ["report", str(a), "--out", str(out), "--counting", "both"])
+    assert res.exit_code == 2 and "unknown counting mode" in res.output
+
+
+def test_cli_report_failure_while_writing_leaves_no_partial_folder(tmp_path, monkeypatch):
+    import cocos.report.figures as figures
+
+    def boom(rows, path_stem, **kwargs):
+        raise CocosError("cannot draw the figure")
+
+    monkeypatch.setattr(figures, "plot_cocos_vs_rsum", boom)
+    a = write(tmp_path / "a.json", make_results("triplet", 0))
+    out = tmp_path / "reports" / "summary"
+    res = runner.invoke(app, ["report", str(a), "--out", str(out)])
+    assert res.exit_code == 2 and "cannot draw the figure" in res.output
+    assert not out.exists() and list((tmp_path / "reports").iterdir()) == []
+    out.mkdir()
+    (out / "tables.md").write_text("old\n")
+    res = runner.invoke(app, ["report", str(a), "--out", str(out)])
+    assert res.exit_code == 2
+    assert [p.name for p in out.iterdir()] == ["tables.md"] and (out / "tables.md").read_text() == "old\n"
+    assert [p.name for p in out.parent.iterdir()] == ["summary"]

@@ -1,0 +1,316 @@
+"""Tables of one results.json: markdown that parses, LaTeX that is structurally valid, footnotes."""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import pytest
+
+from cocos.report.tables import (
+    Cell,
+    Column,
+    Row,
+    Table,
+    cocos_tables,
+    fmt,
+    latex_escape,
+    retrieval_table,
+    to_latex,
+    to_markdown,
+)
+
+# --------------------------------------------------------------------------- fixtures
+
+BASE_STATS = {
+    "triplet": {"C_q": (6.79, 0.83), "C_B": (768.92, 96.87), "C_0": (14.78, 3.52)},
+    "triplet_sh": {"C_q": (1.0, 0.0), "C_B": (98.74, 4.83), "C_0": (29.23, 4.81)},
+    "ntxent": {"C_qv-": (9.88, 0.51), "W_qv-": (0.42, 0.02), "W_qv+": (0.56, 0.02), "W_low": (0.013, 0.004)},
+    "smoothap": {"C_q": (1.27, 0.06), "C_0": (2.15, 1.51), "C_B": (160.0, 8.0)},
+}
+COMPANIONS = {"N_eff": (3.5, 0.4), "N_invsimpson": (2.9, 0.3), "top1_share": (0.61, 0.05)}
+METRICS = {"i2t_R@1": 30.8, "i2t_R@5": 62.6, "i2t_R@10": 74.1, "mAP@5": 0.41, "t2i_R@1": 23.4,
+           "t2i_R@5": 52.8, "t2i_R@10": 65.7, "i2t_Rprec": 0.3, "t2i_Rprec": 0.234}
+
+
+def entry(mean, std, n=50, n_skipped=0):
+    return {"mean": mean, "std": std, "n": n, "n_skipped": n_skipped}
+
+
+def make_results(loss="triplet", seed=0, *, rsum=None, dataset="f30k", model="vsepp", fingerprint="fp0",
+                 compat=False, losses=("triplet", "triplet_sh", "ntxent", "smoothap"), stats=None,
+                 alt=None, metrics=None, checkpoint="runs/f30k/model_best.pt"):
+    """A valid results.json dict from a few numbers.
+
+    ``stats`` / ``alt``: ``{(loss, direction, stat): (mean, std)}`` overrides of the
+    shown mode / the other mode (``alt_stats`` equals ``stats`` otherwise).
+    """
+    shown = {}
+    for name in losses:
+        shown[name] = {}
+        for d in ("i2t", "t2i"):
+            values = {**BASE_STATS[name], **COMPANIONS}
+            shown[name][d] = {s: entry(*v) for s, v in values.items()}
+    for (name, d, s), v in (stats or {}).items():
+        shown[name][d][s] = entry(*v)
+    other = copy.deepcopy(shown)
+    for (name, d, s), v in (alt or {}).items():
+        other[name][d][s] = entry(*v)
+    m = dict(METRICS if metrics is None else metrics)
+    if rsum is not None:
+        m["rsum"] = rsum
+    m.setdefault("rsum", sum(m[f"{d}_R@{k}"] for d in ("i2t", "t2i") for k in (1, 5, 10)))
+    return {
+        "cocos_version": "0.1.0",
+        "checkpoint": {"path": checkpoint, "sha256": "0" * 64, "epoch": 7},
+        "data": {"path": f"/data/{dataset}", "name": dataset, "fingerprint": fingerprint, "k": 5,
+                 "split_counted": "train", "n_images": 1000, "n_captions": 5000},
+        "model": {"kind": model, "hparams": {"embed_size": 64}},
+        "training": {"loss": loss, "params": {"margin": 0.2}, "seed": seed},
+        "counting": {"compat": compat, "seed": 0, "batch_size": 128, "n_batches": {"pair": 40, "ranking": 8},
+                     "losses": list(losses), "params": {"ntxent": {"tau": 0.1, "eps": 0.01}}},
+        "stats": shown,
+        "alt_stats": other,
+        "sweep": {},
+        "evaluation": {"split": "test", "metrics": m},
+    }
+
+
+# --------------------------------------------------------------------------- structural checkers
+
+
+def split_md_row(line: str) -> list[str]:
+    assert line.startswith("|") and line.endswith("|"), line
+    cells = re.split(r"(?<!\\)\|", line[1:-1])
+    return [c.strip() for c in cells]
+
+
+def parse_markdown(md: str) -> tuple[list[str], list[list[str]], list[str]]:
+    """(header, rows, lines after) of the first pipe table in ``md``; asserts it is well formed."""
+    lines = md.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    end = start
+    while end < len(lines) and lines[end].startswith("|"):
+        end += 1
+    header = split_md_row(lines[start])
+    sep = split_md_row(lines[start + 1])
+    assert all(re.fullmatch(r":?-{2,}:?", c) for c in sep), lines[start + 1]
+    rows = [split_md_row(line) for line in lines[start + 2:end]]
+    assert len(sep) == len(header)
+    for row in rows:
+        assert len(row) == len(header), (row, header)
+    return header, rows, lines[end:]
+
+
+def md_cell(md: str, row_label: str, column: str) -> str:
+    header, rows, _ = parse_markdown(md)
+    row = next(r for r in rows if row_label in r)
+    return row[header.index(column)]
+
+
+def _strip_math(text: str) -> str:
+    return re.sub(r"\$[^$]*\$", "", text)
+
+
+def check_latex(tex: str) -> int:
+    """Assert the structure of every table float in ``tex``; return how many there are."""
+    stack = []
+    for kind, name in re.findall(r"\\(begin|end)\{([^}]*)\}", tex):
+        if kind == "begin":
+            stack.append(name)
+        else:
+            assert stack and stack[-1] == name, f"unbalanced \\end{{{name}}}"
+            stack.pop()
+    assert not stack, f"unclosed {stack}"
+    tables = re.findall(r"\\begin\{table\}.*?\\end\{table\}", tex, flags=re.S)
+    assert tables
+    for t in tables:
+        assert t.count(r"\toprule") == 1 and t.count(r"\midrule") == 1 and t.count(r"\bottomrule") == 1
+        assert t.count(r"\caption{") == 1 and t.count(r"\label{tab:") == 1
+        m = re.search(r"\\begin\{tabular\}\{([lrc]+)\}(.*?)\\end\{tabular\}", t, flags=re.S)
+        assert m, "no tabular with a column spec"
+        n_cols = len(m.group(1))
+        body = re.sub(r"\\(toprule|midrule|bottomrule)", "", m.group(2))
+        body = re.sub(r"\\cmidrule\(lr\)\{\d+-\d+\}", "", body)
+        rows = [r.strip() for r in body.split(r"\\") if r.strip()]
+        assert len(rows) >= 2
+        for row in rows:
+            cells = re.split(r"(?<!\\)&", row)
+            width = 0
+            for c in cells:
+                mc = re.match(r"\s*\\multicolumn\{(\d+)\}", c)
+                width += int(mc.group(1)) if mc else 1
+            assert width == n_cols, (row, n_cols)
+            assert "_" not in _strip_math(row).replace(r"\_", ""), f"unescaped underscore in {row}"
+        for rule in re.findall(r"\\cmidrule\(lr\)\{(\d+)-(\d+)\}", t):
+            assert 1 <= int(rule[0]) <= int(rule[1]) <= n_cols
+    return len(tables)
+
+
+# --------------------------------------------------------------------------- tests
+
+
+def test_fmt():
+    assert fmt(6.789, 0.834) == "6.79 ± 0.83"
+    assert fmt(636.7249, 18.7151) == "636.72 ± 18.72"
+    assert fmt(None, 1.0) == "n/a"
+    assert fmt(float("nan"), 1.0) == "n/a"
+    assert fmt(305.0, None) == "305.00"
+    assert fmt(0.5, 0.25, digits=1) == "0.5 ± 0.2"
+
+
+def test_markdown_tables_parse_and_hold_the_hand_numbers():
+    r = make_results(stats={("triplet", "i2t", "C_q"): (6.789, 0.834), ("triplet", "t2i", "C_B"): (774.671, 98.049),
+                            ("ntxent", "t2i", "W_qv+"): (0.5612, 0.0213),
+                            ("smoothap", "i2t", "C_0"): (2.1549, 1.5051)})
+    tables = {t.title.split(":")[0]: t for t in cocos_tables(r)}
+    assert set(tables) == {"Table 2", "Table 3", "Table 4", "Companions"}
+    md2 = to_markdown(tables["Table 2"])
+    header, rows, _ = parse_markdown(md2)
+    assert header == ["Counter", "i2t C^q", "i2t C^B", "i2t C^0", "t2i C^q", "t2i C^B", "t2i C^0"]
+    assert [row[0] for row in rows] == ["Triplet loss", "Triplet loss SH"]
+    assert md_cell(md2, "Triplet loss", "i2t C^q") == "6.79 ± 0.83"
+    assert md_cell(md2, "Triplet loss", "t2i C^B") == "774.67 ± 98.05"
+    assert md_cell(md2, "Triplet loss SH", "i2t C^B") == "98.74 ± 4.83"
+    md3 = to_markdown(tables["Table 3"])
+    assert md_cell(md3, "NT-Xent", "t2i W^qv+") == "0.56 ± 0.02"
+    assert md_cell(md3, "NT-Xent", "i2t C^qv-") == "9.88 ± 0.51"
+    assert "i2t W_low" in parse_markdown(md3)[0]
+    md4 = to_markdown(tables["Table 4"])
+    assert parse_markdown(md4)[0] == ["Counter", "i2t C^q", "i2t C^0", "t2i C^q", "t2i C^0"]
+    assert md_cell(md4, "SmoothAP", "i2t C^0") == "2.15 ± 1.51"
+    mdc = to_markdown(tables["Companions"])
+    assert md_cell(mdc, "NT-Xent", "t2i top-1 share") == "0.61 ± 0.05"
+
+
+def test_null_values_show_na():
+    r = make_results(losses=("triplet_sh",), stats={("triplet_sh", "i2t", "C_q"): (None, None)})
+    md = to_markdown(cocos_tables(r)[0])
+    assert md_cell(md, "Triplet loss SH", "i2t C^q") == "n/a"
+    assert md_cell(md, "Triplet loss SH", "t2i C^q") == "1.00 ± 0.00"
+
+
+def test_only_tables_of_present_losses_and_titles_name_checkpoint_and_mode():
+    r = make_results(loss="smoothap", losses=("smoothap",), checkpoint="runs/x/model_best.pt")
+    titles = [t.title for t in cocos_tables(r)]
+    assert [t.split(":")[0] for t in titles] == ["Table 4", "Companions"]
+    assert all("model_best.pt" in t and "SmoothAP" in t and "corrected counting" in t for t in titles)
+    r = make_results(losses=("ntxent",), compat=True)
+    titles = [t.title for t in cocos_tables(r)]
+    assert titles[0].startswith("Table 3") and "compat (published counter) counting" in titles[0]
+    r["stats"]["ntxent"] = {d: {s: v for s, v in x.items() if s in ("C_qv-", "W_qv-", "W_qv+", "W_low")}
+                            for d, x in r["stats"]["ntxent"].items()}
+    assert [t.title.split(":")[0] for t in cocos_tables(r)] == ["Table 3"]
+
+
+def _marked_notes(table):
+    return [f for f in table.footnotes if f.mark]
+
+
+def test_footnote_exactly_when_alt_stats_differ():
+    same = make_results()
+    for t in cocos_tables(same):
+        assert not _marked_notes(t)
+        assert "<sup>" not in to_markdown(t) and r"\textsuperscript" not in to_latex(t)
+    # differences at or under the tolerance do not count
+    small = make_results(alt={("smoothap", "t2i", "C_0"): (2.154, 1.51), ("triplet", "t2i", "C_q"): (6.79, 0.834)})
+    assert not any(_marked_notes(t) for t in cocos_tables(small))
+    # corrected shown, the compat value goes to the footnote
+    r = make_results(alt={("smoothap", "t2i", "C_0"): (636.72, 18.72), ("triplet", "t2i", "C_q"): (6.11, 0.75)})
+    tables = {t.title.split(":")[0]: t for t in cocos_tables(r)}
+    t4, t2 = tables["Table 4"], tables["Table 2"]
+    notes = _marked_notes(t4)
+    assert len(notes) == 1 and "compat (published counter): 636.72 ± 18.72" in notes[0].text
+    cell = t4.cell(("SmoothAP",), "t2i C^0")
+    assert cell.mark == notes[0].mark and cell.mean == 2.15
+    assert t4.cell(("SmoothAP",), "t2i C^q").mark == ""
+    md = to_markdown(t4)
+    assert md_cell(md, "SmoothAP", "t2i C^0") == f"2.15 ± 1.51<sup>{cell.mark}</sup>"
+    assert "published counter: for caption query q" in md  # the artefact note accompanies the compat value
+    notes2 = _marked_notes(t2)
+    assert len(notes2) == 1 and "compat (published counter): 6.11 ± 0.75" in notes2[0].text
+    assert t2.cell(("Triplet loss",), "t2i C^q").mark == notes2[0].mark
+    assert not _marked_notes(tables["Table 3"])
+    tex = to_latex(t4)
+    assert rf"2.15 $\pm$ 1.51\textsuperscript{{{cell.mark}}}" in tex
+    assert r"\footnotesize" in tex and "636.72 $\\pm$ 18.72" in tex
+
+
+def test_compat_shown_gets_corrected_footnote_and_always_the_smoothap_note():
+    r = make_results(compat=True, stats={("smoothap", "t2i", "C_0"): (636.72, 18.72)},
+                     alt={("smoothap", "t2i", "C_0"): (2.15, 1.51)})
+    t4 = next(t for t in cocos_tables(r) if t.title.startswith("Table 4"))
+    notes = _marked_notes(t4)
+    assert len(notes) == 1 and "corrected: 2.15 ± 1.51" in notes[0].text
+    assert any("published counter" in f.text and not f.mark for f in t4.footnotes)
+    # compat shown, no difference: no mark, but the artefact note is still there
+    r = make_results(compat=True)
+    t4 = next(t for t in cocos_tables(r) if t.title.startswith("Table 4"))
+    assert not _marked_notes(t4)
+    assert any("C^0 ≈ 637 of 640" in f.text for f in t4.footnotes)
+    # corrected shown, no difference: no SmoothAP note
+    t4 = next(t for t in cocos_tables(make_results()) if t.title.startswith("Table 4"))
+    assert not any("published counter" in f.text for f in t4.footnotes)
+
+
+def test_latex_is_structurally_valid():
+    r = make_results(dataset="f30k_precomp", compat=True, checkpoint="runs/a_b/model_best.pt",
+                     alt={("smoothap", "t2i", "C_0"): (1.5, 1.2), ("triplet", "t2i", "C_0"): (1.14, 1.22)})
+    tables = cocos_tables(r) + [retrieval_table(r)]
+    tex = "\n".join(to_latex(t) for t in tables)
+    assert check_latex(tex) == 5
+    assert r"$\pm$" in tex and "±" not in tex
+    assert r"f30k\_precomp" in tex and r"model\_best.pt" in tex
+    for name in (r"$C^{q}$", r"$C^{\mathcal{B}}$", r"$C^{0}$", r"$C^{qv^-}$", r"$W^{qv^-}$", r"$W^{qv^+}$"):
+        assert name in tex
+    assert tex.count(r"\multicolumn{3}{c}{i2t}") == 2  # Table 2 and companions
+    assert r"\multicolumn{4}{c}{i2t}" in tex and r"\multicolumn{2}{c}{t2i}" in tex
+    assert r"\cmidrule(lr){2-4} \cmidrule(lr){5-7}" in tex
+
+
+def test_latex_checker_catches_broken_rows():
+    t = Table("T", ("a",), (Column("x", "i2t"), Column("y", "t2i")), [Row(("r",), (Cell(1.0, 0.5), Cell(2.0)))])
+    good = to_latex(t)
+    check_latex(good)
+    with pytest.raises(AssertionError):
+        check_latex(good.replace(r"1.00 $\pm$ 0.50", r"1.00 & 0.50"))
+    with pytest.raises(AssertionError):
+        check_latex(good.replace(r"\end{tabular}", ""))
+
+
+def test_latex_escape_and_collapsed_labels():
+    assert latex_escape("a_b 5% x&y #1") == r"a\_b 5\% x\&y \#1"
+    t = Table("Table 9: x_y", ("Dataset", "Loss"), (Column("v"),),
+              [Row(("d_1", "p"), (Cell(1.0),)), Row(("d_1", "q"), (Cell(text="a&b"),))])
+    tex = to_latex(t)
+    check_latex(tex)
+    assert r"\caption{x\_y}" in tex  # LaTeX numbers the table itself
+    assert r"d\_1 & p & 1.00 \\" in tex and r" & q & a\&b \\" in tex
+    md = to_markdown(t)
+    _, rows, _ = parse_markdown(md)
+    assert rows == [["d_1", "p", "1.00"], ["d_1", "q", "a&b"]]
+
+
+def test_markdown_escapes_pipes_and_puts_footnotes_after_a_blank_line():
+    t = cocos_tables(make_results(alt={("smoothap", "t2i", "C_0"): (9.0, 1.0)}))
+    md = to_markdown(next(x for x in t if x.title.startswith("Table 4")))
+    _, _, after = parse_markdown(md)
+    assert after[0] == "" and after[1].startswith("- <sup>a</sup> SmoothAP t2i C^0")
+    t = Table("x", ("a|b",), (Column("c|d"),), [Row(("e|f",), (Cell(text="g"),))])
+    header, rows, _ = parse_markdown(to_markdown(t))
+    assert len(header) == 2 and rows == [[r"e\|f", "g"]]
+
+
+def test_retrieval_table_one_checkpoint():
+    r = make_results(loss="ntxent", seed=3, model="vsrn", metrics={**METRICS, "rsum": 301.234})
+    t = retrieval_table(r)
+    md = to_markdown(t)
+    header, rows, _ = parse_markdown(md)
+    assert header == ["Dataset", "Model", "Loss", "i2t R@1", "i2t R@5", "i2t R@10", "i2t mAP@5",
+                      "t2i R@1", "t2i R@5", "t2i R@10", "rsum"]
+    assert rows == [["f30k", "VSRN", "NT-Xent", "30.80", "62.60", "74.10", "0.41", "23.40", "52.80", "65.70",
+                     "301.23"]]
+    assert "seed 3" in t.title
+    tex = to_latex(t)
+    check_latex(tex)
+    assert r"\multicolumn{4}{c}{i2t} & \multicolumn{3}{c}{t2i} &  \\" in tex
