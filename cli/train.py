@@ -26,6 +26,7 @@ def train(
     word_dim: int = typer.Option(300, help="Word embedding size."),
     margin: float = typer.Option(None, help="Triplet margin (default 0.2)."),
     tau: float = typer.Option(None, help="Temperature (NT-Xent 0.1, SmoothAP 0.01)."),
+    warmup_epochs: int = typer.Option(0, help="triplet_sh only: epochs of all-triplet loss first (VSE-inf)."),
     k: int = typer.Option(5, help="Captions per image."),
     seed: int = typer.Option(0, help="Seed of initialisation and batch order."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
@@ -39,7 +40,8 @@ def train(
 
     cfg = TrainConfig(data=str(data), model=model, loss=loss, out=str(out), epochs=epochs, lr=lr,
                       lr_update=lr_update, batch_size=batch_size, embed_size=embed_size,
-                      word_dim=word_dim, margin=margin, tau=tau, k=k, seed=seed, device=device)
+                      word_dim=word_dim, margin=margin, tau=tau, k=k, seed=seed, device=device,
+                      warmup_epochs=warmup_epochs)
     trainer = Trainer(cfg, resume=resume, overwrite=overwrite, progress=progress, log=typer.echo)
     try:
         metrics = trainer.fit()

@@ -46,6 +46,7 @@ class TrainConfig:
     margin: float | None = None
     tau: float | None = None
     grad_clip: float = 2.0
+    warmup_epochs: int = 0  # triplet_sh only: epochs of summed violations first (VSE-infinity practice)
     vocab_threshold: int = 4
     k: int = 5
     seed: int = 0
@@ -97,6 +98,8 @@ class Trainer:
         for name in ("epochs", "batch_size", "embed_size", "word_dim"):
             if getattr(cfg, name) < 1:
                 raise CocosError(f"--{name.replace('_', '-')} must be positive")
+        if cfg.warmup_epochs and cfg.loss != "triplet_sh":
+            raise CocosError("--warmup-epochs applies to triplet_sh only (all-triplet warm-up before max violation)")
         self.cfg, self.progress, self.log = cfg, progress, log
         self.out = Path(cfg.out)
         self.last_path, self.best_path = self.out / "last.pt", self.out / "model_best.pt"
@@ -123,6 +126,7 @@ class Trainer:
                                  vocab_size=len(self.vocab), word_dim=cfg.word_dim,
                                  embed_size=cfg.embed_size).to(self.device)
         self.loss_fn = get_loss(cfg.loss, **cfg.loss_params(), compat=cfg.compat)
+        self.warmup_fn = get_loss("triplet", **cfg.loss_params(), compat=cfg.compat) if cfg.warmup_epochs else None
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr)
         self.scheduler = torch.optim.lr_scheduler.StepLR(self.optimizer, step_size=cfg.lr_update, gamma=0.1)
         self.epoch, self.best_rsum, self.history = 0, -math.inf, []
@@ -159,12 +163,12 @@ class Trainer:
             for cap, img in pair_batches(caption_image, min(bs, len(caption_image)), seed):
                 yield img, cap, np.arange(len(cap))
 
-    def step(self, img: np.ndarray, cap: np.ndarray, caption_image) -> float:
+    def step(self, img: np.ndarray, cap: np.ndarray, caption_image, loss_fn=None) -> float:
         feats = self.train_split.features_for(img).to(self.device)
         tokens, lengths = pad_batch([self.train_ids[c] for c in cap])
         img_emb, cap_emb = self.model(feats, tokens.to(self.device), lengths)
-        loss = self.loss_fn(img_emb, cap_emb, caption_image=caption_image,
-                            image_ids=torch.as_tensor(img, device=self.device))
+        loss = (loss_fn or self.loss_fn)(img_emb, cap_emb, caption_image=caption_image,
+                                         image_ids=torch.as_tensor(img, device=self.device))
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self.cfg.grad_clip > 0:
@@ -177,11 +181,12 @@ class Trainer:
 
         self.model.train()
         batches = list(self.batches(epoch))
+        loss_fn = self.warmup_fn if epoch <= self.cfg.warmup_epochs else self.loss_fn
         total_loss, n_caps, start = 0.0, 0, time.perf_counter()
         with progress_bar(len(batches), f"epoch {epoch}/{self.cfg.epochs}", enabled=self.progress,
                           fields=True) as advance:
             for done, (img, cap, caption_image) in enumerate(batches, start=1):
-                total_loss += self.step(img, cap, caption_image)
+                total_loss += self.step(img, cap, caption_image, loss_fn)
                 n_caps += len(cap)
                 rate = n_caps / max(time.perf_counter() - start, 1e-9)
                 advance(1, f"loss {total_loss / done:.4f} · {rate:,.0f} captions/s")

@@ -1,0 +1,41 @@
+"""``cocos demo``: the embedded default, end to end (the README's first command)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from cli.common import handle_errors
+from cli.count import loss_names
+from cli.main import app
+
+
+@app.command("demo")
+@handle_errors
+def demo(
+    out: Path = typer.Option(Path("reports/demo"), help="Report folder."),
+    data: Path = typer.Option(Path("data/synth"), help="Synthetic data folder (generated if absent)."),
+    checkpoints: Path = typer.Option(Path("checkpoints/demo"), help="Where the four models go."),
+    loss: list[str] = typer.Option(["all"], "--loss", "-l", help="Losses to train and analyse."),
+    model: str = typer.Option("vsepp", help="vsepp or vsrn."),
+    epochs: int = typer.Option(8, help="Training epochs per model."),
+    lr: float = typer.Option(1e-3, help="Adam learning rate (the demo's shorter schedule)."),
+    lr_update: int = typer.Option(6, help="Epoch after which the learning rate drops x0.1."),
+    warmup_epochs: int = typer.Option(1, help="Triplet SH: all-triplet epochs before max violation."),
+    embed_size: int = typer.Option(256, help="Joint embedding size."),
+    word_dim: int = typer.Option(128, help="Word embedding size."),
+    n_train: int = typer.Option(3000, help="Synthetic training scenes (when generating)."),
+    seed: int = typer.Option(0, help="Seed of data, training and counting."),
+    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    retrain: bool = typer.Option(False, "--retrain", help="Train even if matching checkpoints exist."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
+) -> None:
+    """Synthetic data -> VSE++ with the four losses -> cocos analyze each -> combined report (reports/demo/)."""
+    from cocos.demo import DemoConfig, run_demo
+
+    cfg = DemoConfig(out=str(out), data=str(data), checkpoints=str(checkpoints), losses=loss_names(loss),
+                     model=model, epochs=epochs, lr=lr, lr_update=lr_update, warmup_epochs=warmup_epochs,
+                     embed_size=embed_size, word_dim=word_dim, n_train=n_train, seed=seed, device=device,
+                     retrain=retrain)
+    run_demo(cfg, progress=progress, log=typer.echo)
