@@ -180,12 +180,17 @@ def batch_similarity(
     images = torch.as_tensor(images)
     captions = torch.as_tensor(captions, device=images.device)
     if check:
-        _check_embeddings(images, captions)
+        _check_shapes(images, captions)
     if images.dtype not in (torch.float32, torch.float64):
         images = images.float()
     captions = captions.to(images.dtype)
-    images = torch.nn.functional.normalize(images, dim=-1)
-    captions = torch.nn.functional.normalize(captions, dim=-1)
+    image_norms = torch.linalg.vector_norm(images, dim=-1, keepdim=True)
+    caption_norms = torch.linalg.vector_norm(captions, dim=-1, keepdim=True)
+    if check:
+        _check_norms("images", image_norms)
+        _check_norms("captions", caption_norms)
+    images = images / image_norms.clamp(min=1e-12)
+    captions = captions / caption_norms.clamp(min=1e-12)
     scores = images @ captions.transpose(-1, -2)
     layout = BatchLayout.build(
         images.shape[-2], captions.shape[-2], caption_image, image_ids, device=images.device
@@ -193,7 +198,18 @@ def batch_similarity(
     return scores, layout
 
 
-def _check_embeddings(images: torch.Tensor, captions: torch.Tensor) -> None:
+def _check_norms(name: str, norms: torch.Tensor) -> None:
+    """A row holding NaN or Inf has a non-finite norm; a zero vector has norm 0 (one check, no extra pass)."""
+    norms = norms.squeeze(-1)
+    bad = ~torch.isfinite(norms)
+    if bad.any():
+        raise CocosError(f"{name} row {int(bad.reshape(-1).nonzero()[0])} holds NaN or Inf")
+    zero = norms == 0
+    if zero.any():
+        raise CocosError(f"{name} row {int(zero.reshape(-1).nonzero()[0])} is a zero vector (cannot be normalised)")
+
+
+def _check_shapes(images: torch.Tensor, captions: torch.Tensor) -> None:
     for name, x in (("images", images), ("captions", captions)):
         if x.dtype == torch.bool or x.is_complex():
             raise CocosError(f"{name} must be real-valued, got {x.dtype}")
@@ -205,13 +221,11 @@ def _check_embeddings(images: torch.Tensor, captions: torch.Tensor) -> None:
         raise CocosError(
             f"images have dimension {images.shape[-1]} but captions have {captions.shape[-1]}"
         )
+
+
+def _check_embeddings(images: torch.Tensor, captions: torch.Tensor) -> None:
+    """Shapes, NaN/Inf and zero vectors of two embedding matrices; one CocosError line on failure."""
+    _check_shapes(images, captions)
     for name, x in (("images", images), ("captions", captions)):
-        if x.dtype.is_floating_point:
-            bad = ~torch.isfinite(x).all(-1)
-            if bad.any():
-                row = int(bad.reshape(-1).nonzero()[0])
-                raise CocosError(f"{name} row {row} holds NaN or Inf")
-        zero = (x == 0).all(-1)
-        if zero.any():
-            row = int(zero.reshape(-1).nonzero()[0])
-            raise CocosError(f"{name} row {row} is a zero vector (cannot be normalised)")
+        x = x if x.dtype in (torch.float32, torch.float64) else x.float()
+        _check_norms(name, torch.linalg.vector_norm(x, dim=-1, keepdim=True))

@@ -22,9 +22,13 @@ def positive_index(pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     ``A`` is the largest number of positives of any query (1 in a pair batch, ``k``
     for image queries of a ranking batch). Positives keep their candidate order.
     """
-    a = max(int(pos.sum(-1).max()), 1) if pos.numel() else 1
+    counts = pos.sum(-1)
+    a = max(int(counts.max()), 1) if pos.numel() else 1
     if a == 1:
         idx = pos.to(torch.uint8).argmax(-1, keepdim=True)
+    elif bool((counts == a).all()):  # every query has a positives: no padding, no sort
+        idx = pos.nonzero()[:, -1].reshape(*pos.shape[:-1], a)
+        return idx, torch.ones_like(idx, dtype=torch.bool)
     else:
         idx = torch.sort(pos.to(torch.uint8), dim=-1, descending=True, stable=True).indices[..., :a]
     return idx, torch.gather(pos, -1, idx)
@@ -85,10 +89,13 @@ def smoothap_sigmoid(
         anchors, anchor_valid = positive_index(view.pos)
     s_a = torch.gather(view.scores, -1, anchors)  # (..., Q, A)
     x = ((view.scores[..., None, :] - s_a[..., :, None]) / tau).clamp(-SIGMOID_CLAMP, SIGMOID_CLAMP)
-    k = view.scores.shape[-1]
-    not_self = torch.arange(k, device=anchors.device) != anchors[..., None]
-    keep = not_self & view.candidates[..., None, :] & anchor_valid[..., None]
-    return torch.sigmoid(x) * keep, anchor_valid
+    g = torch.sigmoid(x).scatter(-1, anchors[..., None], 0.0)  # G(a, a) = 0
+    candidates = view.candidates
+    if not bool(candidates.all()):
+        g = g * candidates[..., None, :]
+    if not bool(anchor_valid.all()):
+        g = g * anchor_valid[..., None]
+    return g, anchor_valid
 
 
 def smoothap_direction(view: QueryView, tau: float = 0.01) -> torch.Tensor:
