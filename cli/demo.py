@@ -23,6 +23,7 @@ def demo(
     lr: float = typer.Option(1e-3, help="Adam learning rate (the demo's shorter schedule)."),
     lr_update: int = typer.Option(6, help="Epoch after which the learning rate drops x0.1."),
     warmup_epochs: int = typer.Option(1, help="Triplet SH: all-triplet epochs before max violation."),
+    batch_size: int = typer.Option(128, help="Batch size of training and counting."),
     embed_size: int = typer.Option(256, help="Joint embedding size."),
     word_dim: int = typer.Option(128, help="Word embedding size."),
     n_train: int = typer.Option(3000, help="Synthetic training scenes (when generating)."),
@@ -34,8 +35,22 @@ def demo(
     """Synthetic data -> VSE++ with the four losses -> cocos analyze each -> combined report (reports/demo/)."""
     from cocos.demo import DemoConfig, run_demo
 
-    cfg = DemoConfig(out=str(out), data=str(data), checkpoints=str(checkpoints), losses=loss_names(loss),
-                     model=model, epochs=epochs, lr=lr, lr_update=lr_update, warmup_epochs=warmup_epochs,
-                     embed_size=embed_size, word_dim=word_dim, n_train=n_train, seed=seed, device=device,
-                     retrain=retrain)
+    cfg = DemoConfig(
+        out=str(out),
+        data=str(data),
+        checkpoints=str(checkpoints),
+        losses=loss_names(loss),
+        model=model,
+        epochs=epochs,
+        lr=lr,
+        lr_update=lr_update,
+        warmup_epochs=warmup_epochs,
+        batch_size=batch_size,
+        embed_size=embed_size,
+        word_dim=word_dim,
+        n_train=n_train,
+        seed=seed,
+        device=device,
+        retrain=retrain,
+    )
     run_demo(cfg, progress=progress, log=typer.echo)

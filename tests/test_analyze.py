@@ -1,0 +1,174 @@
+"""End to end on tiny synthetic data: train, analyze, check results.json against count_batch and invariants."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from cli.main import app
+from cocos.counting import count_batch
+from cocos.data.samplers import pair_batches, ranking_batches
+from cocos.data.synth import make_synthetic
+from cocos.embed import encode_checkpoint
+from cocos.training.checkpoint import load_checkpoint, save_checkpoint
+from cocos.training.trainer import TrainConfig, Trainer
+
+runner = CliRunner()
+BATCH = 16
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("e2e")
+    data = make_synthetic(root / "syn", n_train=96, n_dev=32, n_test=32, feature_dim=16, seed=3)
+    for loss in ("triplet_sh", "smoothap"):
+        cfg = TrainConfig(data=str(data), out=str(root / loss), loss=loss, epochs=2, lr=2e-3, batch_size=BATCH,
+                          embed_size=16, word_dim=8, device="cpu")
+        Trainer(cfg, progress=False, log=lambda *a: None).fit()
+    return root, data
+
+
+def _analyze(root, loss, out, *extra):
+    res = runner.invoke(app, ["analyze", str(root / loss / "model_best.pt"), "--out", str(out),
+                              "--batch-size", str(BATCH), "--seed", "4", "--no-progress", *extra])
+    assert res.exit_code == 0, res.output
+    return json.loads((out / "results.json").read_text()), res.output
+
+
+def test_results_match_count_batch_on_the_same_batches(world, tmp_path):
+    root, data = world
+    results, output = _analyze(root, "triplet_sh", tmp_path / "a")
+    emb = encode_checkpoint(root / "triplet_sh" / "model_best.pt")
+    images, captions = emb.images.numpy(), emb.captions.numpy()
+    for loss in ("triplet", "triplet_sh", "ntxent"):
+        per_batch = {d: {} for d in ("i2t", "t2i")}
+        for cap, img in pair_batches(emb.caption_image, BATCH, 4):
+            out = count_batch(images[img], captions[cap], loss, caption_image=np.arange(BATCH), image_ids=img)
+            for d, stats in out.items():
+                for stat, v in stats.items():
+                    per_batch[d].setdefault(stat, []).append(v)
+        for d in per_batch:
+            for stat, values in per_batch[d].items():
+                values = np.array(values)
+                ok = values[~np.isnan(values)]
+                entry = results["stats"][loss][d][stat]
+                assert entry["n"] == len(ok) and entry["n_skipped"] == len(values) - len(ok)
+                if len(ok):
+                    assert entry["mean"] == pytest.approx(ok.mean(), rel=1e-6, abs=1e-9), (loss, d, stat)
+                    assert entry["std"] == pytest.approx(ok.std(), rel=1e-5, abs=1e-9), (loss, d, stat)
+    smooth = [count_batch(images[img], captions[(img[:, None] * 5 + np.arange(5)).reshape(-1)], "smoothap")
+              for img in ranking_batches(len(images), BATCH, 4)]
+    assert results["stats"]["smoothap"]["t2i"]["C_0"]["mean"] == pytest.approx(
+        np.mean([s["t2i"]["C_0"] for s in smooth]))
+    assert results["counting"]["n_batches"] == {"pair": 480 // BATCH, "ranking": 96 // BATCH}
+    assert "rsum" in output and "triplet_sh" in output
+
+
+def test_invariants(world, tmp_path):
+    root, _ = world
+    results, _ = _analyze(root, "smoothap", tmp_path / "b")
+    stats, alt = results["stats"], results["alt_stats"]
+    for d in ("i2t", "t2i"):
+        sh = stats["triplet_sh"][d]
+        if sh["C_q"]["mean"] is not None:
+            assert sh["C_q"]["mean"] == 1.0 and sh["C_q"]["std"] == 0.0
+        # C_B + C_0 = number of queries for Triplet SH (every query contributes 1 or is zero-gradient)
+        assert sh["C_B"]["mean"] + sh["C_0"]["mean"] == pytest.approx(BATCH)
+    # compat changes only the known statistics: SmoothAP i2t is identical, SmoothAP t2i is not
+    assert stats["smoothap"]["i2t"] == alt["smoothap"]["i2t"]
+    assert alt["smoothap"]["t2i"]["C_0"]["mean"] > stats["smoothap"]["t2i"]["C_0"]["mean"]
+    # Triplet SH i2t and t2i change only through same-image pairs
+    same = stats["triplet_sh"]["i2t"]["n_excluded"]["mean"] == 0
+    assert (stats["triplet_sh"] == alt["triplet_sh"]) == same
+
+
+def test_same_command_twice_gives_identical_results(world, tmp_path):
+    root, _ = world
+    _analyze(root, "triplet_sh", tmp_path / "x")
+    _analyze(root, "triplet_sh", tmp_path / "y")
+    assert (tmp_path / "x" / "results.json").read_bytes() == (tmp_path / "y" / "results.json").read_bytes()
+    assert (tmp_path / "x" / "tables.md").read_bytes() == (tmp_path / "y" / "tables.md").read_bytes()
+
+
+def test_tables_parse_and_latex_is_structurally_sound(world, tmp_path):
+    root, _ = world
+    _analyze(root, "triplet_sh", tmp_path / "t", "--compat")
+    md = (tmp_path / "t" / "tables.md").read_text()
+    tables = re.findall(r"((?:^\|.*\|\n)+)", md, flags=re.M)
+    assert len(tables) >= 4
+    for block in tables:
+        rows = [r for r in block.strip().splitlines()]
+        widths = {len(re.split(r"(?<!\\)\|", r)) for r in rows}
+        assert len(widths) == 1, block
+        assert re.match(r"^\|( ?:?-+:? ?\|)+$", rows[1]), rows[1]
+    tex = (tmp_path / "t" / "tables.tex").read_text()
+    assert tex.count("\\begin{tabular}") == tex.count("\\end{tabular}") == len(tables)
+    assert tex.count("\\begin{table}") == tex.count("\\end{table}")
+    for rule in ("\\toprule", "\\midrule", "\\bottomrule"):
+        assert tex.count(rule) >= len(tables)
+    assert "$\\pm$" in tex
+    assert "compat" in md.lower()  # the tables say which counter they show
+    for name in ("counts.png", "eps_sweep.png", "triplet_diagram.png", "counts.pdf"):
+        assert (tmp_path / "t" / name).read_bytes()[:4] in (b"\x89PNG", b"%PDF")
+
+
+def _one_line_exit_2(args, tmp_path, out):
+    res = runner.invoke(app, ["analyze", *args, "--out", str(out), "--no-progress"])
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert res.exit_code == 2, res.output
+    assert len(lines) == 1 and lines[0].startswith("error:"), res.output
+    assert not out.exists()
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}")]
+    return lines[0]
+
+
+def test_bad_input(world, tmp_path):
+    root, data = world
+    out = tmp_path / "out"
+    (tmp_path / "notckpt.pt").write_text("hello")
+    assert "not a readable checkpoint" in _one_line_exit_2([str(tmp_path / "notckpt.pt")], tmp_path, out)
+    raw = (root / "triplet_sh" / "model_best.pt").read_bytes()
+    (tmp_path / "cut.pt").write_bytes(raw[: len(raw) // 3])
+    assert "cut.pt" in _one_line_exit_2([str(tmp_path / "cut.pt")], tmp_path, out)
+    # the checkpoint's data folder is gone and no --data
+    moved = tmp_path / "moved"
+    shutil.copytree(data, moved)
+    ckpt = load_checkpoint(root / "triplet_sh" / "model_best.pt")
+    ckpt["data"]["path"] = str(tmp_path / "gone")
+    save_checkpoint(tmp_path / "orphan.pt", ckpt)
+    assert "--data" in _one_line_exit_2([str(tmp_path / "orphan.pt")], tmp_path, out)
+    # ... with --data it works
+    res = runner.invoke(app, ["analyze", str(tmp_path / "orphan.pt"), "--data", str(moved), "--out",
+                              str(tmp_path / "ok"), "--batch-size", str(BATCH), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    # data whose dimensions do not fit the model
+    wide = make_synthetic(tmp_path / "wide", n_train=32, n_dev=16, n_test=16, feature_dim=24, seed=1)
+    assert "dimension 24" in _one_line_exit_2([str(root / "triplet_sh" / "model_best.pt"), "--data", str(wide)],
+                                             tmp_path, out)
+
+
+def test_nan_embeddings_after_encoding_are_reported(world, tmp_path):
+    root, _ = world
+    ckpt = load_checkpoint(root / "triplet_sh" / "model_best.pt")
+    ckpt["state_dict"] = {k: (torch.full_like(v, float("nan")) if "img_enc" in k or "fc" in k else v)
+                          for k, v in ckpt["state_dict"].items()}
+    save_checkpoint(tmp_path / "nan.pt", ckpt)
+    line = _one_line_exit_2([str(tmp_path / "nan.pt")], tmp_path, tmp_path / "out")
+    assert "NaN" in line and "train_ims.npy" in line
+
+
+def test_existing_report_survives_a_failed_run(world, tmp_path):
+    root, _ = world
+    out = tmp_path / "keep"
+    _analyze(root, "triplet_sh", out)
+    before = (out / "results.json").read_bytes()
+    (tmp_path / "bad.pt").write_text("x")
+    res = runner.invoke(app, ["analyze", str(tmp_path / "bad.pt"), "--out", str(out), "--no-progress"])
+    assert res.exit_code == 2
+    assert (out / "results.json").read_bytes() == before
