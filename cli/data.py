@@ -37,8 +37,6 @@ def synth(
 
     if out_dir.exists() and not out_dir.is_dir():
         fail(f"{out_dir}: exists and is not a folder")
-    if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
-        fail(f"{out_dir}: folder exists and is not empty (pass --overwrite to replace it)")
     start = time.perf_counter()
     make_synthetic(
         out_dir,

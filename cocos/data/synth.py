@@ -384,7 +384,7 @@ def make_synthetic(
     if out.exists() and not out.is_dir():
         raise CocosError(f"{out}: exists and is not a folder")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise CocosError(f"{out}: folder exists and is not empty (use overwrite)")
+        raise CocosError(f"{out}: folder exists and is not empty (pass --overwrite to replace it)")
     world = generate_world(
         n_train=n_train,
         n_dev=n_dev,

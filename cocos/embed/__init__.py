@@ -58,7 +58,7 @@ class FrozenModel:
     def encode(self, split: PrecompSplit, *, batch_size: int = 256, progress: bool = False) -> EmbeddingSet:
         img, cap = encode_split(self.model, split, tokenize_split(split, self.vocab), batch_size=batch_size,
                                 device=self.device, progress=progress, description=f"encoding {split.split}")
-        return EmbeddingSet.from_arrays(img, cap, split.caption_image)
+        return EmbeddingSet.from_arrays(img, cap, split.caption_image, device=self.device)
 
     def evaluate(self, split: PrecompSplit, *, progress: bool = False) -> dict[str, float]:
         return evaluate_model(self.model, split, tokenize_split(split, self.vocab), device=self.device,

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence
 
 from cocos.errors import CocosError
+
+
+def xavier_linear_(layer: nn.Linear) -> None:
+    """Xavier-uniform weights and zero bias, as the VSE++/VSRN image projections."""
+    r = math.sqrt(6.0) / math.sqrt(layer.in_features + layer.out_features)
+    with torch.no_grad():
+        layer.weight.uniform_(-r, r)
+        layer.bias.zero_()
 
 
 def l2norm(x: torch.Tensor, dim: int = -1, eps: float = 1e-8) -> torch.Tensor:

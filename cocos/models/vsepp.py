@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
 from cocos.errors import CocosError
-from cocos.models.text import CaptionEncoder, l2norm
+from cocos.models.text import CaptionEncoder, l2norm, xavier_linear_
 
 
 class VSEPP(nn.Module):
@@ -31,10 +29,7 @@ class VSEPP(nn.Module):
 
     def init_weights(self) -> None:
         """Xavier-uniform image projection with zero bias, as VSE++."""
-        r = math.sqrt(6.0) / math.sqrt(self.fc.in_features + self.fc.out_features)
-        with torch.no_grad():
-            self.fc.weight.uniform_(-r, r)
-            self.fc.bias.zero_()
+        xavier_linear_(self.fc)
 
     def encode_images(self, features: torch.Tensor) -> torch.Tensor:
         if features.dim() == 3:
