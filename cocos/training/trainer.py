@@ -14,7 +14,7 @@ from __future__ import annotations
 import inspect
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -57,15 +57,6 @@ class TrainConfig:
         params = {"margin": self.margin, "tau": self.tau}
         accepted = inspect.signature(LOSSES[self.loss].__init__).parameters
         return {k: v for k, v in params.items() if v is not None and k in accepted}
-
-
-@dataclass
-class EpochLog:
-    epoch: int
-    loss: float
-    captions_per_s: float
-    lr: float
-    metrics: dict = field(default_factory=dict)
 
 
 def epoch_seed(seed: int, epoch: int) -> int:
@@ -228,7 +219,8 @@ class Trainer:
             improved = metrics["rsum"] > self.best_rsum
             if improved:
                 self.best_rsum = metrics["rsum"]
-            self.history.append({"epoch": epoch, "loss": loss, "lr": lr, "captions_per_s": rate,
+            # only values that the seed, data and flags determine: a checkpoint is reproducible byte for byte
+            self.history.append({"epoch": epoch, "loss": loss, "lr": lr,
                                  **{k: metrics[k] for k in ("rsum", "i2t_R@1", "t2i_R@1")}})
             if improved:
                 save_checkpoint(self.best_path, self.checkpoint(metrics, full=False))
