@@ -25,16 +25,20 @@ def analyze(
     split: str = typer.Option("test", help="Split to evaluate retrieval on."),
     save_embeddings: Path = typer.Option(None, help="Also save the training embeddings (.npz, count format)."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an --out folder that cocos did not write."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
 ) -> None:
     """Encode the training set with the frozen model, count every loss both ways, write tables and figures."""
+    from cocos.io import check_output_dir
     from cocos.report.analyze import analyze_checkpoint, default_out, summary_lines, write_analysis
 
+    target = out or default_out(checkpoint)
+    inputs = [checkpoint] + ([data] if data else []) + ([save_embeddings] if save_embeddings else [])
+    check_output_dir(target, inputs, overwrite)  # before minutes of encoding, not after
     analysis = analyze_checkpoint(checkpoint, data, losses=loss_names(loss), batch_size=batch_size, seed=seed,
                                   compat=compat, split=split, device=device, eps=eps,
                                   save_embeddings_to=save_embeddings, progress=progress)
-    target = out or default_out(checkpoint)
-    files = write_analysis(analysis, target)
+    files = write_analysis(analysis, target, inputs, overwrite)
     for line in summary_lines(analysis.results):
         typer.echo(line)
     typer.echo(f"wrote {target}/: {', '.join(f.name for f in files)}")

@@ -30,6 +30,8 @@ def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
             fail(str(exc))
         except FileNotFoundError as exc:
             fail(f"{exc.filename or exc}: no such file")
+        except OSError as exc:  # a folder where a file was expected, no permission, disk full, ...
+            fail(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "))
         except KeyboardInterrupt:
             typer.echo("interrupted", err=True)
             sys.exit(130)

@@ -28,6 +28,7 @@ def train(
     tau: float = typer.Option(None, help="Temperature (NT-Xent 0.1, SmoothAP 0.01)."),
     warmup_epochs: int = typer.Option(0, help="triplet_sh only: epochs of all-triplet loss first (VSE-inf)."),
     k: int = typer.Option(5, help="Captions per image."),
+    vocab: Path = typer.Option(None, help="A SCAN-style vocab JSON (default: built from the training captions)."),
     seed: int = typer.Option(0, help="Seed of initialisation and batch order."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     resume: bool = typer.Option(False, "--resume", help="Continue from OUT/last.pt."),
@@ -41,13 +42,16 @@ def train(
     cfg = TrainConfig(data=str(data), model=model, loss=loss, out=str(out), epochs=epochs, lr=lr,
                       lr_update=lr_update, batch_size=batch_size, embed_size=embed_size,
                       word_dim=word_dim, margin=margin, tau=tau, k=k, seed=seed, device=device,
-                      warmup_epochs=warmup_epochs)
+                      warmup_epochs=warmup_epochs, vocab=str(vocab) if vocab else None)
     trainer = Trainer(cfg, resume=resume, overwrite=overwrite, progress=progress, log=typer.echo)
     try:
         metrics = trainer.fit()
     except KeyboardInterrupt:
-        typer.echo(f"interrupted: {trainer.last_path} holds epoch {trainer.epoch}; "
-                   "continue with --resume", err=True)
+        if trainer.last_path.exists():
+            typer.echo(f"interrupted: {trainer.last_path} holds epoch {trainer.epoch} (saved at its end); "
+                       "continue with --resume", err=True)
+        else:
+            typer.echo("interrupted before the first epoch ended: nothing was saved", err=True)
         raise typer.Exit(code=130) from None
     typer.echo(f"best validation rsum {metrics['rsum']:.1f} -> {trainer.best_path}")
     if json_path is not None:

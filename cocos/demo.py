@@ -81,6 +81,11 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True, log: Callable[[str], Non
     for loss in cfg.losses:
         if loss not in COUNTERS:
             raise CocosError(f"unknown loss '{loss}' (choose from {', '.join(COUNTERS)})")
+    from cocos.io import MARKER, check_output_dir, write_text
+
+    for loss in cfg.losses:
+        _train_config(cfg, loss).validate()  # bad flags fail here, before data or folders are made
+    out = check_output_dir(cfg.out, inputs=[cfg.data, cfg.checkpoints])
     start = time.perf_counter()
     data = Path(cfg.data)
     if not (data / "train_ims.npy").exists():
@@ -88,7 +93,6 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True, log: Callable[[str], Non
         make_synthetic(data, n_train=cfg.n_train, n_dev=cfg.n_dev, n_test=cfg.n_test, seed=cfg.seed,
                        overwrite=data.exists())
     fingerprint = data_fingerprint(data)
-    out = Path(cfg.out)
     results_paths, timings = [], {}
     for loss in cfg.losses:
         train_cfg = _train_config(cfg, loss)
@@ -109,9 +113,8 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True, log: Callable[[str], Non
     report = build_report(results_paths)
     write_report(report, out / "summary", readme=None)
     readme = demo_readme(cfg, report, timings, time.perf_counter() - start)
-    from cocos.io import write_text
-
     write_text(out / "README.md", readme)
+    write_text(out / MARKER, "written by cocos demo; cocos may replace this folder\n")
     log(f"wrote {out}/ (README.md, summary/, one folder per loss) in {time.perf_counter() - start:.0f} s")
     return out
 

@@ -21,18 +21,38 @@ import numpy as np
 
 from cocos.errors import CocosError
 
+MARKER = ".cocos-output"  # written into every folder cocos builds; only such folders are ever replaced
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
-    """Yield a temporary path next to ``path``; on success rename it onto ``path``."""
+    """Yield a temporary path next to ``path``; on success rename it onto ``path``.
+
+    The file gets the usual permissions (``0o666`` less the umask), not ``mkstemp``'s 0600.
+    OS errors become one :class:`CocosError` line naming ``path`` (not the temporary name).
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix + ".tmp", dir=path.parent)
-    os.close(fd)
+    if path.is_dir():
+        raise CocosError(f"{path}: is a folder, expected a file path")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix + ".tmp", dir=path.parent)
+        os.close(fd)
+        os.chmod(tmp, 0o666 & ~_umask())
+    except OSError as exc:
+        raise CocosError(f"{path}: cannot write ({exc.strerror or exc})") from None
     tmp_path = Path(tmp)
     try:
         yield tmp_path
         os.replace(tmp_path, path)
+    except OSError as exc:
+        raise CocosError(f"{path}: cannot write ({exc.strerror or exc})") from None
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
@@ -59,18 +79,44 @@ def write_npz(path: str | os.PathLike, **arrays: np.ndarray) -> None:
             np.savez(fh, **arrays)
 
 
-@contextlib.contextmanager
-def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
-    """Build a folder under a temporary name and move it into place at the end.
+def check_output_dir(path: str | os.PathLike, inputs=(), overwrite: bool = False) -> Path:
+    """Refuse an output folder that would destroy something cocos did not write.
 
-    If ``path`` exists it is replaced only after the new folder is complete; on
-    error nothing is left behind and the old folder is untouched.
+    ``path`` may be absent, empty, or a folder that cocos wrote before (it holds
+    :data:`MARKER`); anything else needs ``overwrite``. A folder that contains one
+    of ``inputs`` is always refused.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    if path.exists() and not path.is_dir():
+        raise CocosError(f"{path}: exists and is not a folder")
+    resolved = path.resolve()
+    for item in inputs:
+        item = Path(item).resolve()
+        if item == resolved or resolved in item.parents:
+            raise CocosError(f"{path}: the output folder would replace the input {item.name}; choose another --out")
+    if path.is_dir() and any(path.iterdir()) and not (path / MARKER).exists() and not overwrite:
+        raise CocosError(f"{path}: exists and was not written by cocos; choose another --out or pass --overwrite")
+    return path
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike, inputs=(), overwrite: bool = False) -> Iterator[Path]:
+    """Build a folder under a temporary name and move it into place at the end.
+
+    If ``path`` exists (and :func:`check_output_dir` allows replacing it) it is
+    replaced only after the new folder is complete; on error nothing is left
+    behind and the old folder is untouched.
+    """
+    path = check_output_dir(path, inputs, overwrite)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+        os.chmod(tmp, 0o777 & ~_umask())
+    except OSError as exc:
+        raise CocosError(f"{path}: cannot write ({exc.strerror or exc})") from None
     try:
         yield tmp
+        (tmp / MARKER).write_text("written by cocos; cocos may replace this folder\n")
         if path.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
             old.rmdir()
@@ -92,7 +138,10 @@ def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
     if path.stat().st_size == 0:
         raise CocosError(f"{path}: the file is empty")
     try:
-        with np.load(path, allow_pickle=False) as npz:
+        loaded = np.load(path, allow_pickle=False)
+        if not isinstance(loaded, np.lib.npyio.NpzFile):
+            raise CocosError(f"{path}: a single array (.npy); expected an .npz with named arrays")
+        with loaded as npz:
             return {name: npz[name] for name in npz.files}
     except (ValueError, OSError, zipfile.BadZipFile, EOFError, KeyError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__

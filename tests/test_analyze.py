@@ -119,7 +119,7 @@ def test_tables_parse_and_latex_is_structurally_sound(world, tmp_path):
 
 
 def _one_line_exit_2(args, tmp_path, out):
-    res = runner.invoke(app, ["analyze", *args, "--out", str(out), "--no-progress"])
+    res = runner.invoke(app, ["analyze", *args, "--out", str(out), "--batch-size", str(BATCH), "--no-progress"])
     lines = [line for line in res.output.splitlines() if line.strip()]
     assert res.exit_code == 2, res.output
     assert len(lines) == 1 and lines[0].startswith("error:"), res.output
@@ -172,3 +172,25 @@ def test_existing_report_survives_a_failed_run(world, tmp_path):
     res = runner.invoke(app, ["analyze", str(tmp_path / "bad.pt"), "--out", str(out), "--no-progress"])
     assert res.exit_code == 2
     assert (out / "results.json").read_bytes() == before
+
+
+def test_analyze_refuses_a_foreign_out_before_encoding_and_saves_embeddings_last(world, tmp_path):
+    root, _ = world
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    res = runner.invoke(app, ["analyze", str(root / "triplet_sh" / "model_best.pt"), "--out", str(mine),
+                              "--no-progress"])
+    assert res.exit_code == 2 and "not written by cocos" in res.output
+    assert (mine / "notes.txt").read_text() == "keep"
+    emb = tmp_path / "emb.npz"
+    res = runner.invoke(app, ["analyze", str(root / "triplet_sh" / "model_best.pt"), "--out", str(tmp_path / "o"),
+                              "--batch-size", "100000", "--save-embeddings", str(emb), "--no-progress"])
+    assert res.exit_code == 2 and "larger than the training split" in res.output
+    assert not emb.exists() and not (tmp_path / "o").exists()
+    res = runner.invoke(app, ["analyze", str(root / "triplet_sh" / "model_best.pt"), "--out", str(tmp_path / "o"),
+                              "--batch-size", str(BATCH), "--save-embeddings", str(emb), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["count", str(emb), "--batch-size", str(BATCH), "--json", str(tmp_path / "c.json"),
+                              "--seed", "0", "--no-progress"])
+    assert res.exit_code == 0, res.output

@@ -187,3 +187,26 @@ def test_zero_count_means_zero_loss_gradient(batch, loss):
     zero_rows = counts == 0
     assert (g.grad[zero_rows] == 0).all()
     assert (g.grad[~zero_rows].abs().sum(-1) > 0).all()
+
+
+@SETTINGS
+@given(ranking_batch(), st.booleans())
+def test_triplet_sh_is_zero_or_one_with_several_positives(batch, compat):
+    images, captions = batch
+    out = count_queries(images, captions, "triplet_sh", compat=compat)
+    all_triplets = count_queries(images, captions, "triplet", compat=compat)
+    for d in ("i2t", "t2i"):
+        c = out[d].per_query["C_q"]
+        assert set(c.tolist()) <= {0.0, 1.0}
+        # a query has a Triplet SH gradient exactly when some triplet violates
+        if not (compat and d == "t2i"):
+            assert torch.equal(c > 0, all_triplets[d].per_query["C_q"] > 0)
+
+
+@SETTINGS
+@given(pair_batch())
+def test_compat_keeps_triplet_t2i_c_b(batch):
+    images, captions, _ = batch
+    fixed = count_batch(images, captions, "triplet")["t2i"]
+    compat = count_batch(images, captions, "triplet", compat=True)["t2i"]
+    assert fixed["C_B"] == compat["C_B"]  # the same violations, grouped differently

@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from cocos.errors import CocosError
+from cocos.io import MARKER
 from cocos.report.merge import (
     SOURCE,
     cocos_vs_rsum_rows,
@@ -106,7 +107,7 @@ def test_rows_sorted_dataset_model_then_paper_loss_order():
 
 
 def test_warnings_for_duplicate_seed_and_fingerprints():
-    results = [make_results("triplet", 1), make_results("triplet", 1), make_results("ntxent", 0)]
+    results = [make_results("triplet", 1, checkpoint="a.pt"), make_results("triplet", 1, checkpoint="b.pt"), make_results("ntxent", 0)]
     groups, warnings = group_results(results)
     assert len(warnings) == 1 and "f30k/vsepp/triplet: seed 1 appears 2 times" in warnings[0]
     assert groups[0].n == 2
@@ -225,7 +226,7 @@ def test_cli_report_writes_tables_and_figure(tmp_path):
     out = tmp_path / "reports" / "summary"
     res = runner.invoke(app, ["report", str(a), str(b), "--out", str(out)])
     assert res.exit_code == 0, res.output
-    assert sorted(p.name for p in out.iterdir()) == ["cocos_vs_rsum.pdf", "cocos_vs_rsum.png",
+    assert sorted(p.name for p in out.iterdir() if p.name != MARKER) == ["cocos_vs_rsum.pdf", "cocos_vs_rsum.png",
                                                      "tables.md", "tables.tex"]
     assert "305.00 ± 5.00" in res.stdout and str(out / "tables.md") in res.stdout
     md = (out / "tables.md").read_text()
@@ -287,3 +288,37 @@ def test_cli_report_failure_while_writing_leaves_no_partial_folder(tmp_path, mon
     assert res.exit_code == 2
     assert [p.name for p in out.iterdir()] == ["tables.md"] and (out / "tables.md").read_text() == "old\n"
     assert [p.name for p in out.parent.iterdir()] == ["summary"]
+
+
+def test_the_same_analysis_twice_and_unlike_counting_are_refused(tmp_path):
+    from cocos.report.merge import group_results
+
+    a = make_results("triplet", seed=0)
+    with pytest.raises(CocosError, match="same checkpoint"):
+        group_results([a, dict(a)])
+    b = make_results("triplet", seed=1)
+    b["counting"] = {**b["counting"], "batch_size": 64}
+    with pytest.raises(CocosError, match="different settings"):
+        group_results([a, b])
+
+
+def test_report_never_replaces_what_cocos_did_not_write(tmp_path):
+    a = write(tmp_path / "a.json", make_results("triplet", 0))
+    mine = tmp_path / "thesis"
+    mine.mkdir()
+    (mine / "chapter.tex").write_text("mine\n")
+    res = runner.invoke(app, ["report", str(a), "--out", str(mine)])
+    assert res.exit_code == 2 and "not written by cocos" in res.output
+    assert (mine / "chapter.tex").read_text() == "mine\n"
+    # the output folder may not contain an input
+    inside = tmp_path / "runs"
+    inside.mkdir()
+    b = write(inside / "b.json", make_results("ntxent", 0))
+    res = runner.invoke(app, ["report", str(b), "--out", str(inside), "--overwrite"])
+    assert res.exit_code == 2 and "would replace the input" in res.output and b.exists()
+    # a folder cocos wrote is replaced; --overwrite allows the user's own
+    out = tmp_path / "rep"
+    assert runner.invoke(app, ["report", str(a), "--out", str(out)]).exit_code == 0
+    assert runner.invoke(app, ["report", str(a), "--out", str(out)]).exit_code == 0
+    assert runner.invoke(app, ["report", str(a), "--out", str(mine), "--overwrite"]).exit_code == 0
+    assert (mine / "tables.md").exists() and not (mine / "chapter.tex").exists()

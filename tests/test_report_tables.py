@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import re
 
 import pytest
@@ -62,7 +63,8 @@ def make_results(loss="triplet", seed=0, *, rsum=None, dataset="f30k", model="vs
     m.setdefault("rsum", sum(m[f"{d}_R@{k}"] for d in ("i2t", "t2i") for k in (1, 5, 10)))
     return {
         "cocos_version": "0.1.0",
-        "checkpoint": {"path": checkpoint, "sha256": "0" * 64, "epoch": 7},
+        "checkpoint": {"path": checkpoint, "epoch": 7,
+                       "sha256": hashlib.sha256(f"{dataset}/{model}/{loss}/{seed}/{checkpoint}".encode()).hexdigest()},
         "data": {"path": f"/data/{dataset}", "name": dataset, "fingerprint": fingerprint, "k": 5,
                  "split_counted": "train", "n_images": 1000, "n_captions": 5000},
         "model": {"kind": model, "hparams": {"embed_size": 64}},

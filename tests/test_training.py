@@ -155,3 +155,27 @@ def test_vsrn_trains_on_region_features(tmp_path):
     metrics = trainer.fit()
     assert set(metrics) >= {"rsum", "i2t_R@1", "mAP@5"}
     assert build_model("vsrn", **load_checkpoint(tmp_path / "v" / "last.pt")["model"]["hparams"]).kind == "vsrn"
+
+
+def test_an_epoch_visits_every_caption_even_with_a_short_last_batch(tiny, tmp_path):
+    trainer = Trainer(_cfg(tiny, tmp_path / "short", epochs=1, batch_size=70), **QUIET)
+    caps = np.concatenate([cap for _, cap, _ in trainer.batches(1)])
+    assert sorted(caps.tolist()) == list(range(1200))  # 17 batches of 70 and one of 10
+
+
+def test_nonsense_flags_fail_before_anything_is_written(tiny, tmp_path):
+    for flags in (["--lr", "-1"], ["--lr", "nan"], ["--lr-update", "0"], ["--seed", "-3"], ["--epochs", "0"],
+                  ["--tau", "0", "--loss", "ntxent"], ["--margin", "inf"], ["--warmup-epochs", "2", "--loss", "ntxent"]):
+        out = tmp_path / "never"
+        res = runner.invoke(app, ["train", "--data", str(tiny), "--out", str(out), "--no-progress", *flags])
+        assert res.exit_code == 2, (flags, res.output)
+        assert len([x for x in res.output.splitlines() if x.strip()]) == 1, res.output
+        assert not out.exists(), flags
+
+
+def test_resume_refuses_changed_flags(tiny, tmp_path):
+    Trainer(_cfg(tiny, tmp_path / "f", epochs=1), **QUIET).fit()
+    with pytest.raises(CocosError, match="--lr 0.002, not 0.5"):
+        Trainer(_cfg(tiny, tmp_path / "f", epochs=2, lr=0.5), resume=True, **QUIET)
+    with pytest.raises(CocosError, match="--embed-size 32, not 64"):
+        Trainer(_cfg(tiny, tmp_path / "f", epochs=2, embed_size=64), resume=True, **QUIET)

@@ -19,7 +19,7 @@ from cocos.counting import COUNTERS, DIRECTIONS, get_counter
 from cocos.counting.aggregate import summarise_tree
 from cocos.data.layout import BatchLayout, _check_embeddings
 from cocos.data.samplers import pair_batches, ranking_batches
-from cocos.errors import CocosError
+from cocos.errors import CocosError, check_params
 from cocos.losses import LOSSES
 from cocos.progress import progress_bar
 
@@ -36,6 +36,10 @@ class EmbeddingSet:
 
     @classmethod
     def from_arrays(cls, images, captions, caption_image=None, device="cpu") -> EmbeddingSet:
+        for name, arr in (("images", images), ("captions", captions)):
+            kind = arr.dtype.kind if isinstance(arr, np.ndarray) else "f"
+            if kind not in "iuf":
+                raise CocosError(f"{name} must hold numbers, got dtype {arr.dtype}")
         images = torch.as_tensor(np.asarray(images) if not torch.is_tensor(images) else images)
         captions = torch.as_tensor(np.asarray(captions) if not torch.is_tensor(captions) else captions)
         _check_embeddings(images, captions)
@@ -113,6 +117,20 @@ def _concat(tree):
     return np.concatenate(tree)
 
 
+# Statistics that are undefined for some batches (no query with a gradient, no weight on any negative).
+MAY_BE_UNDEFINED = ("C_q", "N_eff", "N_invsimpson", "top1_share")
+
+
+def _check_defined(batch_stats: dict) -> None:
+    """Any other NaN is a numerical failure, not a skipped batch: say so instead of averaging it away."""
+    for loss, by_dir in batch_stats.items():
+        for d, stats in by_dir.items():
+            for stat, values in stats.items():
+                if stat not in MAY_BE_UNDEFINED and np.isnan(values).any():
+                    batch = int(np.flatnonzero(np.isnan(values))[0])
+                    raise CocosError(f"{loss} {d} {stat} is not a number in batch {batch}")
+
+
 def count_embeddings(
     emb: EmbeddingSet,
     losses=tuple(COUNTERS),
@@ -134,6 +152,9 @@ def count_embeddings(
     """
     params = params or {}
     losses = list(losses)
+    if sweep_eps is not None:
+        for e in sweep_eps:
+            check_params(eps=e)
     for name in losses:
         if name not in COUNTERS:
             raise CocosError(f"unknown loss '{name}' (choose from {', '.join(COUNTERS)})")
@@ -180,6 +201,7 @@ def count_embeddings(
                                 _append(run.sweep, (name, d, f"{eps:g}"), res.batch)
                 advance(len(c))
     run.batch_stats = _concat(run.batch_stats)
+    _check_defined(run.batch_stats)
     run.per_query = _concat(run.per_query)
     run.sweep = _concat(run.sweep)
     return run

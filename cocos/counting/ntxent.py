@@ -12,6 +12,7 @@ import torch
 
 from cocos.counting.base import DEFAULT_EPS, Count, Counter, companions
 from cocos.data.layout import QueryView
+from cocos.errors import check_params
 from cocos.losses.functional import ntxent_log_probs
 
 
@@ -21,6 +22,7 @@ class NTXentCounter(Counter):
     uses_eps = True
 
     def __init__(self, tau: float = 0.1, eps: float = DEFAULT_EPS) -> None:
+        check_params(tau=tau, eps=eps)
         self.tau = float(tau)
         self.eps = float(eps)
 

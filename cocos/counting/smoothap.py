@@ -2,7 +2,8 @@
 
 For query ``q`` and anchor ``a`` (a positive): ``G(a, b) = sigmoid((s_b - s_a) / tau)``
 (the training loss's own sigmoid, exponent clamped to [-50, 50], ``G(a, a) = 0``),
-``R(a) = 1 + sum_b G(a, b)`` and ``w(a, b) = G (1 - G) / R(a)^2`` (the sigmoid's
+``R(a) = 1 + sum_b G(a, b)`` and ``w(a, b) = G (1 - G) / R(a)^2`` (``1 - G`` as
+``sigmoid(-x)``, so that float32 and float64 agree) (the sigmoid's
 derivative without its ``1/tau``, as in the published counter). Per query
 ``C^q(q) = 1/|P_q| sum_a #{b != a : w(a, b) > eps}``.
 
@@ -17,6 +18,7 @@ import torch
 
 from cocos.counting.base import DEFAULT_EPS, Count, Counter, companions
 from cocos.data.layout import QueryView
+from cocos.errors import check_params
 from cocos.losses.functional import positive_index, smoothap_sigmoid
 
 
@@ -26,6 +28,7 @@ class SmoothAPCounter(Counter):
     uses_eps = True
 
     def __init__(self, tau: float = 0.01, eps: float = DEFAULT_EPS) -> None:
+        check_params(tau=tau, eps=eps)
         self.tau = float(tau)
         self.eps = float(eps)
 
@@ -52,9 +55,9 @@ class SmoothAPCounter(Counter):
     def pair_weights(self, view: QueryView, compat: bool = False):
         """``w(a, b)`` of shape ``(..., Q, A, K)`` and the per-query divisor."""
         rows, valid, divisor = self.anchors(view, compat)
-        g, _ = smoothap_sigmoid(view, self.tau, rows, valid)
+        g, one_minus_g, _ = smoothap_sigmoid(view, self.tau, rows, valid, complement=True)
         rank = 1.0 + g.sum(-1, keepdim=True)
-        return g * (1.0 - g) / (rank * rank), divisor
+        return g * one_minus_g / (rank * rank), divisor  # g is 0 wherever b is not a candidate
 
     def _count(
         self, w: torch.Tensor, divisor: torch.Tensor, view: QueryView, eps: float, extras: bool = True

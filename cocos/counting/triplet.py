@@ -12,11 +12,12 @@ import torch
 
 from cocos.counting.base import Count, Counter, batch_counts, companions
 from cocos.data.layout import QueryView
+from cocos.errors import check_params
 from cocos.losses.functional import triplet_hinge
 
 
 class TripletCounter(Counter):
-    """Per query ``C^q(q) = sum_n v(q, n)``; ``C^B``, ``C^0``, ``C^q`` per batch.
+    """Per query ``C^q(q) = sum_n v(q, n)`` (summed over positives); ``C^B``, ``C^0``, ``C^q`` per batch.
 
     ``compat`` t2i reproduces the published counter: violations are grouped by the
     *negative image* instead of the caption query, ``C(i) = #{j : v(j, i)}``;
@@ -28,6 +29,7 @@ class TripletCounter(Counter):
     hardest = False
 
     def __init__(self, margin: float = 0.2) -> None:
+        check_params(margin=margin)
         self.margin = float(margin)
 
     def params(self) -> dict:
@@ -48,6 +50,8 @@ class TripletCounter(Counter):
     def count(self, view: QueryView, compat: bool = False) -> Count:
         v = self.violations(view)
         per_query_counts = v.sum(-1)
+        if self.hardest:  # 1 if the hardest negative violates for any positive (0 or 1 per query)
+            per_query_counts = (per_query_counts > 0).to(per_query_counts.dtype)
         grouped = per_query_counts
         if compat and not self.hardest and view.direction == "t2i":
             grouped = v.sum(-2)  # by negative image
@@ -63,7 +67,11 @@ class TripletCounter(Counter):
 
 
 class TripletSHCounter(TripletCounter):
-    """Per query ``C^q(q) = 1`` if the hardest negative violates the margin, else 0."""
+    """Per query ``C^q(q) = 1`` if the hardest negative violates the margin, else 0.
+
+    With several positives (image queries of a ranking batch) the query counts 1 if
+    the hardest negative violates for any of them, as the definitions file says.
+    """
 
     name = "triplet_sh"
     hardest = True

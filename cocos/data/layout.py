@@ -73,6 +73,9 @@ class BatchLayout:
                 )
             if n_captions and (caption_image.min() < 0 or caption_image.max() >= n_images):
                 raise CocosError(f"caption_image values must lie in [0, {n_images})")
+            lonely = torch.bincount(caption_image, minlength=n_images) == 0
+            if lonely.any():
+                raise CocosError(f"image row {int(lonely.nonzero()[0])} has no caption in the batch (no positive)")
         if image_ids is not None:
             image_ids = torch.as_tensor(image_ids, device=caption_image.device).long()
             if image_ids.shape[-1] != n_images:
@@ -187,8 +190,8 @@ def batch_similarity(
     image_norms = torch.linalg.vector_norm(images, dim=-1, keepdim=True)
     caption_norms = torch.linalg.vector_norm(captions, dim=-1, keepdim=True)
     if check:
-        _check_norms("images", image_norms)
-        _check_norms("captions", caption_norms)
+        _check_norms("images", image_norms, images)
+        _check_norms("captions", caption_norms, captions)
     images = images / image_norms.clamp(min=1e-12)
     captions = captions / caption_norms.clamp(min=1e-12)
     scores = images @ captions.transpose(-1, -2)
@@ -198,12 +201,15 @@ def batch_similarity(
     return scores, layout
 
 
-def _check_norms(name: str, norms: torch.Tensor) -> None:
+def _check_norms(name: str, norms: torch.Tensor, values: torch.Tensor | None = None) -> None:
     """A row holding NaN or Inf has a non-finite norm; a zero vector has norm 0 (one check, no extra pass)."""
     norms = norms.squeeze(-1)
     bad = ~torch.isfinite(norms)
     if bad.any():
-        raise CocosError(f"{name} row {int(bad.reshape(-1).nonzero()[0])} holds NaN or Inf")
+        row = int(bad.reshape(-1).nonzero()[0])
+        if values is not None and bool(torch.isfinite(values.reshape(-1, values.shape[-1])[row]).all()):
+            raise CocosError(f"{name} row {row} is too large to normalise in {values.dtype} (its norm overflows)")
+        raise CocosError(f"{name} row {row} holds NaN or Inf")
     zero = norms == 0
     if zero.any():
         raise CocosError(f"{name} row {int(zero.reshape(-1).nonzero()[0])} is a zero vector (cannot be normalised)")
@@ -228,4 +234,4 @@ def _check_embeddings(images: torch.Tensor, captions: torch.Tensor) -> None:
     _check_shapes(images, captions)
     for name, x in (("images", images), ("captions", captions)):
         x = x if x.dtype in (torch.float32, torch.float64) else x.float()
-        _check_norms(name, torch.linalg.vector_norm(x, dim=-1, keepdim=True))
+        _check_norms(name, torch.linalg.vector_norm(x, dim=-1, keepdim=True), x)

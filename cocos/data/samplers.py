@@ -18,14 +18,16 @@ from cocos.errors import CocosError
 
 
 def _permutation(n: int, seed: int) -> np.ndarray:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise CocosError(f"seed must be a non-negative integer, got {seed!r}")
     return np.random.default_rng(seed).permutation(n)
 
 
-def _split(order: np.ndarray, batch_size: int, drop_last: bool) -> list[np.ndarray]:
+def _split(order: np.ndarray, batch_size: int, drop_last: bool, unit: str = "items") -> list[np.ndarray]:
     if batch_size < 1:
         raise CocosError(f"batch size must be positive, got {batch_size}")
     if batch_size > len(order):
-        raise CocosError(f"batch size {batch_size} is larger than the data ({len(order)} items)")
+        raise CocosError(f"batch size {batch_size} is larger than the data ({len(order)} {unit})")
     stop = len(order) - len(order) % batch_size if drop_last else len(order)
     return [order[i : i + batch_size] for i in range(0, stop, batch_size)]
 
@@ -40,14 +42,14 @@ def pair_batches(
     """
     caption_image = np.asarray(caption_image)
     order = _permutation(len(caption_image), seed)
-    return [(c, caption_image[c]) for c in _split(order, batch_size, drop_last)]
+    return [(c, caption_image[c]) for c in _split(order, batch_size, drop_last, "captions for pair batches")]
 
 
 def ranking_batches(
     n_images: int, batch_size: int, seed: int, drop_last: bool = True
 ) -> list[np.ndarray]:
     """Ranking batches: ``[image_idx, ...]``; each image comes with all its captions."""
-    return _split(_permutation(n_images, seed), batch_size, drop_last)
+    return _split(_permutation(n_images, seed), batch_size, drop_last, "images for ranking batches")
 
 
 def captions_of(image_idx: np.ndarray, image_captions: np.ndarray) -> np.ndarray:

@@ -401,7 +401,7 @@ def make_synthetic(
 
 def write_world(world: SynthWorld, out_dir: str | os.PathLike) -> None:
     """Write a generated world as one folder, atomically (replaces ``out_dir`` if present)."""
-    with atomic_dir(out_dir) as tmp:
+    with atomic_dir(out_dir, overwrite=True) as tmp:  # the caller checked overwrite
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it 0700; give it a normal folder's mode

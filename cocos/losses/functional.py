@@ -78,8 +78,12 @@ def smoothap_sigmoid(
     tau: float,
     anchors: torch.Tensor | None = None,
     anchor_valid: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    complement: bool = False,
+):
     """``G(a, b) = sigmoid((s_b - s_a) / tau)``: the probability that ``b`` ranks above anchor ``a``.
+
+    With ``complement=True`` also returns ``1 - G`` computed as ``sigmoid(-x)`` (exact
+    where ``1 - G`` would round to 0 in float32).
 
     Anchors default to the query's positives. Returns ``(G, anchor_valid)`` with
     ``G`` of shape ``(..., Q, A, K)``; ``G(a, a) = 0``, and ``G = 0`` for excluded
@@ -95,6 +99,8 @@ def smoothap_sigmoid(
         g = g * candidates[..., None, :]
     if not bool(anchor_valid.all()):
         g = g * anchor_valid[..., None]
+    if complement:
+        return g, torch.sigmoid(-x), anchor_valid
     return g, anchor_valid
 
 

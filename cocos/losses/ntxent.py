@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from cocos.data.layout import QueryView
+from cocos.errors import check_params
 from cocos.losses.base import ContrastiveLoss
 from cocos.losses.functional import ntxent_direction
 
@@ -13,6 +14,7 @@ class NTXentLoss(ContrastiveLoss):
 
     def __init__(self, tau: float = 0.1, compat: bool = False) -> None:
         super().__init__(compat)
+        check_params(tau=tau)
         self.tau = float(tau)
 
     def params(self) -> dict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from cocos.data.layout import QueryView
+from cocos.errors import check_params
 from cocos.losses.base import ContrastiveLoss
 from cocos.losses.functional import triplet_direction
 
@@ -15,6 +16,7 @@ class TripletLoss(ContrastiveLoss):
 
     def __init__(self, margin: float = 0.2, compat: bool = False) -> None:
         super().__init__(compat)
+        check_params(margin=margin)
         self.margin = float(margin)
 
     def params(self) -> dict:

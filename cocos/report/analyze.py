@@ -32,10 +32,21 @@ class Analysis:
 
 
 def counter_params(checkpoint: dict, losses) -> dict:
-    """Counter parameters: the paper's defaults, and the training loss's own parameters for its counter."""
+    """Counter parameters: the paper's defaults, except the training loss's own.
+
+    A margin the model was trained with applies to both triplet counters (Table 2
+    compares them at one margin); a temperature only to its own loss (NT-Xent and
+    SmoothAP use different ones).
+    """
     trained = checkpoint["loss"]["name"]
     own = {k: v for k, v in checkpoint["loss"].get("params", {}).items() if k in ("margin", "tau")}
-    return {name: (dict(own) if name == trained else {}) for name in losses}
+    params = {name: {} for name in losses}
+    for name in losses:
+        if "margin" in own and name in ("triplet", "triplet_sh") and trained in ("triplet", "triplet_sh"):
+            params[name]["margin"] = own["margin"]
+        if "tau" in own and name == trained:
+            params[name]["tau"] = own["tau"]
+    return params
 
 
 def _clean(tree):
@@ -73,11 +84,10 @@ def analyze_checkpoint(
     frozen = FrozenModel.load(checkpoint, data, device)
     ckpt = frozen.checkpoint
     train = frozen.open_split("train")
+    _check_batch_size(batch_size, train, losses)  # before minutes of encoding
     timings["load"] = time.perf_counter() - clock
     emb = frozen.encode(train, progress=progress)
     timings["encode"] = time.perf_counter() - clock - timings["load"]
-    if save_embeddings_to is not None:
-        save_embeddings(save_embeddings_to, emb)
     params = counter_params(ckpt, losses)
     for name in losses:
         if COUNTERS[name].uses_eps:
@@ -90,6 +100,8 @@ def analyze_checkpoint(
     eval_split = frozen.open_split(split)
     metrics = frozen.evaluate(eval_split, progress=progress)
     timings["evaluate"] = time.perf_counter() - clock - sum(timings.values())
+    if save_embeddings_to is not None:  # last: a failed analysis leaves no partial output
+        save_embeddings(save_embeddings_to, emb)
     data_info = ckpt["data"]
     results = {
         "cocos_version": __version__,
@@ -110,6 +122,17 @@ def analyze_checkpoint(
     return Analysis(results=_clean(results), run=run, embeddings=emb, timings=timings)
 
 
+def _check_batch_size(batch_size: int, split, losses) -> None:
+    from cocos.losses import LOSSES
+
+    if batch_size < 1:
+        raise CocosError(f"batch size must be positive, got {batch_size}")
+    if any(LOSSES[n].batch_layout == "ranking" for n in losses) and batch_size > split.n_images:
+        raise CocosError(f"batch size {batch_size} is larger than the training split ({split.n_images} images)")
+    if batch_size > split.n_captions:
+        raise CocosError(f"batch size {batch_size} is larger than the training split ({split.n_captions} captions)")
+
+
 def _dataset_name(folder: Path) -> str:
     """The dataset's name: ``name`` in a ``synth.json``/``dataset.json`` if present, else the folder name."""
     import json
@@ -124,16 +147,6 @@ def _dataset_name(folder: Path) -> str:
             if isinstance(name, str) and name:
                 return name
     return folder.resolve().name
-
-
-def check_finite_stats(results: dict) -> None:
-    """Every mean that is defined must be finite (the engine already refuses NaN embeddings)."""
-    for loss, by_dir in results["stats"].items():
-        for d, stats in by_dir.items():
-            for stat, entry in stats.items():
-                m = entry["mean"]
-                if m is not None and not math.isfinite(m):
-                    raise CocosError(f"{loss} {d} {stat}: the count is not finite")
 
 
 # -- writing the report --------------------------------------------------------------
@@ -180,8 +193,11 @@ def latex_report(tables) -> str:
         to_latex(t) for t in tables) + "\n"
 
 
-def write_analysis(analysis: Analysis, out: str | os.PathLike) -> list[Path]:
-    """Write results.json, tables.md/.tex and the figures into ``out``, atomically as a folder."""
+def write_analysis(analysis: Analysis, out: str | os.PathLike, inputs=(), overwrite: bool = False) -> list[Path]:
+    """Write results.json, tables.md/.tex and the figures into ``out``, atomically as a folder.
+
+    ``out`` may be replaced only if cocos wrote it (or with ``overwrite``); never if it holds one of ``inputs``.
+    """
     from cocos.io import atomic_dir, write_json, write_text
     from cocos.report.diagram import plot_triplet_diagram, triplet_points
     from cocos.report.figures import plot_count_distributions, plot_eps_sweep
@@ -190,7 +206,7 @@ def write_analysis(analysis: Analysis, out: str | os.PathLike) -> list[Path]:
     results = analysis.results
     tables = [retrieval_table(results), *cocos_tables(results)]
     out = Path(out)
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, inputs, overwrite) as tmp:
         write_json(tmp / "results.json", results)
         write_text(tmp / "tables.md", markdown_report(results, tables))
         write_text(tmp / "tables.tex", latex_report(tables))

@@ -160,6 +160,12 @@ def _source(result: dict) -> str:
     return str(result.get(SOURCE, "?"))
 
 
+def _counting_settings(result: dict) -> str:
+    """What must be equal for two results to be replicates: counting batch size and counter parameters."""
+    c = result["counting"]
+    return f"batch {c.get('batch_size')}, params {json.dumps(c.get('params', {}), sort_keys=True)}"
+
+
 def group_results(results: Sequence[dict]) -> tuple[list[Group], list[str]]:
     """Group by (data.name, model.kind, training.loss); seeds are replicates.
 
@@ -167,11 +173,22 @@ def group_results(results: Sequence[dict]) -> tuple[list[Group], list[str]]:
     warnings: a seed twice in one group, different data fingerprints under one
     dataset name, different counting modes across the files.
     """
+    seen: dict[str, str] = {}
+    for r in results:  # the same analysis twice would pose as two seeds
+        sha = str(r.get("checkpoint", {}).get("sha256", ""))
+        if sha and sha in seen:
+            raise CocosError(f"{_source(r)}: analyses the same checkpoint as {seen[sha]}; give each once")
+        seen[sha] = _source(r)
     by_key: dict[tuple[str, str, str], Group] = {}
     for r in results:
         key = (str(r["data"]["name"]), str(r["model"]["kind"]), str(r["training"]["loss"]))
         by_key.setdefault(key, Group(*key)).results.append(r)
     groups = sorted(by_key.values(), key=Group.sort_key)
+    for g in groups:  # replicates must be counted alike, or their mean means nothing
+        settings = {_counting_settings(r) for r in g.results}
+        if len(settings) > 1:
+            raise CocosError(f"{g.name}: results were counted with different settings ({' vs '.join(sorted(settings))}); "
+                             "analyse them alike (batch size, eps, margin/tau) before merging")
     warnings: list[str] = []
     for g in groups:
         g.results.sort(key=lambda r: (str(r["training"]["seed"]), _source(r)))
@@ -429,14 +446,16 @@ def render_report(report: Report) -> tuple[str, str]:
     return "\n".join(md), "\n".join(tex)
 
 
-def write_report(report: Report, out: str | os.PathLike, readme: str | None = None) -> list[Path]:
+def write_report(
+    report: Report, out: str | os.PathLike, readme: str | None = None, overwrite: bool = False
+) -> list[Path]:
     """Write tables.md, tables.tex and cocos_vs_rsum.{png,pdf} (and README.md) as one atomic folder."""
     from cocos.io import atomic_dir
     from cocos.report.figures import plot_cocos_vs_rsum
 
     md, tex = render_report(report)
     out = Path(out)
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, report.sources, overwrite) as tmp:
         (tmp / "tables.md").write_text(md, encoding="utf-8")
         (tmp / "tables.tex").write_text(tex, encoding="utf-8")
         plot_cocos_vs_rsum(cocos_vs_rsum_rows(report.groups, compat=report.compat), tmp / "cocos_vs_rsum")

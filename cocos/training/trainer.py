@@ -2,8 +2,9 @@
 
 Adam, lr 2e-4 dropped x0.1 after ``lr_update`` of ``epochs`` epochs, batch 128,
 gradient clipping at 2. Pair batches (Triplet, Triplet SH, NT-Xent) sample
-captions; ranking batches (SmoothAP) sample images with all ``k`` captions. The
-final short batch of an epoch is dropped. Validation every epoch on the dev split;
+captions (every caption once per epoch); ranking batches (SmoothAP) sample images
+with all ``k`` captions (every image once). Only a final batch of a single item is
+dropped (VSRN's BatchNorm needs two). Validation every epoch on the dev split;
 ``model_best.pt`` keeps the best validation rsum, ``last.pt`` allows resuming.
 Batch order depends only on ``(seed, epoch)``, so a resumed run equals an
 uninterrupted one.
@@ -24,7 +25,7 @@ from cocos.data.precomp import PrecompSplit, data_fingerprint
 from cocos.data.samplers import pair_batches, ranking_batches
 from cocos.data.text import Vocabulary, pad_batch
 from cocos.device import resolve_device
-from cocos.errors import CocosError
+from cocos.errors import CocosError, check_params
 from cocos.losses import LOSSES, get_loss
 from cocos.models import MODELS, build_model
 from cocos.training.checkpoint import load_checkpoint, save_checkpoint
@@ -52,6 +53,27 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"
     compat: bool = False
+    vocab: str | None = None  # a SCAN-style vocab JSON instead of building one from the training captions
+
+    def validate(self) -> None:
+        """Refuse nonsense flags before anything is read or written (one CocosError line)."""
+        if self.loss not in LOSSES:
+            raise CocosError(f"unknown loss '{self.loss}' (choose from {', '.join(LOSSES)})")
+        if self.model not in MODELS:
+            raise CocosError(f"unknown model '{self.model}' (choose from {', '.join(MODELS)})")
+        for name in ("epochs", "batch_size", "embed_size", "word_dim", "lr_update", "k", "vocab_threshold"):
+            if getattr(self, name) < 1:
+                raise CocosError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if self.seed < 0:
+            raise CocosError(f"--seed must be a non-negative integer, got {self.seed}")
+        if self.grad_clip < 0:
+            raise CocosError(f"gradient clipping must be >= 0, got {self.grad_clip}")
+        if not 0 <= self.warmup_epochs < self.epochs:
+            raise CocosError(f"--warmup-epochs must lie in [0, epochs), got {self.warmup_epochs}")
+        if self.warmup_epochs and self.loss != "triplet_sh":
+            raise CocosError("--warmup-epochs applies to triplet_sh only (all-triplet warm-up before max violation)")
+        check_params(lr=self.lr, margin=self.margin, tau=self.tau)
+        get_loss(self.loss, **self.loss_params())  # the loss's own checks
 
     def loss_params(self) -> dict:
         params = {"margin": self.margin, "tau": self.tau}
@@ -68,10 +90,10 @@ def build_from_checkpoint(ckpt: dict) -> tuple[torch.nn.Module, Vocabulary]:
     kind = ckpt["model"]["kind"]
     if kind not in MODELS:
         raise CocosError(f"checkpoint holds an unknown model kind '{kind}'")
-    model = build_model(kind, **ckpt["model"]["hparams"])
     try:
+        model = build_model(kind, **ckpt["model"]["hparams"])
         model.load_state_dict(ckpt["state_dict"])
-    except RuntimeError as exc:
+    except (RuntimeError, TypeError, ValueError, AttributeError) as exc:
         raise CocosError(f"checkpoint weights do not fit a {kind} model ({str(exc).splitlines()[0]})") from None
     model.eval()
     return model, Vocabulary.from_tokens(ckpt["vocab"])
@@ -82,15 +104,7 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False,
                  progress: bool = True, log=print):
-        if cfg.loss not in LOSSES:
-            raise CocosError(f"unknown loss '{cfg.loss}' (choose from {', '.join(LOSSES)})")
-        if cfg.model not in MODELS:
-            raise CocosError(f"unknown model '{cfg.model}' (choose from {', '.join(MODELS)})")
-        for name in ("epochs", "batch_size", "embed_size", "word_dim"):
-            if getattr(cfg, name) < 1:
-                raise CocosError(f"--{name.replace('_', '-')} must be positive")
-        if cfg.warmup_epochs and cfg.loss != "triplet_sh":
-            raise CocosError("--warmup-epochs applies to triplet_sh only (all-triplet warm-up before max violation)")
+        cfg.validate()
         self.cfg, self.progress, self.log = cfg, progress, log
         self.out = Path(cfg.out)
         self.last_path, self.best_path = self.out / "last.pt", self.out / "model_best.pt"
@@ -107,6 +121,8 @@ class Trainer:
         if resume_ckpt is not None:
             self._check_resume(resume_ckpt)
             self.vocab = Vocabulary.from_tokens(resume_ckpt["vocab"])
+        elif cfg.vocab:
+            self.vocab = Vocabulary.from_scan_json(cfg.vocab)
         else:
             self.vocab = Vocabulary.build(self.train_split.captions, threshold=cfg.vocab_threshold)
         self.train_ids = tokenize_split(self.train_split, self.vocab)
@@ -138,6 +154,13 @@ class Trainer:
             raise CocosError(f"{self.last_path}: checkpoint was trained with {ckpt['loss']['name']}, not {cfg.loss}")
         if ckpt["data"]["fingerprint"] != self.fingerprint:
             raise CocosError(f"{self.last_path}: checkpoint was trained on other data than {cfg.data}")
+        # a resumed run equals an uninterrupted one only with the same flags (epochs may grow)
+        recorded = ckpt.get("train", {})
+        for name in ("lr", "lr_update", "batch_size", "embed_size", "word_dim", "margin", "tau", "seed", "k",
+                     "warmup_epochs", "compat", "grad_clip"):
+            if name in recorded and recorded[name] != getattr(cfg, name):
+                raise CocosError(f"{self.last_path}: was trained with --{name.replace('_', '-')} {recorded[name]}, "
+                                 f"not {getattr(cfg, name)}; resume with the same flags")
 
     # -- one epoch --------------------------------------------------------------------
 
@@ -146,12 +169,18 @@ class Trainer:
         bs = self.cfg.batch_size
         if self.loss_fn.batch_layout == "ranking":
             n = self.train_split.n_images
-            for img in ranking_batches(n, min(bs, n), seed):
+            images = ranking_batches(n, min(bs, n), seed, drop_last=False)
+            if len(images) > 1 and len(images[-1]) == 1:  # a batch of one image: nothing to contrast
+                images = images[:-1]
+            for img in images:
                 cap = self.train_split.image_captions[img].reshape(-1)
                 yield img, cap, None
         else:
             caption_image = self.train_split.caption_image
-            for cap, img in pair_batches(caption_image, min(bs, len(caption_image)), seed):
+            batches = pair_batches(caption_image, min(bs, len(caption_image)), seed, drop_last=False)
+            if len(batches) > 1 and len(batches[-1][0]) == 1:  # a batch of one caption: nothing to contrast
+                batches = batches[:-1]
+            for cap, img in batches:
                 yield img, cap, np.arange(len(cap))
 
     def step(self, img: np.ndarray, cap: np.ndarray, caption_image, loss_fn=None) -> float:
