@@ -187,7 +187,8 @@ def group_results(results: Sequence[dict]) -> tuple[list[Group], list[str]]:
     for g in groups:  # replicates must be counted alike, or their mean means nothing
         settings = {_counting_settings(r) for r in g.results}
         if len(settings) > 1:
-            raise CocosError(f"{g.name}: results were counted with different settings ({' vs '.join(sorted(settings))}); "
+            which = " vs ".join(sorted(settings))
+            raise CocosError(f"{g.name}: results were counted with different settings ({which}); "
                              "analyse them alike (batch size, eps, margin/tau) before merging")
     warnings: list[str] = []
     for g in groups:
