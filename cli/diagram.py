@@ -79,6 +79,9 @@ def diagram(
         raise CocosError("--data needs --checkpoint")
     if batch_size < 1:
         raise CocosError(f"--batch-size must be positive, got {batch_size}")
+    from cocos.errors import check_params
+
+    check_params(tau=tau, margin=margin)
     params = {"tau": tau, "margin": margin, "offset": True if cir_offset else None}
     if out is None:
         stem = "_".join(file_slug(w.strip()) for w in weight.split(",") if w.strip())

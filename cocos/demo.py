@@ -93,11 +93,12 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True, log: Callable[[str], Non
         make_synthetic(data, n_train=cfg.n_train, n_dev=cfg.n_dev, n_test=cfg.n_test, seed=cfg.seed,
                        overwrite=data.exists())
     fingerprint = data_fingerprint(data)
-    results_paths, timings = [], {}
+    results_paths, timings, reused = [], {}, []
     for loss in cfg.losses:
         train_cfg = _train_config(cfg, loss)
         t0 = time.perf_counter()
         if not cfg.retrain and _reusable(train_cfg, fingerprint):
+            reused.append(loss)
             log(f"[{loss}] reusing {train_cfg.out}/model_best.pt")
         else:
             log(f"[{loss}] training {cfg.model} for {cfg.epochs} epochs")
@@ -112,14 +113,14 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True, log: Callable[[str], Non
             f"analysis in {timings[loss][1]:.1f} s")
     report = build_report(results_paths)
     write_report(report, out / "summary", readme=None)
-    readme = demo_readme(cfg, report, timings, time.perf_counter() - start)
+    readme = demo_readme(cfg, report, timings, time.perf_counter() - start, reused)
     write_text(out / "README.md", readme)
     write_text(out / MARKER, "written by cocos demo; cocos may replace this folder\n")
     log(f"wrote {out}/ (README.md, summary/, one folder per loss) in {time.perf_counter() - start:.0f} s")
     return out
 
 
-def demo_readme(cfg: DemoConfig, report, timings: dict, total: float) -> str:
+def demo_readme(cfg: DemoConfig, report, timings: dict, total: float, reused=()) -> str:
     """The demo's README.md: the settings, Tables 1-4 and the figures."""
     from cocos.report.tables import to_markdown
 
@@ -134,7 +135,11 @@ def demo_readme(cfg: DemoConfig, report, timings: dict, total: float) -> str:
         f"Demo schedule: {cfg.epochs} epochs, Adam lr {cfg.lr:g} dropped x0.1 after {cfg.lr_update}, "
         f"batch {cfg.batch_size}, embed {cfg.embed_size}, word {cfg.word_dim}, seed {cfg.seed}"
         + (f", Triplet SH warm-up {cfg.warmup_epochs} epoch(s) of summed violations" if cfg.warmup_epochs else "")
-        + f". Wall time {total:.0f} s.",
+        + f". Wall time {total:.0f} s"
+        + (f" (reusing the trained checkpoints of {', '.join(reused)})" if reused else
+           f": training {sum(t for t, _ in timings.values()):.0f} s, "
+           f"analysis {sum(a for _, a in timings.values()):.0f} s")
+        + ".",
         "",
         "Per-loss folders hold each checkpoint's full analysis (`results.json`, `tables.md`, `tables.tex`, "
         "`counts.png`, `eps_sweep.png`, `triplet_diagram.png`); `summary/` holds the merged tables (also as LaTeX).",
