@@ -137,6 +137,12 @@ def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
         raise CocosError(f"{path}: no such file")
     if path.stat().st_size == 0:
         raise CocosError(f"{path}: the file is empty")
+    with open(path, "rb") as fh:
+        magic = fh.read(6)
+    if magic == b"\x93NUMPY":
+        raise CocosError(f"{path}: a single array (.npy); expected an .npz with named arrays")
+    if not magic.startswith(b"PK"):
+        raise CocosError(f"{path}: not an .npz file (expected named arrays saved with numpy.savez)")
     try:
         loaded = np.load(path, allow_pickle=False)
         if not isinstance(loaded, np.lib.npyio.NpzFile):

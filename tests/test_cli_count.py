@@ -56,7 +56,19 @@ BAD = {
     "garbage": lambda p: p.write_bytes(b"not a zip at all"),
     "missing_name": lambda p: np.savez(p, imgs=np.eye(4), captions=np.ones((20, 4))),
     "pickle": lambda p: np.savez(p, images=np.array([{"a": 1}], dtype=object), captions=np.ones((5, 4))),
+    "npy": lambda p: p.write_bytes(_npy_bytes()),
+    "json": lambda p: p.write_text('{"images": [[1, 2]]}'),
+    "strings": lambda p: np.savez(p, images=np.array([["a", "b"]]), captions=np.array([["c", "d"]])),
+    "caption_image": lambda p: np.savez(p, images=np.eye(4), captions=np.ones((8, 4)), caption_image=-np.ones(8, int)),
 }
+
+
+def _npy_bytes():
+    import io
+
+    buffer = io.BytesIO()
+    np.save(buffer, np.ones((4, 4)))
+    return buffer.getvalue()
 
 
 @pytest.mark.parametrize("case", sorted(BAD))

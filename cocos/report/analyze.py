@@ -223,7 +223,7 @@ def write_analysis(analysis: Analysis, out: str | os.PathLike, inputs=(), overwr
         plot_triplet_diagram(["T_con", "T_nca"], params=diagram_params(results), points=points,
                              path_stem=tmp / "triplet_diagram",
                              title=f"{results['model']['kind']} / {results['training']['loss']}: training triplets")
-    return sorted(out.iterdir())
+    return sorted(p for p in out.iterdir() if not p.name.startswith("."))
 
 
 def summary_lines(results: dict) -> list[str]:

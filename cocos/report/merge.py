@@ -462,4 +462,4 @@ def write_report(
         plot_cocos_vs_rsum(cocos_vs_rsum_rows(report.groups, compat=report.compat), tmp / "cocos_vs_rsum")
         if readme is not None:
             (tmp / "README.md").write_text(readme, encoding="utf-8")
-    return sorted(out.iterdir())
+    return sorted(p for p in out.iterdir() if not p.name.startswith("."))
