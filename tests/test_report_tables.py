@@ -316,3 +316,25 @@ def test_retrieval_table_one_checkpoint():
     tex = to_latex(t)
     check_latex(tex)
     assert r"\multicolumn{4}{c}{i2t} & \multicolumn{3}{c}{t2i} &  \\" in tex
+
+
+def test_latex_is_ascii_and_compiles_with_pdflatex_when_available(tmp_path):
+    import shutil
+    import subprocess
+
+    from cocos.report.tables import cocos_tables, latex_escape, retrieval_table
+
+    assert latex_escape("1/τ, ε = 0.01, 1/Σu², k·q … k·q+k−1") == (
+        r"1/$\tau$, $\varepsilon$ = 0.01, 1/$\Sigma$u$^2$, k$\cdot$q \ldots{} k$\cdot$q+k--1")
+    results = make_results("smoothap", 0, alt={("smoothap", "t2i", "C_0"): (636.72, 18.72)})
+    body = "\n".join(to_latex(t) for t in [retrieval_table(results), *cocos_tables(results)])
+    assert body.isascii()
+    if shutil.which("pdflatex") is None:
+        pytest.skip("pdflatex is not installed; the ASCII check above still ran")
+    (tmp_path / "t.tex").write_text(body)
+    (tmp_path / "doc.tex").write_text("\\documentclass{article}\\usepackage{booktabs}\\usepackage[landscape]{geometry}"
+                                     "\\begin{document}\\input{t.tex}\\end{document}\n")
+    run = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "doc.tex"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout[-2000:]
+    assert (tmp_path / "doc.pdf").stat().st_size > 1000

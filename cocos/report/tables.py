@@ -209,12 +209,23 @@ _LATEX_SPECIAL = {
     "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
     "±": r"$\pm$", "≈": r"$\approx$", "≥": r"$\geq$", "≤": r"$\leq$", "·": r"$\cdot$",
     "…": r"\ldots{}", "−": "--", "—": "---", "–": "--", "<": r"\textless{}", ">": r"\textgreater{}",
+    # Greek letters and math signs of the footnotes: pdflatex has no Unicode text glyphs for them
+    "τ": r"$\tau$", "ε": r"$\varepsilon$", "α": r"$\alpha$", "λ": r"$\lambda$", "Σ": r"$\Sigma$",
+    "²": r"$^2$", "×": r"$\times$", "⁻": r"$^-$", "⁺": r"$^+$",
 }
+
+
+def _check_latex_ascii(text: str) -> str:
+    """Every character the escape leaves must be plain ASCII, or pdflatex stops."""
+    bad = sorted({ch for ch in text if ord(ch) > 127})
+    if bad:
+        raise ValueError(f"no LaTeX form for {''.join(bad)!r}; add it to _LATEX_SPECIAL")
+    return text
 
 
 def latex_escape(text: str) -> str:
     """Escape plain text for LaTeX (``_ % & # $ { } ~ ^ \\``; ``±`` becomes ``$\\pm$``)."""
-    return "".join(_LATEX_SPECIAL.get(ch, ch) for ch in str(text))
+    return _check_latex_ascii("".join(_LATEX_SPECIAL.get(ch, ch) for ch in str(text)))
 
 
 def _md_escape(text: str) -> str:
@@ -324,7 +335,7 @@ def to_latex(table: Table, collapse_labels: bool = True) -> str:
             out.append(f"{mark}{text}\\par")
         out.append("}")
     out.append(r"\end{table}")
-    return "\n".join(out) + "\n"
+    return _check_latex_ascii("\n".join(out) + "\n")
 
 
 def _latex_key(key: str) -> str:
