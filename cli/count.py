@@ -10,10 +10,10 @@ from cli.common import handle_errors
 from cli.main import app
 from cocos.counting import COUNTERS
 from cocos.counting.engine import EmbeddingSet, count_embeddings
-from cocos.counting.report import loss_table
 from cocos.device import resolve_device
 from cocos.errors import CocosError
 from cocos.io import load_npz, write_json
+from cocos.report.tables import count_rows
 
 
 def loss_names(requested: list[str]) -> list[str]:
@@ -84,7 +84,7 @@ def count(
         table.add_column("statistic")
         for d in by_direction:
             table.add_column(d, justify="right")
-        for row in loss_table(by_direction):
+        for row in count_rows(by_direction):
             table.add_row(*row)
         console.print(table)
     if json_path is not None:

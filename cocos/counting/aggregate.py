@@ -8,8 +8,6 @@ where no query has a gradient).
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 
@@ -31,9 +29,3 @@ def summarise_tree(tree):
     if isinstance(tree, dict):
         return {k: summarise_tree(v) for k, v in tree.items()}
     return summarise(tree)
-
-
-def fmt_mean_std(entry: dict, digits: int = 2) -> str:
-    if entry.get("mean") is None or (isinstance(entry["mean"], float) and math.isnan(entry["mean"])):
-        return "n/a"
-    return f"{entry['mean']:.{digits}f} ± {entry['std']:.{digits}f}"

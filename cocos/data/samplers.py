@@ -52,14 +52,6 @@ def ranking_batches(
     return _split(_permutation(n_images, seed), batch_size, drop_last, "images for ranking batches")
 
 
-def captions_of(image_idx: np.ndarray, image_captions: np.ndarray) -> np.ndarray:
-    """Caption indices of a ranking batch, image-major: captions ``k i .. k i + k - 1`` of row ``i``.
-
-    ``image_captions`` is ``(N, k)``: the caption indices of each image.
-    """
-    return np.asarray(image_captions)[np.asarray(image_idx)].reshape(-1)
-
-
 def regular_image_captions(n_images: int, k: int) -> np.ndarray:
     """``(N, k)`` caption indices for the regular layout where caption ``c`` belongs to image ``c // k``."""
     return np.arange(n_images * k).reshape(n_images, k)

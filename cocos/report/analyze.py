@@ -151,9 +151,6 @@ def _dataset_name(folder: Path) -> str:
 
 # -- writing the report --------------------------------------------------------------
 
-MAIN_STAT = {"triplet": "C_q", "triplet_sh": "C_q", "ntxent": "C_qv-", "smoothap": "C_q"}
-
-
 def default_out(checkpoint: str | os.PathLike) -> Path:
     """``reports/<name>/``; for ``checkpoints/NAME/model_best.pt`` the name is ``NAME``."""
     path = Path(checkpoint)
@@ -201,7 +198,7 @@ def write_analysis(analysis: Analysis, out: str | os.PathLike, inputs=(), overwr
     from cocos.io import atomic_dir, write_json, write_text
     from cocos.report.diagram import plot_triplet_diagram, triplet_points
     from cocos.report.figures import plot_count_distributions, plot_eps_sweep
-    from cocos.report.tables import cocos_tables, retrieval_table
+    from cocos.report.tables import MAIN_STAT, cocos_tables, retrieval_table
 
     results = analysis.results
     tables = [retrieval_table(results), *cocos_tables(results)]

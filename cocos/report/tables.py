@@ -115,10 +115,6 @@ class Cell:
     def plain(self) -> str:
         return self.text if self.text is not None else fmt(self.mean, self.std, self.digits)
 
-    @property
-    def is_na(self) -> bool:
-        return self.text is None and _missing(self.mean)
-
 
 @dataclass(frozen=True)
 class Row:
@@ -530,3 +526,26 @@ def retrieval_table(results: dict) -> Table:
     return Table(f"Table 1: retrieval on the {split} split — checkpoint {ckpt} "
                  f"(seed {_get(results, 'training', 'seed')})", ("Dataset", "Model", "Loss"),
                  RETRIEVAL_COLUMNS, [Row(labels, cells)], notes, key=f"{_slug(results)}-retrieval")
+
+
+# --------------------------------------------------------------------------- cocos count (terminal)
+
+# Order in which `cocos count` shows statistics: the paper's first, then the companions.
+STAT_ORDER = ("C_q", "C_B", "C_0", "C_qv-", "W_qv-", "W_qv+", "W_low",
+              "N_eff", "N_invsimpson", "top1_share", "n_excluded")
+
+
+def count_rows(stats_by_direction: dict) -> list[tuple[str, ...]]:
+    """Rows ``(statistic, i2t, t2i)`` of one loss in a run summary: ``mean ± std`` over batches."""
+    directions = list(stats_by_direction)
+    first = stats_by_direction[directions[0]]
+    stats = [s for s in STAT_ORDER if s in first] + sorted(s for s in first if s not in STAT_ORDER)
+    rows = []
+    for stat in stats:
+        cells = []
+        for d in directions:
+            entry = stats_by_direction[d][stat]
+            skipped = f" ({entry['n_skipped']} skipped)" if entry["n_skipped"] else ""
+            cells.append(fmt_entry(entry) + skipped)
+        rows.append((stat, *cells))
+    return rows
