@@ -6,9 +6,8 @@ from pathlib import Path
 
 import typer
 
-from cli.common import handle_errors
-from cli.count import loss_names
-from cli.main import app
+from .common import handle_errors
+from .main import app
 
 
 @app.command("analyze")
@@ -17,28 +16,33 @@ def analyze(
     checkpoint: Path = typer.Argument(..., help="A checkpoint written by cocos train (model_best.pt)."),
     data: Path = typer.Option(None, help="Data folder (default: the one recorded in the checkpoint)."),
     out: Path = typer.Option(None, help="Output folder (default: reports/<checkpoint name>/)."),
-    loss: list[str] = typer.Option(["all"], "--loss", "-l", help="Losses to count (all by default)."),
+    loss: list[str] = typer.Option(["all"], "--loss", "-l",
+                                   help="Losses to count: all, or registered names (see `cocos losses`)."),
     batch_size: int = typer.Option(128, help="Images per counting batch."),
     seed: int = typer.Option(0, help="Seed of the counting batches."),
     compat: bool = typer.Option(False, "--compat", help="Show the published counter's values."),
     eps: float = typer.Option(0.01, help="Threshold eps for NT-Xent and SmoothAP."),
     split: str = typer.Option("test", help="Split to evaluate retrieval on."),
     save_embeddings: Path = typer.Option(None, help="Also save the training embeddings (.npz, count format)."),
+    per_query: bool = typer.Option(False, "--per-query", help="Also write queries.csv (one row per query)."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an --out folder that cocos did not write."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
 ) -> None:
     """Encode the training set with the frozen model, count every loss both ways, write tables and figures."""
     from cocos.io import check_output_dir
-    from cocos.report.analyze import analyze_checkpoint, default_out, summary_lines, write_analysis
+    from cocos.objectives import parse_names
+    from cocos.report.analyze import analyze_checkpoint
+    from cocos.report.folder import default_out, summary_lines, write_results_folder
 
     target = out or default_out(checkpoint)
     inputs = [checkpoint] + ([data] if data else []) + ([save_embeddings] if save_embeddings else [])
     check_output_dir(target, inputs, overwrite)  # before minutes of encoding, not after
-    analysis = analyze_checkpoint(checkpoint, data, losses=loss_names(loss), batch_size=batch_size, seed=seed,
+    analysis = analyze_checkpoint(checkpoint, data, losses=parse_names(loss), batch_size=batch_size, seed=seed,
                                   compat=compat, split=split, device=device, eps=eps,
                                   save_embeddings_to=save_embeddings, progress=progress)
-    files = write_analysis(analysis, target, inputs, overwrite)
+    files = write_results_folder(analysis.results, analysis.run, target, inputs, overwrite, per_query=per_query,
+                                 embeddings=analysis.embeddings)
     for line in summary_lines(analysis.results):
         typer.echo(line)
     typer.echo(f"wrote {target}/: {', '.join(f.name for f in files)}")

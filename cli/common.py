@@ -19,6 +19,36 @@ def fail(message: str) -> None:
     raise typer.Exit(code=2)
 
 
+def parse_params(items: list[str], losses: list[str]) -> dict[str, dict[str, float]]:
+    """``-p margin=0.3 -p ntxent.tau=0.05`` as ``{loss: {name: value}}`` for the given losses.
+
+    ``NAME=VALUE`` applies to every given loss that has the parameter; ``LOSS.NAME=VALUE``
+    to one loss. A name no given loss takes is refused (one line naming what they take).
+    """
+    from cocos.objectives import get_objective
+
+    specs = {n: get_objective(n) for n in losses}
+    out: dict[str, dict[str, float]] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip() or not text.strip():
+            raise CocosError(f"--param wants NAME=VALUE or LOSS.NAME=VALUE, got '{item}'")
+        try:
+            value = float(text)
+        except ValueError:
+            raise CocosError(f"--param {key}: '{text}' is not a number") from None
+        loss, dot, name = key.strip().rpartition(".")
+        targets = [loss] if dot else [n for n, s in specs.items() if name in s.defaults]
+        if dot and loss not in specs:
+            raise CocosError(f"--param {key}: '{loss}' is not among the counted losses ({', '.join(specs)})")
+        if not targets or any(name not in specs[t].defaults for t in targets):
+            takes = "; ".join(f"{n}: {', '.join(s.defaults) or 'none'}" for n, s in specs.items())
+            raise CocosError(f"--param {key}: no counted loss takes '{name}' ({takes})")
+        for t in targets:
+            out.setdefault(t, {})[name] = value
+    return out
+
+
 def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
     """Turn CocosError (bad input) into one clear line and exit code 2, never a traceback."""
 

@@ -1,4 +1,4 @@
-"""``cocos count EMB.npz``: COCOS for anyone's own embeddings."""
+"""``cocos count EMB.npz``: COCOS for anyone's own embeddings, as a report folder like ``cocos analyze``."""
 
 from __future__ import annotations
 
@@ -6,42 +6,8 @@ from pathlib import Path
 
 import typer
 
-from cli.common import handle_errors
-from cli.main import app
-from cocos.counting import COUNTERS
-from cocos.counting.engine import EmbeddingSet, count_embeddings
-from cocos.device import resolve_device
-from cocos.errors import CocosError
-from cocos.io import load_npz, write_json
-from cocos.report.tables import count_rows
-
-
-def loss_names(requested: list[str]) -> list[str]:
-    names: list[str] = []
-    for item in requested:
-        for name in item.split(","):
-            name = name.strip()
-            if name == "all":
-                names.extend(COUNTERS)
-            elif name in COUNTERS:
-                names.append(name)
-            else:
-                raise CocosError(f"unknown loss '{name}' (choose from all, {', '.join(COUNTERS)})")
-    return list(dict.fromkeys(names))
-
-
-def read_embeddings(path: Path, device: str = "cpu") -> EmbeddingSet:
-    arrays = load_npz(path)
-    for name in ("images", "captions"):
-        if name not in arrays:
-            found = ", ".join(arrays) or "none"
-            raise CocosError(f"{path}: no array named '{name}' (found: {found})")
-    try:
-        return EmbeddingSet.from_arrays(
-            arrays["images"], arrays["captions"], arrays.get("caption_image"), device=device
-        )
-    except CocosError as exc:
-        raise CocosError(f"{path}: {exc}") from None
+from .common import handle_errors, parse_params
+from .main import app
 
 
 @app.command("count")
@@ -49,54 +15,64 @@ def read_embeddings(path: Path, device: str = "cpu") -> EmbeddingSet:
 def count(
     embeddings: Path = typer.Argument(..., help="An .npz with 'images' (N, d), 'captions' (N*k, d) "
                                       "and optionally 'caption_image' (N*k,)."),
+    out: Path = typer.Option(None, "--out", "-o", help="Write a report folder here (results.json, batches.csv, "
+                                                       "tables.md/.tex, figures), as cocos analyze does."),
     loss: list[str] = typer.Option(["all"], "--loss", "-l",
-                                   help="Loss(es) to count: all, triplet, triplet_sh, ntxent, smoothap."),
+                                   help="Losses to count: all, or registered names (see `cocos losses`)."),
+    name: str = typer.Option(None, help="Dataset name of the embeddings (default: the file name)."),
+    label: str = typer.Option("embeddings", help="What made the embeddings, e.g. 'CLIP ViT-B/32' (the model "
+                                                 "column of reports)."),
     batch_size: int = typer.Option(128, help="Images per batch (pair batches: captions per batch)."),
     seed: int = typer.Option(0, help="Seed of the random batches."),
-    compat: bool = typer.Option(False, "--compat", help="Reproduce the published reference counter."),
-    margin: float = typer.Option(0.2, help="Triplet margin alpha."),
-    tau_ntxent: float = typer.Option(0.1, help="NT-Xent temperature."),
-    tau_smoothap: float = typer.Option(0.01, help="SmoothAP temperature."),
-    eps: float = typer.Option(0.01, help="Threshold eps for NT-Xent and SmoothAP."),
-    json_path: Path = typer.Option(None, "--json", help="Also write the numbers to this JSON file."),
+    compat: bool = typer.Option(False, "--compat", help="Show the published reference counter's values."),
+    param: list[str] = typer.Option([], "--param", "-p",
+                                    help="A loss parameter, LOSS.NAME=VALUE or NAME=VALUE for every loss that "
+                                         "has it, e.g. -p margin=0.3 -p ntxent.tau=0.05 (see `cocos losses`)."),
+    eps: float = typer.Option(0.01, help="Threshold eps of the counters that use one (NT-Xent, SmoothAP)."),
+    per_query: bool = typer.Option(False, "--per-query", help="Also write queries.csv (one row per query)."),
+    json_path: Path = typer.Option(None, "--json", help="Also write results.json to this path."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an --out folder that cocos did not write."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
 ) -> None:
     """Count contributing samples per loss and direction on your own embeddings."""
     from rich.console import Console
     from rich.table import Table
 
-    names = loss_names(loss)
-    emb = read_embeddings(embeddings, device=str(resolve_device(device)))
-    params = {
-        "triplet": {"margin": margin}, "triplet_sh": {"margin": margin},
-        "ntxent": {"tau": tau_ntxent, "eps": eps}, "smoothap": {"tau": tau_smoothap, "eps": eps},
-    }
-    run = count_embeddings(emb, names, batch_size=batch_size, seed=seed, compat=compat,
-                           params=params, keep_per_query=False, progress=progress)
-    summary = run.summary()
+    from cocos.errors import CocosError
+    from cocos.io import check_output_dir
+    from cocos.objectives import parse_names
+    from cocos.report.count import count_file
+    from cocos.report.tables import count_rows
+
+    names = parse_names(loss)
+    params = parse_params(param, names)
+    inputs = [embeddings] + ([json_path] if json_path else [])
+    if out is not None:
+        check_output_dir(out, inputs, overwrite)
+    if json_path is not None and Path(json_path).resolve() == Path(embeddings).resolve():
+        raise CocosError(f"{json_path}: --json would replace the input file")
+    counted = count_file(embeddings, names, batch_size=batch_size, seed=seed, compat=compat, params=params,
+                         eps=eps, name=name, label=label, device=device, progress=progress)
+    results = counted.results
     console = Console(width=100)
-    batches = ", ".join(f"{n} {kind} batches" for kind, n in run.n_batches.items())
-    console.print(f"COCOS of {embeddings} ({emb.n_images} images, {emb.captions.shape[0]} captions; "
+    batches = ", ".join(f"{n} {kind} batches" for kind, n in results.counting.n_batches.items())
+    console.print(f"COCOS of {embeddings} ({results.data.n_images} images, {results.data.n_captions} captions; "
                   f"batch {batch_size}, seed {seed}, {batches}{', compat' if compat else ''})")
-    for name, by_direction in summary.items():
-        table = Table(title=f"{name} {run.params[name]}", title_justify="left")
+    for loss_name, by_direction in results.stats.items():
+        table = Table(title=f"{loss_name} {results.counting.params[loss_name]}", title_justify="left")
         table.add_column("statistic")
         for d in by_direction:
             table.add_column(d, justify="right")
         for row in count_rows(by_direction):
             table.add_row(*row)
         console.print(table)
+    if out is not None:
+        from cocos.report.folder import write_results_folder
+
+        files = write_results_folder(results, counted.run, out, inputs, overwrite, per_query=per_query,
+                                     embeddings=counted.embeddings)
+        typer.echo(f"wrote {out}/: {', '.join(f.name for f in files)}")
     if json_path is not None:
-        write_json(json_path, {
-            "embeddings": str(embeddings),
-            "n_images": emb.n_images,
-            "n_captions": int(emb.captions.shape[0]),
-            "batch_size": batch_size,
-            "seed": seed,
-            "compat": compat,
-            "n_batches": run.n_batches,
-            "params": run.params,
-            "stats": summary,
-        })
+        results.write(json_path)
         typer.echo(f"wrote {json_path}")

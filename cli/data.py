@@ -7,8 +7,8 @@ from pathlib import Path
 
 import typer
 
-from cli.common import fail, handle_errors
-from cli.main import app
+from .common import fail, handle_errors
+from .main import app
 
 data_app = typer.Typer(
     help="Data folders in the precomputed-feature layout ({split}_ims.npy, {split}_caps.txt).",

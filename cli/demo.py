@@ -6,9 +6,8 @@ from pathlib import Path
 
 import typer
 
-from cli.common import handle_errors
-from cli.count import loss_names
-from cli.main import app
+from .common import handle_errors
+from .main import app
 
 
 @app.command("demo")
@@ -17,7 +16,9 @@ def demo(
     out: Path = typer.Option(Path("reports/demo"), help="Report folder."),
     data: Path = typer.Option(Path("data/synth"), help="Synthetic data folder (generated if absent)."),
     checkpoints: Path = typer.Option(Path("checkpoints/demo"), help="Where the four models go."),
-    loss: list[str] = typer.Option(["all"], "--loss", "-l", help="Losses to train and analyse."),
+    loss: list[str] = typer.Option(["paper"], "--loss", "-l",
+                                   help="Losses to train and analyse: paper (the COCOS paper's four), all, or "
+                                        "registered names."),
     model: str = typer.Option("vsepp", help="vsepp or vsrn."),
     epochs: int = typer.Option(8, help="Training epochs per model."),
     lr: float = typer.Option(1e-3, help="Adam learning rate (the demo's shorter schedule)."),
@@ -33,13 +34,14 @@ def demo(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
 ) -> None:
     """Synthetic data -> VSE++ with the four losses -> cocos analyze each -> combined report (reports/demo/)."""
-    from cocos.demo import DemoConfig, run_demo
+    from cocos.demo import DemoConfig, paper_losses, run_demo
+    from cocos.objectives import parse_names
 
     cfg = DemoConfig(
         out=str(out),
         data=str(data),
         checkpoints=str(checkpoints),
-        losses=loss_names(loss),
+        losses=paper_losses() if loss == ["paper"] else parse_names(loss),
         model=model,
         epochs=epochs,
         lr=lr,

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import typer
 
-from cli.common import handle_errors
-from cli.main import app
-from cocos.errors import CocosError
+from .common import handle_errors
+from .main import app
 
 
 def weight_names(weight: str, pair_weight: str | None) -> list[str]:
     """The panel names: each of ``weight`` (comma list), or ``T*P+`` and ``T*P-`` with a pair weight."""
+    from cocos.errors import CocosError
     from cocos.losses.goal import PAIR_WEIGHTS, parse_weight
 
     names = [w.strip() for w in weight.split(",") if w.strip()]
@@ -33,6 +33,8 @@ def weight_names(weight: str, pair_weight: str | None) -> list[str]:
 
 
 def parse_extent(text: str) -> tuple[float, float] | None:
+    from cocos.errors import CocosError
+
     if text.strip().lower() == "auto":
         return None
     try:
@@ -72,6 +74,8 @@ def diagram(
 ) -> None:
     """Triplet-weight diagram (GOAL Figure 2): a weight over (Sp, Sn), with a checkpoint's triplets."""
     from cocos.report.diagram import file_slug, plot_pair_weights, plot_triplet_diagram, triplet_points
+
+    from cocos.errors import CocosError
 
     names = weight_names(weight, pair_weight)
     ext = parse_extent(extent)

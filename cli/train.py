@@ -6,9 +6,8 @@ from pathlib import Path
 
 import typer
 
-from cli.common import handle_errors
-from cli.main import app
-from cocos.io import write_json
+from .common import handle_errors
+from .main import app
 
 
 @app.command("train")
@@ -16,7 +15,7 @@ from cocos.io import write_json
 def train(
     data: Path = typer.Option(..., help="Folder with {train,dev,test}_ims.npy and _caps.txt."),
     model: str = typer.Option("vsepp", help="vsepp or vsrn."),
-    loss: str = typer.Option("triplet_sh", help="triplet, triplet_sh, ntxent or smoothap."),
+    loss: str = typer.Option("triplet_sh", help="A registered loss (see `cocos losses`)."),
     out: Path = typer.Option(..., help="Output folder, e.g. checkpoints/NAME."),
     epochs: int = typer.Option(30, help="Training epochs."),
     lr: float = typer.Option(2e-4, help="Adam learning rate."),
@@ -55,6 +54,8 @@ def train(
         raise typer.Exit(code=130) from None
     typer.echo(f"best validation rsum {metrics['rsum']:.1f} -> {trainer.best_path}")
     if json_path is not None:
+        from cocos.io import write_json
+
         write_json(json_path, metrics)
 
 
@@ -84,6 +85,8 @@ def evaluate(
                              progress=progress)
     typer.echo(format_metrics(metrics, f"{checkpoint} on {split}"))
     if json_path is not None:
+        from cocos.io import write_json
+
         write_json(json_path, metrics)
 
 

@@ -17,8 +17,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cocos.counting import COUNTERS
 from cocos.errors import CocosError
+
+
+def paper_losses() -> list[str]:
+    """The registered families that belong to a table of the COCOS paper (its four losses)."""
+    from cocos.objectives import OBJECTIVES
+
+    return [name for name, spec in OBJECTIVES.items() if spec.table]
 
 
 @dataclass
@@ -26,7 +32,7 @@ class DemoConfig:
     out: str = "reports/demo"
     data: str = "data/synth"
     checkpoints: str = "checkpoints/demo"
-    losses: list[str] = field(default_factory=lambda: list(COUNTERS))
+    losses: list[str] = field(default_factory=lambda: paper_losses())
     model: str = "vsepp"
     epochs: int = 8
     lr: float = 1e-3
@@ -74,13 +80,15 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True, log: Callable[[str], Non
     """Run the whole demo; returns the report folder."""
     from cocos.data.precomp import data_fingerprint
     from cocos.data.synth import make_synthetic
-    from cocos.report.analyze import analyze_checkpoint, write_analysis
+    from cocos.report.analyze import analyze_checkpoint
+    from cocos.report.folder import write_results_folder
     from cocos.report.merge import build_report, write_report
     from cocos.training.trainer import Trainer
 
+    from cocos.objectives import get_objective
+
     for loss in cfg.losses:
-        if loss not in COUNTERS:
-            raise CocosError(f"unknown loss '{loss}' (choose from {', '.join(COUNTERS)})")
+        get_objective(loss)
     from cocos.io import MARKER, check_output_dir, write_text
 
     for loss in cfg.losses:
@@ -106,10 +114,10 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True, log: Callable[[str], Non
         t1 = time.perf_counter()
         analysis = analyze_checkpoint(Path(train_cfg.out) / "model_best.pt", data, batch_size=cfg.batch_size,
                                       seed=cfg.seed, device=cfg.device, progress=False)
-        write_analysis(analysis, out / loss)
+        write_results_folder(analysis.results, analysis.run, out / loss, embeddings=analysis.embeddings)
         results_paths.append(out / loss / "results.json")
         timings[loss] = (t1 - t0, time.perf_counter() - t1)
-        log(f"[{loss}] test rsum {analysis.results['evaluation']['metrics']['rsum']:.1f}; "
+        log(f"[{loss}] test rsum {analysis.results.evaluation.metrics['rsum']:.1f}; "
             f"analysis in {timings[loss][1]:.1f} s")
     report = build_report(results_paths)
     write_report(report, out / "summary", readme=None)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
+from cocos_cli.main import app
 from cocos.counting.engine import EmbeddingSet, count_embeddings
 
 runner = CliRunner()

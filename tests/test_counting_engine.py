@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 
-from cocos.counting import count_batch
-from cocos.counting.aggregate import summarise
-from cocos.counting.engine import EmbeddingSet, count_embeddings
+import pandas as pd
+
+from cocos.counting import EmbeddingSet, count_batch, count_embeddings, count_queries
+from cocos.counting.engine import summarise
 from cocos.data.samplers import pair_batches, ranking_batches
 from cocos.errors import CocosError
 
@@ -21,37 +20,61 @@ def _world(n=60, k=5, d=12, noise=0.9, seed=0):
     return images, captions
 
 
-@pytest.mark.parametrize("compat", [False, True])
-def test_engine_matches_count_batch_on_the_same_batches(compat):
+def _batch_value(run, loss, d, mode, stat, b):
+    f = run.to_frame()
+    row = f[(f.loss == loss) & (f.direction == d) & (f["mode"] == mode) & (f.stat == stat) & (f.batch == b)]
+    own = row[row.eps.isna() | (row.eps == run.params[loss].get("eps", -1))]
+    assert len(own) == 1, (loss, d, mode, stat, b, len(own))
+    return float(own.value.iloc[0])
+
+
+def test_engine_matches_count_batch_on_the_same_batches_in_both_modes():
     images, captions = _world()
     emb = EmbeddingSet.from_arrays(images, captions)
-    run = count_embeddings(emb, batch_size=16, seed=5, compat=compat, chunk=3)
-    # pair batches: rebuild them with the public sampler
-    for b, (cap, img) in enumerate(pair_batches(emb.caption_image, 16, 5)):
-        for loss in ("triplet", "triplet_sh", "ntxent"):
-            ref = count_batch(images[img], captions[cap], loss, compat=compat,
-                              caption_image=np.arange(16), image_ids=img)
+    run = count_embeddings(emb, batch_size=16, seed=5, modes=["corrected", "compat"], chunk=3)
+    assert set(run.to_frame().columns) == {"loss", "direction", "mode", "eps", "batch", "stat", "value"}
+    for compat, mode in ((False, "corrected"), (True, "compat")):
+        # pair batches: rebuild them with the public sampler
+        for b, (cap, img) in enumerate(pair_batches(emb.caption_image, 16, 5)):
+            for loss in ("triplet", "triplet_sh", "ntxent"):
+                ref = count_batch(images[img], captions[cap], loss, compat=compat,
+                                  caption_image=np.arange(16), image_ids=img)
+                for d, stats in ref.items():
+                    for stat, value in stats.items():
+                        got = _batch_value(run, loss, d, mode, stat, b)
+                        assert got == pytest.approx(value, rel=1e-6, abs=1e-9, nan_ok=True), (loss, d, stat)
+        for b, img in enumerate(ranking_batches(len(images), 16, 5)):
+            cap = (img[:, None] * 5 + np.arange(5)).reshape(-1)
+            ref = count_batch(images[img], captions[cap], "smoothap", compat=compat)
             for d, stats in ref.items():
                 for stat, value in stats.items():
-                    got = run.batch_stats[loss][d][stat][b]
-                    assert got == pytest.approx(value, rel=1e-6, abs=1e-9, nan_ok=True), (loss, d, stat)
-    for b, img in enumerate(ranking_batches(len(images), 16, 5)):
-        cap = (img[:, None] * 5 + np.arange(5)).reshape(-1)
-        ref = count_batch(images[img], captions[cap], "smoothap", compat=compat)
-        for d, stats in ref.items():
-            for stat, value in stats.items():
-                got = run.batch_stats["smoothap"][d][stat][b]
-                assert got == pytest.approx(value, rel=1e-6, abs=1e-9, nan_ok=True), (d, stat)
+                    got = _batch_value(run, "smoothap", d, mode, stat, b)
+                    assert got == pytest.approx(value, rel=1e-6, abs=1e-9, nan_ok=True), (d, stat)
     assert run.n_batches == {"pair": 300 // 16, "ranking": 60 // 16}
 
 
+def test_summary_is_a_groupby_of_the_tidy_frame():
+    images, captions = _world()
+    run = count_embeddings(EmbeddingSet.from_arrays(images, captions), ["triplet", "ntxent"], batch_size=16)
+    f = run.to_frame()
+    s = run.summary().set_index(["loss", "direction", "mode", "stat"])
+    for (loss, d, stat), part in f.groupby(["loss", "direction", "stat"]):
+        values = part.value.to_numpy()
+        ok = values[~np.isnan(values)]
+        row = s.loc[(loss, d, "corrected", stat)]
+        assert row["mean"] == pytest.approx(ok.mean()) and row["std"] == pytest.approx(np.std(ok))  # ddof 0
+        assert (row["n"], row["n_skipped"]) == (len(ok), len(values) - len(ok))
+    nested = run.stats("corrected")
+    assert nested["ntxent"]["i2t"]["C_qv-"]["mean"] == pytest.approx(s.loc[("ntxent", "i2t", "corrected", "C_qv-")]["mean"])
+
+
 def test_summary_is_mean_and_population_std_with_skipped_batches():
-    values = np.array([1.0, 2.0, np.nan, 4.0])
-    s = summarise(values)
+    frame = pd.DataFrame({"loss": "x", "direction": "i2t", "mode": "corrected", "eps": np.nan, "batch": range(4),
+                          "stat": "C_q", "value": [1.0, 2.0, np.nan, 4.0]})
+    s = summarise(frame).iloc[0]
     assert s["mean"] == pytest.approx(7 / 3)
     assert s["std"] == pytest.approx(np.std([1.0, 2.0, 4.0]))  # ddof = 0
     assert (s["n"], s["n_skipped"]) == (3, 1)
-    assert summarise(np.array([np.nan]))["mean"] is None
 
 
 def test_same_seed_same_numbers_other_seed_other_batches():
@@ -60,31 +83,72 @@ def test_same_seed_same_numbers_other_seed_other_batches():
     a = count_embeddings(emb, ["ntxent"], batch_size=16, seed=1).summary()
     b = count_embeddings(emb, ["ntxent"], batch_size=16, seed=1).summary()
     c = count_embeddings(emb, ["ntxent"], batch_size=16, seed=2).summary()
-    assert a == b
-    assert a != c
+    pd.testing.assert_frame_equal(a, b)
+    assert not a["mean"].equals(c["mean"])
 
 
 def test_eps_sweep_at_the_default_matches_the_main_count():
     images, captions = _world()
     emb = EmbeddingSet.from_arrays(images, captions)
     run = count_embeddings(emb, ["ntxent", "smoothap", "triplet"], batch_size=16, sweep_eps=[0.001, 0.01, 0.1])
-    assert "triplet" not in run.sweep  # no threshold to sweep
+    f = run.to_frame()
+    assert f[f.loss == "triplet"].eps.isna().all()  # no threshold to sweep
+    sweep = run.sweep()
+    assert "triplet" not in sweep and list(sweep["ntxent"]["i2t"]) == ["0.001", "0.01", "0.1"]
     for loss, stat in (("ntxent", "C_qv-"), ("smoothap", "C_q")):
         for d in ("i2t", "t2i"):
-            main = run.batch_stats[loss][d][stat]
-            np.testing.assert_array_equal(run.sweep[loss][d]["0.01"][stat], main)
-            lo = run.sweep[loss][d]["0.001"][stat]
-            hi = run.sweep[loss][d]["0.1"][stat]
+            main = run.stats()[loss][d][stat]
+            assert sweep[loss][d]["0.01"][stat] == main
+            per_batch = {e: f[(f.loss == loss) & (f.direction == d) & (f.stat == stat) & (f.eps == e)]
+                         .sort_values("batch").value.to_numpy() for e in (0.001, 0.01, 0.1)}
             if loss == "ntxent":  # C_qv- is a plain mean over all queries: monotone per batch
-                assert (lo >= main).all() and (main >= hi).all()
+                assert (per_batch[0.001] >= per_batch[0.01]).all() and (per_batch[0.01] >= per_batch[0.1]).all()
 
 
-def test_per_query_values_are_kept_for_every_query():
+def test_per_query_rows_carry_the_item_of_each_query():
     images, captions = _world()
     emb = EmbeddingSet.from_arrays(images, captions)
-    run = count_embeddings(emb, ["triplet_sh", "smoothap"], batch_size=16)
-    assert run.per_query["triplet_sh"]["i2t"]["C_q"].shape == (18 * 16,)
-    assert run.per_query["smoothap"]["t2i"]["C_q"].shape == (3 * 16 * 5,)
+    run = count_embeddings(emb, ["triplet", "triplet_sh", "smoothap"], batch_size=16, seed=2,
+                           modes=["corrected", "compat"])
+    q = run.to_frame("query")
+    plan = run.plans["pair"]
+    for loss in ("triplet", "triplet_sh"):
+        t2i = q[(q.loss == loss) & (q.direction == "t2i") & (q["mode"] == "corrected")]
+        assert len(t2i) == 18 * 16 and t2i.item.is_unique  # every caption at most once per pass
+        assert (t2i.item_kind == "caption").all()
+        np.testing.assert_array_equal(t2i.sort_values(["batch", "query"]).item.to_numpy(), plan.captions.reshape(-1))
+        i2t = q[(q.loss == loss) & (q.direction == "i2t") & (q["mode"] == "corrected")]
+        np.testing.assert_array_equal(i2t.sort_values(["batch", "query"]).item.to_numpy(), plan.images.reshape(-1))
+    # the compat regrouping of Triplet t2i is per negative image, and says so
+    grouped = q[(q.loss == "triplet") & (q.direction == "t2i") & (q["mode"] == "compat")]
+    assert (grouped.item_kind == "image").all()
+    np.testing.assert_array_equal(grouped.sort_values(["batch", "query"]).item.to_numpy(), plan.images.reshape(-1))
+    smooth = q[(q.loss == "smoothap") & (q.direction == "t2i") & (q["mode"] == "corrected")]
+    assert len(smooth) == 3 * 16 * 5 and smooth.item.is_unique
+    np.testing.assert_array_equal(smooth.sort_values(["batch", "query"]).item.to_numpy(),
+                                  run.plans["ranking"].captions.reshape(-1))
+    # per-query values agree with count_queries on the same batch
+    cap, img = plan.captions[4], plan.images[4]
+    ref = count_queries(images[img], captions[cap], "triplet", caption_image=np.arange(16), image_ids=img)
+    got = q[(q.loss == "triplet") & (q.direction == "i2t") & (q["mode"] == "corrected") & (q.batch == 4)]
+    np.testing.assert_array_equal(got.sort_values("query").C_q.to_numpy(), ref["i2t"].per_query["C_q"].numpy())
+
+
+def test_smoothap_compat_averages_batches_without_a_contributing_query_as_zero():
+    # two clusters far apart: with tau tiny and a high eps nothing contributes in some batches
+    g = np.random.default_rng(1)
+    images = g.normal(size=(32, 8))
+    captions = np.repeat(images, 5, 0) + 0.01 * g.normal(size=(160, 8))
+    emb = EmbeddingSet.from_arrays(images, captions)
+    run = count_embeddings(emb, ["smoothap"], batch_size=8, params={"smoothap": {"tau": 0.001}}, eps=0.2,
+                           modes=["corrected", "compat"])
+    corrected, compat = run.stats("corrected")["smoothap"]["i2t"]["C_q"], run.stats("compat")["smoothap"]["i2t"]["C_q"]
+    assert corrected["n_skipped"] > 0 and compat["n_skipped"] == 0
+    assert compat["n"] == corrected["n"] + corrected["n_skipped"]
+    if corrected["n"]:
+        assert compat["mean"] == pytest.approx(corrected["mean"] * corrected["n"] / compat["n"])
+    else:
+        assert corrected["mean"] is None and compat["mean"] == 0.0
 
 
 @pytest.mark.parametrize("make, message", [
@@ -112,6 +176,6 @@ def test_irregular_captions_work_for_pair_batches_but_not_ranking():
     caption_image = np.r_[np.arange(10), np.zeros(10, dtype=int)]  # image 0 has 11 captions
     emb = EmbeddingSet.from_arrays(images, captions, caption_image)
     run = count_embeddings(emb, ["triplet"], batch_size=4)
-    assert not math.isnan(run.summary()["triplet"]["i2t"]["C_B"]["mean"])
+    assert run.stats()["triplet"]["i2t"]["C_B"]["mean"] is not None
     with pytest.raises(CocosError, match="same number of captions"):
         count_embeddings(emb, ["smoothap"], batch_size=4)

@@ -178,7 +178,7 @@ def _cli():
     pytest.importorskip("typer")
     from typer.testing import CliRunner
 
-    from cli.main import app
+    from cocos_cli.main import app
 
     return CliRunner(), app
 

@@ -6,7 +6,7 @@ import json
 
 from typer.testing import CliRunner
 
-from cli.main import app
+from cocos_cli.main import app
 
 runner = CliRunner()
 

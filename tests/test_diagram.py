@@ -10,7 +10,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from cli.main import app
+from cocos_cli.main import app
 from cocos.counting.engine import EmbeddingSet
 from cocos.data.samplers import pair_batches
 from cocos.errors import CocosError

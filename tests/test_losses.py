@@ -49,7 +49,7 @@ def plain_ntxent(s, tau):
 
 
 def plain_smoothap(s, k, tau):
-    """Paper Eq. 8 with the sigmoid rank (both directions summed), scalar Python."""
+    """Paper Eq. 8 with the sigmoid rank, the MEAN of both directions (as the published loss), scalar Python."""
     b, m = s.shape
 
     def sig(x):
@@ -65,7 +65,7 @@ def plain_smoothap(s, k, tau):
 
     i2t = np.mean([1 - ap(s[i], list(range(k * i, k * i + k))) for i in range(b)])
     t2i = np.mean([1 - ap(s[:, c], [c // k]) for c in range(m)])
-    return i2t + t2i
+    return (i2t + t2i) / 2
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

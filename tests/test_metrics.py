@@ -10,6 +10,8 @@ from cocos.training.metrics import (
     evaluate_sims,
     i2t_ranks,
     map_at_5,
+    mean_rank,
+    median_rank,
     r_precision,
     recall_at,
     t2i_ranks,
@@ -41,10 +43,16 @@ MAP5_HITS, MAP5_MINK = 1.7 / 3, 1.1 / 3
 # R-precision i2t (r = 2): top-2 of img 0 = c0 c3 -> 1/2; img 1 = c0 c3 -> 1/2; img 2 -> 0.
 # t2i (r = 1): only c0 is ranked first -> 1/6.
 RPREC = (1.0 / 3, 1.0 / 6)
+# Median / mean rank (VSE++: medr = floor(median(0-based ranks)) + 1, meanr = mean + 1):
+#   i2t ranks [0, 1, 4]: median 1 -> medr 2; mean 5/3 -> meanr 8/3.
+#   t2i ranks [0, 2, 2, 2, 1, 1] (sorted 0 1 1 2 2 2): median (1 + 2) / 2 = 1.5,
+#   floor -> 1, medr 2; mean 8/6 -> meanr 1 + 4/3 = 7/3.
+RANKS = {"i2t_medr": 2.0, "i2t_meanr": 8 / 3, "t2i_medr": 2.0, "t2i_meanr": 7 / 3}
 EXPECTED = {
     "i2t_R@1": 100 / 3, "i2t_R@5": 100.0, "i2t_R@10": 100.0,
     "t2i_R@1": 100 / 6, "t2i_R@5": 100.0, "t2i_R@10": 100.0,
     "rsum": 450.0, "mAP@5": MAP5_HITS, "i2t_Rprec": RPREC[0], "t2i_Rprec": RPREC[1],
+    **RANKS,
 }
 
 
@@ -68,6 +76,83 @@ def test_hand_made_evaluate_sims():
     assert all(type(v) is float for v in out.values())
     for key, value in EXPECTED.items():
         assert out[key] == pytest.approx(value), key
+
+
+def test_hand_made_median_and_mean_rank():
+    assert median_rank(I2T_RANKS) == 2.0 and mean_rank(I2T_RANKS) == pytest.approx(8 / 3)
+    assert median_rank(T2I_RANKS) == 2.0 and mean_rank(T2I_RANKS) == pytest.approx(7 / 3)
+    # the floor matters for an even count with a half-integer median: median 2.5 -> 3, not 3.5
+    assert median_rank([0, 2, 3, 9]) == 3.0 and mean_rank([0, 2, 3, 9]) == 4.5
+    # an odd count: median of [3, 0, 7] is 3 -> medr 4
+    assert median_rank([3, 0, 7]) == 4.0
+    out = evaluate_sims(SIMS, 2)
+    for key, value in RANKS.items():
+        assert type(out[key]) is float
+        assert out[key] == pytest.approx(value, rel=1e-15), key
+    with pytest.raises(CocosError, match="median"):
+        median_rank([])
+    with pytest.raises(CocosError, match="mean"):
+        mean_rank([])
+
+
+def vsepp_i2t(sims, k):
+    """VSE++'s ``evaluation.i2t`` loop (fartashf/vsepp), on a precomputed N x N*k matrix."""
+    npts = sims.shape[0]
+    ranks = np.zeros(npts)
+    for index in range(npts):
+        inds = np.argsort(sims[index])[::-1]
+        rank = 1e20
+        for i in range(k * index, k * index + k):
+            tmp = np.where(inds == i)[0][0]
+            if tmp < rank:
+                rank = tmp
+        ranks[index] = rank
+    r1, r5, r10 = (100.0 * len(np.where(ranks < K)[0]) / len(ranks) for K in (1, 5, 10))
+    medr = np.floor(np.median(ranks)) + 1
+    meanr = ranks.mean() + 1
+    return r1, r5, r10, medr, meanr
+
+
+def vsepp_t2i(sims, k):
+    """VSE++'s ``evaluation.t2i`` loop: caption ``k*index + i`` ranks the images."""
+    npts = sims.shape[0]
+    ranks = np.zeros(k * npts)
+    for index in range(npts):
+        for i in range(k):
+            inds = np.argsort(sims[:, k * index + i])[::-1]
+            ranks[k * index + i] = np.where(inds == index)[0][0]
+    r1, r5, r10 = (100.0 * len(np.where(ranks < K)[0]) / len(ranks) for K in (1, 5, 10))
+    medr = np.floor(np.median(ranks)) + 1
+    meanr = ranks.mean() + 1
+    return r1, r5, r10, medr, meanr
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 12), k=st.integers(1, 5), seed=st.integers(0, 2**32 - 1),
+       float32=st.booleans())
+def test_matches_vsepp_loops_without_ties(n, k, seed, float32):
+    rng = np.random.default_rng(seed)
+    # a permutation of distinct values: no ties, so argsort's order is unambiguous
+    sims = (rng.permutation(n * n * k).reshape(n, n * k) / (n * n * k)).astype(
+        np.float32 if float32 else np.float64)
+    out = evaluate_sims(sims, k)
+    for d, ref in (("i2t", vsepp_i2t(sims, k)), ("t2i", vsepp_t2i(sims, k))):
+        r1, r5, r10, medr, meanr = ref
+        assert out[f"{d}_R@1"] == pytest.approx(r1, rel=1e-12)
+        assert out[f"{d}_R@5"] == pytest.approx(r5, rel=1e-12)
+        assert out[f"{d}_R@10"] == pytest.approx(r10, rel=1e-12)
+        assert out[f"{d}_medr"] == medr, d
+        assert out[f"{d}_meanr"] == pytest.approx(meanr, rel=1e-12), d
+
+
+def test_matches_vsepp_loops_on_gaussian_scores():
+    rng = np.random.default_rng(7)
+    for n, k in ((1, 1), (2, 5), (9, 5), (40, 5), (31, 3)):
+        sims = rng.normal(size=(n, n * k))
+        assert len(np.unique(sims)) == sims.size  # continuous draws: no ties
+        out = evaluate_sims(sims, k)
+        for d, (_, _, _, medr, meanr) in (("i2t", vsepp_i2t(sims, k)), ("t2i", vsepp_t2i(sims, k))):
+            assert out[f"{d}_medr"] == medr and out[f"{d}_meanr"] == pytest.approx(meanr, rel=1e-12)
 
 
 def test_torch_input_matches_numpy():

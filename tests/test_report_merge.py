@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
+from cocos_cli.main import app
 from cocos.errors import CocosError
 from cocos.io import MARKER
 from cocos.report.merge import (

@@ -9,7 +9,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from cli.main import app
+from cocos_cli.main import app
 from cocos.data.precomp import PrecompSplit
 from cocos.data.synth import make_synthetic
 from cocos.errors import CocosError

@@ -8,7 +8,6 @@ gradient and is NaN for a batch where no query has one).
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -17,7 +16,7 @@ import torch
 from cocos.data.layout import QueryView
 from cocos.errors import CocosError
 
-DEFAULT_EPS = 0.01
+from cocos.objectives.spec import DEFAULT_EPS  # noqa: F401  (re-exported for the counters)
 COMPANIONS = ("N_eff", "N_invsimpson", "top1_share")
 
 
@@ -33,29 +32,27 @@ class Count:
     batch: dict[str, torch.Tensor]
     n_excluded: torch.Tensor
     weights: torch.Tensor | None = field(default=None, repr=False)
+    item_kind: str | None = None  # what a per-query entry is when not the query itself ("image": regrouped)
 
 
 class Counter:
-    """Base class: subclasses set ``name``, ``statistics`` and implement :meth:`count`."""
+    """Base class: subclasses implement :meth:`count` (and :meth:`sweep` if they use ``eps``).
 
-    name: ClassVar[str]
-    statistics: ClassVar[tuple[str, ...]]
+    A counter is built by its family's :class:`~cocos.objectives.Objective`, which
+    holds its name and statistics; the counting mode comes with the view.
+    """
+
     uses_eps: ClassVar[bool] = False  # whether the count depends on the threshold eps
 
     def params(self) -> dict:
         return {}
 
-    def count(self, view: QueryView, compat: bool = False) -> Count:
+    def count(self, view: QueryView) -> Count:
         raise NotImplementedError
 
-    def sweep(self, view: QueryView, eps_values, compat: bool = False) -> dict[float, Count]:
+    def sweep(self, view: QueryView, eps_values) -> dict[float, Count]:
         """Counts as a function of the threshold ``eps`` (for counters that use one)."""
-        raise CocosError(f"counter '{self.name}' has no threshold to sweep")
-
-    @classmethod
-    def create(cls, **params) -> Counter:
-        accepted = inspect.signature(cls.__init__).parameters
-        return cls(**{k: v for k, v in params.items() if v is not None and k in accepted})
+        raise CocosError(f"{type(self).__name__} has no threshold to sweep")
 
 
 def batch_counts(c_q: torch.Tensor) -> dict[str, torch.Tensor]:

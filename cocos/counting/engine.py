@@ -1,29 +1,50 @@
-"""Counting over a whole set of frozen embeddings.
+"""Counting over a whole set of frozen embeddings, with tidy results.
 
 With a frozen model every item's embedding is independent of the batch, so the
 training set is encoded once and batches are formed from the cache. Pair batches
 (Triplet, Triplet SH, NT-Xent) sample captions; ranking batches (SmoothAP) sample
 images with all their captions (:mod:`cocos.data.samplers`, seeded; the final
 short batch is dropped so that every batch has ``batch_size`` images). Many
-batches are stacked and counted in one tensor operation.
+batches are stacked and counted in one tensor operation, in every requested
+counting mode at once (the modes differ only in the views).
+
+The result, :class:`CountRun`, holds long tables (pandas DataFrames):
+
+* ``run.to_frame()``: one row per (loss, direction, mode, eps, batch, stat) with its
+  ``value``. ``eps`` is the counter's threshold (NaN for counters without one);
+  the eps sweep adds rows at the other thresholds (count statistics only).
+* ``run.to_frame("query")``: one row per (loss, direction, mode, batch, query) with
+  ``item`` (the dataset row of the query: image for i2t, caption for t2i; for the
+  compat Triplet t2i regrouping, the negative image, ``item_kind == "image"``) and
+  one column per per-query statistic.
+* ``run.summary()``: mean, population std (as ``numpy.std``), ``n`` and ``n_skipped``
+  (batches where the statistic is undefined) by ``groupby``.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
+import pandas as pd
 import torch
 
-from cocos.counting import COUNTERS, DIRECTIONS, get_counter
-from cocos.counting.aggregate import summarise_tree
-from cocos.data.layout import BatchLayout, _check_embeddings
+from cocos.data.layout import DIRECTIONS, BatchLayout, _check_embeddings
 from cocos.data.samplers import pair_batches, ranking_batches
 from cocos.errors import CocosError, check_params
-from cocos.losses import LOSSES
 from cocos.progress import progress_bar
 
 DEFAULT_SWEEP = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
+MODES = ("corrected", "compat")
+BATCH_COLUMNS = ["loss", "direction", "mode", "eps", "batch", "stat", "value"]
+KEYS = ["loss", "direction", "mode", "eps", "stat"]
+# Statistics that are undefined for some batches (no query with a gradient, no weight on any negative).
+MAY_BE_UNDEFINED = ("C_q", "N_eff", "N_invsimpson", "top1_share")
+
+
+def mode_of(compat: bool) -> str:
+    return "compat" if compat else "corrected"
 
 
 @dataclass
@@ -74,6 +95,10 @@ class EmbeddingSet:
     def n_images(self) -> int:
         return int(self.images.shape[0])
 
+    @property
+    def n_captions(self) -> int:
+        return int(self.captions.shape[0])
+
     def image_captions(self) -> np.ndarray:
         """``(N, k)`` caption indices per image; every image must have the same number."""
         counts = np.bincount(self.caption_image, minlength=self.n_images)
@@ -86,59 +111,183 @@ class EmbeddingSet:
         return order.reshape(self.n_images, counts[0])
 
 
+@dataclass(frozen=True)
+class BatchPlan:
+    """The batches of one layout: ``captions[b]`` (M,) and ``images[b]`` (B,) are dataset rows of batch ``b``."""
+
+    layout: str  # "pair" or "ranking"
+    captions: np.ndarray  # (n_batches, M)
+    images: np.ndarray  # (n_batches, B)
+
+    @property
+    def n_batches(self) -> int:
+        return int(len(self.captions))
+
+
+def make_plan(emb: EmbeddingSet, layout: str, batch_size: int, seed: int) -> BatchPlan:
+    if layout == "pair":
+        batches = pair_batches(emb.caption_image, batch_size, seed)
+        return BatchPlan("pair", np.stack([c for c, _ in batches]), np.stack([i for _, i in batches]))
+    image_captions = emb.image_captions()
+    img = np.stack(ranking_batches(emb.n_images, batch_size, seed))
+    return BatchPlan("ranking", image_captions[img].reshape(len(img), -1), img)
+
+
 @dataclass
 class CountRun:
-    """Per-batch statistics (and per-query values) of a sweep over an embedding set."""
+    """The tidy result of a sweep over an embedding set (see the module docstring)."""
 
-    batch_stats: dict = field(default_factory=dict)  # loss -> dir -> stat -> (n_batches,)
-    per_query: dict = field(default_factory=dict)  # loss -> dir -> stat -> (n_queries,)
-    sweep: dict = field(default_factory=dict)  # loss -> dir -> eps -> stat -> (n_batches,)
-    n_batches: dict = field(default_factory=dict)  # "pair" / "ranking" -> int
-    params: dict = field(default_factory=dict)  # loss -> counter params
+    batches: pd.DataFrame  # BATCH_COLUMNS
+    queries: pd.DataFrame | None  # per query; None unless kept
+    plans: dict[str, BatchPlan] = field(default_factory=dict)  # layout -> the batches that were counted
+    params: dict = field(default_factory=dict)  # loss -> counter parameters
+    layouts: dict = field(default_factory=dict)  # loss -> "pair" / "ranking"
+    labels: dict = field(default_factory=dict)  # loss -> label (for losses outside the registry)
+    batch_size: int = 128
+    seed: int = 0
 
-    def summary(self) -> dict:
-        return summarise_tree(self.batch_stats)
+    @property
+    def n_batches(self) -> dict[str, int]:
+        return {name: plan.n_batches for name, plan in self.plans.items()}
 
-    def sweep_summary(self) -> dict:
-        return summarise_tree(self.sweep)
+    @property
+    def losses(self) -> list[str]:
+        return list(self.params)
+
+    @property
+    def modes(self) -> list[str]:
+        return [m for m in MODES if m in set(self.batches["mode"])]
+
+    def to_frame(self, level: str = "batch") -> pd.DataFrame:
+        """``"batch"``: one row per (loss, direction, mode, eps, batch, stat); ``"query"``: one row per query."""
+        if level == "batch":
+            return self.batches
+        if level == "query":
+            if self.queries is None:
+                raise CocosError("per-query values were not kept (count with keep_per_query=True)")
+            return self.queries
+        raise CocosError(f"unknown level '{level}' (use batch or query)")
+
+    def summary(self) -> pd.DataFrame:
+        """Per (loss, direction, mode, eps, stat): ``mean``, ``std`` (population), ``n``, ``n_skipped``."""
+        return summarise(self.batches)
+
+    def main(self, mode: str) -> pd.DataFrame:
+        """Batch rows of one mode at each counter's own threshold (no sweep rows)."""
+        b = self.batches
+        own = b["eps"].isna() | (b["eps"] == b["loss"].map(lambda x: self.params[x].get("eps", np.nan)))
+        return b[own & (b["mode"] == mode)]
+
+    def stats(self, mode: str = "corrected") -> dict:
+        """``{loss: {direction: {stat: {mean, std, n, n_skipped}}}}`` of one mode (the results.json shape)."""
+        return nest(summarise(self.main(mode)), ["loss", "direction", "stat"])
+
+    def sweep(self, mode: str = "corrected") -> dict:
+        """``{loss: {direction: {eps: {stat: {...}}}}}`` for the counters with a threshold (eps as text)."""
+        b = self.batches
+        b = b[(b["mode"] == mode) & b["eps"].notna()]
+        swept = set(b.loc[b["eps"] != b["loss"].map(lambda x: self.params[x].get("eps")), "stat"])
+        b = b[b["stat"].isin(swept)].sort_values("eps", kind="stable")
+        b = b.assign(eps=b["eps"].map(lambda e: f"{e:g}"))
+        return nest(summarise(b), ["loss", "direction", "eps", "stat"])
 
 
-def _append(tree: dict, keys: tuple, values: dict) -> None:
-    node = tree
-    for key in keys:
-        node = node.setdefault(key, {})
-    for stat, v in values.items():
-        node.setdefault(stat, []).append(v.detach().to("cpu", torch.float64).numpy().reshape(-1))
+def summarise(batches: pd.DataFrame) -> pd.DataFrame:
+    """Mean, population std, ``n`` and ``n_skipped`` (NaN batches) of ``value`` per (loss, direction, mode, eps, stat)."""
+    keys = [k for k in KEYS if k in batches.columns]
+    g = batches.groupby(keys, dropna=False, sort=False, observed=True)["value"]
+    out = pd.DataFrame({"mean": g.mean(), "std": g.std(ddof=0), "n": g.count(), "size": g.size()})
+    out["n_skipped"] = out.pop("size") - out["n"]
+    return out.reset_index()
 
 
-def _concat(tree):
-    if isinstance(tree, dict):
-        return {k: _concat(v) for k, v in tree.items()}
-    return np.concatenate(tree)
+def _entry(row) -> dict:
+    def num(x):
+        return None if pd.isna(x) else float(x)
+
+    return {"mean": num(row["mean"]), "std": num(row["std"]) if row["n"] else None, "n": int(row["n"]),
+            "n_skipped": int(row["n_skipped"])}
 
 
-# Statistics that are undefined for some batches (no query with a gradient, no weight on any negative).
-MAY_BE_UNDEFINED = ("C_q", "N_eff", "N_invsimpson", "top1_share")
+def nest(summary: pd.DataFrame, keys: list[str]) -> dict:
+    """Summary rows as nested dicts ``{k1: {k2: ... {stat: entry}}}`` in row order."""
+    out: dict = {}
+    for _, row in summary.iterrows():
+        node = out
+        for k in keys[:-1]:
+            node = node.setdefault(str(row[k]), {})
+        node[str(row[keys[-1]])] = _entry(row)
+    return out
 
 
-def _check_defined(batch_stats: dict) -> None:
+class _Collector:
+    """Accumulates per-chunk tensors and builds the tidy frames once at the end."""
+
+    def __init__(self, keep_queries: bool) -> None:
+        self.batch = defaultdict(list)  # (loss, d, mode, eps, stat) -> [(n,) arrays]
+        self.queries = defaultdict(lambda: defaultdict(list))  # (loss, d, mode, kind) -> col -> [(n, Q)]
+        self.keep_queries = keep_queries
+
+    @staticmethod
+    def _np(x: torch.Tensor) -> np.ndarray:
+        return x.detach().to("cpu", torch.float64).numpy()
+
+    def add_batch(self, key: tuple, values: dict) -> None:
+        for stat, v in values.items():
+            self.batch[(*key, stat)].append(self._np(v).reshape(-1))
+
+    def add_queries(self, key: tuple, per_query: dict, items: np.ndarray) -> None:
+        node = self.queries[key]
+        node["item"].append(items)
+        for stat, v in per_query.items():
+            node[stat].append(self._np(v))
+
+    def frames(self) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+        parts = []
+        for (loss, d, mode, eps, stat), arrays in self.batch.items():
+            values = np.concatenate(arrays)
+            parts.append(pd.DataFrame({"loss": loss, "direction": d, "mode": mode, "eps": eps,
+                                       "batch": np.arange(len(values)), "stat": stat, "value": values}))
+        batches = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=BATCH_COLUMNS)
+        for col in ("loss", "direction", "mode", "stat"):
+            batches[col] = batches[col].astype(str)
+        queries = None
+        if self.keep_queries:
+            qparts = []
+            for (loss, d, mode, kind), cols in self.queries.items():
+                items = np.concatenate(cols.pop("item"))
+                nb, q = items.shape
+                frame = {"loss": loss, "direction": d, "mode": mode, "batch": np.repeat(np.arange(nb), q),
+                         "query": np.tile(np.arange(q), nb), "item_kind": kind, "item": items.reshape(-1)}
+                frame.update({stat: np.concatenate(arrs).reshape(-1) for stat, arrs in cols.items()})
+                qparts.append(pd.DataFrame(frame))
+            queries = pd.concat(qparts, ignore_index=True) if qparts else pd.DataFrame()
+        return batches, queries
+
+
+def _check_defined(batches: pd.DataFrame) -> None:
     """Any other NaN is a numerical failure, not a skipped batch: say so instead of averaging it away."""
-    for loss, by_dir in batch_stats.items():
-        for d, stats in by_dir.items():
-            for stat, values in stats.items():
-                if stat not in MAY_BE_UNDEFINED and np.isnan(values).any():
-                    batch = int(np.flatnonzero(np.isnan(values))[0])
-                    raise CocosError(f"{loss} {d} {stat} is not a number in batch {batch}")
+    bad = batches[batches["value"].isna() & ~batches["stat"].isin(MAY_BE_UNDEFINED)]
+    if len(bad):
+        row = bad.iloc[0]
+        raise CocosError(f"{row['loss']} {row['direction']} {row['stat']} is not a number in batch {row['batch']}")
+
+
+def _items(plan: BatchPlan, direction: str, kind: str, cap: np.ndarray, img: np.ndarray) -> np.ndarray:
+    """Dataset rows of the per-query entries of a chunk: images (i2t or grouped by image) or captions."""
+    return img if (direction == "i2t" or kind == "image") else cap
 
 
 def count_embeddings(
     emb: EmbeddingSet,
-    losses=tuple(COUNTERS),
+    losses=None,
     *,
     batch_size: int = 128,
     seed: int = 0,
     compat: bool = False,
+    modes=None,
     params: dict | None = None,
+    eps: float | None = None,
     sweep_eps=None,
     keep_per_query: bool = True,
     chunk: int = 32,
@@ -146,62 +295,76 @@ def count_embeddings(
 ) -> CountRun:
     """Count every loss in ``losses`` on seeded batches of ``emb``, both directions.
 
-    ``params`` maps a loss name to its counter parameters (``margin``, ``tau``,
-    ``eps``). ``sweep_eps``: thresholds for the eps sweep of the counters that use
-    one. Returns a :class:`CountRun`; ``run.summary()`` gives mean/std/n per stat.
+    ``losses``: registered names (default: all), :class:`~cocos.objectives.Objective`
+    specs, or callables ``(images, captions, caption_image=None) -> scalar`` (counted
+    by the generic autograd counter). ``params`` maps a loss name to its parameters
+    (e.g. ``{"ntxent": {"tau": 0.05}}``); ``eps`` is the threshold of every counter
+    that uses one (default 0.01). ``modes``: counting modes to run (``"corrected"``,
+    ``"compat"``), default the one ``compat`` says. ``sweep_eps``: thresholds of the
+    eps sweep. Returns a :class:`CountRun`.
     """
+    from cocos.objectives import names, resolve
+
     params = params or {}
-    losses = list(losses)
+    objectives = [resolve(x) for x in (names() if losses is None else list(losses))]
+    seen = [o.name for o in objectives]
+    if len(set(seen)) != len(seen):
+        raise CocosError(f"two losses share a name ({', '.join(seen)}); give each its own name")
+    modes = [mode_of(compat)] if modes is None else list(dict.fromkeys(modes))
+    for m in modes:
+        if m not in MODES:
+            raise CocosError(f"unknown counting mode '{m}' (use {', '.join(MODES)})")
     if sweep_eps is not None:
         for e in sweep_eps:
             check_params(eps=e)
-    for name in losses:
-        if name not in COUNTERS:
-            raise CocosError(f"unknown loss '{name}' (choose from {', '.join(COUNTERS)})")
-    counters = {name: get_counter(name, **params.get(name, {})) for name in losses}
-    run = CountRun(params={n: c.params() for n, c in counters.items()})
-    groups: dict[str, list[str]] = {}
-    for name in losses:
-        groups.setdefault(LOSSES[name].batch_layout, []).append(name)
-
-    plans = {}
-    if "pair" in groups:
-        batches = pair_batches(emb.caption_image, batch_size, seed)
-        plans["pair"] = (np.stack([c for c, _ in batches]), np.stack([i for _, i in batches]))
-    if "ranking" in groups:
-        image_captions = emb.image_captions()
-        img = np.stack(ranking_batches(emb.n_images, batch_size, seed))
-        plans["ranking"] = (image_captions[img].reshape(len(img), -1), img)
-    total = sum(len(p[0]) for p in plans.values())
-
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise CocosError(f"batch size must be a positive integer, got {batch_size!r}")
+    counters = {o.name: o.make_counter(eps=eps, **params.get(o.name, {})) for o in objectives}
+    unknown = sorted(set(params) - set(counters))
+    if unknown:
+        raise CocosError(f"parameters given for losses not counted: {', '.join(unknown)}")
+    by_layout: dict[str, list] = defaultdict(list)
+    for o in objectives:
+        by_layout[o.layout].append(o)
+    plans = {layout: make_plan(emb, layout, batch_size, seed) for layout in ("pair", "ranking") if by_layout[layout]}
+    collect = _Collector(keep_per_query)
+    total = sum(p.n_batches for p in plans.values())
     device = emb.images.device
     with progress_bar(total, "counting", enabled=progress) as advance:
-        for layout_name, (cap_idx, img_idx) in plans.items():
-            run.n_batches[layout_name] = len(cap_idx)
-            for start in range(0, len(cap_idx), chunk):
-                c = torch.as_tensor(cap_idx[start : start + chunk], device=device)
-                i = torch.as_tensor(img_idx[start : start + chunk], device=device)
+        for layout_name, plan in plans.items():
+            for start in range(0, plan.n_batches, chunk):
+                cap, img = plan.captions[start:start + chunk], plan.images[start:start + chunk]
+                c, i = torch.as_tensor(cap, device=device), torch.as_tensor(img, device=device)
                 scores = emb.images[i] @ emb.captions[c].transpose(-1, -2)  # (nb, B, M)
                 if layout_name == "pair":
                     layout = BatchLayout.build(batch_size, batch_size,
                                                torch.arange(batch_size, device=device), image_ids=i)
                 else:
                     layout = BatchLayout.build(batch_size, c.shape[-1], device=device)
-                for d in DIRECTIONS:
-                    view = layout.view(scores, d, compat)
-                    for name in groups[layout_name]:
-                        counter = counters[name]
-                        result = counter.count(view, compat=compat)
-                        _append(run.batch_stats, (name, d), result.batch)
-                        _append(run.batch_stats, (name, d), {"n_excluded": result.n_excluded})
-                        if keep_per_query:
-                            _append(run.per_query, (name, d), result.per_query)
-                        if sweep_eps is not None and counter.uses_eps:
-                            for eps, res in counter.sweep(view, sweep_eps, compat=compat).items():
-                                _append(run.sweep, (name, d, f"{eps:g}"), res.batch)
-                advance(len(c))
-    run.batch_stats = _concat(run.batch_stats)
-    _check_defined(run.batch_stats)
-    run.per_query = _concat(run.per_query)
-    run.sweep = _concat(run.sweep)
-    return run
+                for o in by_layout[layout_name]:
+                    counter = counters[o.name]
+                    s = scores
+                    if getattr(counter, "needs_embeddings", False):
+                        s = counter.gradients(emb.images[i], emb.captions[c], layout.caption_image)
+                    main_eps = counter.params().get("eps", np.nan) if o.uses_eps else np.nan
+                    for mode in modes:
+                        for d in DIRECTIONS:
+                            view = layout.view(s, d, mode == "compat")
+                            result = counter.count(view)
+                            key = (o.name, d, mode)
+                            collect.add_batch((*key, main_eps), {**result.batch, "n_excluded": result.n_excluded})
+                            if keep_per_query:
+                                kind = result.item_kind or ("image" if d == "i2t" else "caption")
+                                collect.add_queries((*key, kind), result.per_query,
+                                                    _items(plan, d, kind, cap, img))
+                            if sweep_eps is not None and o.uses_eps:
+                                for e, res in counter.sweep(view, sweep_eps).items():
+                                    if e != main_eps:
+                                        collect.add_batch((*key, e), res.batch)
+                advance(len(cap))
+    batches, queries = collect.frames()
+    _check_defined(batches)
+    return CountRun(batches=batches, queries=queries, plans=plans,
+                    params={n: c.params() for n, c in counters.items()},
+                    layouts={o.name: o.layout for o in objectives}, labels={o.name: o.label for o in objectives},
+                    batch_size=int(batch_size), seed=int(seed))

@@ -17,8 +17,6 @@ from cocos.losses.functional import ntxent_log_probs
 
 
 class NTXentCounter(Counter):
-    name = "ntxent"
-    statistics = ("C_qv-", "W_qv-", "W_qv+", "W_low")
     uses_eps = True
 
     def __init__(self, tau: float = 0.1, eps: float = DEFAULT_EPS) -> None:
@@ -49,9 +47,9 @@ class NTXentCounter(Counter):
         batch.update(comp_b)
         return Count({**per_query, **comp_q}, batch, view.n_excluded, weights=neg_p)
 
-    def count(self, view: QueryView, compat: bool = False) -> Count:
+    def count(self, view: QueryView) -> Count:
         return self._count(self.probabilities(view), view, self.eps)
 
-    def sweep(self, view: QueryView, eps_values, compat: bool = False) -> dict[float, Count]:
+    def sweep(self, view: QueryView, eps_values) -> dict[float, Count]:
         p = self.probabilities(view)
         return {float(e): self._count(p, view, float(e), extras=False) for e in eps_values}

@@ -9,7 +9,9 @@ derivative without its ``1/tau``, as in the published counter). Per query
 
 ``compat`` t2i reproduces the published counter: caption query ``q`` takes the rows
 ``k q .. k q + k - 1`` (those ``< B``) of its image-by-image matrix instead of the
-row of its own image, and divides by 1; for ``q >= B / k`` nothing is counted.
+row of its own image, and divides by 1; for ``q >= B / k`` nothing is counted. A batch
+where no query has a weight above ``eps`` gets ``C^q = 0`` in compat mode (the published
+counter averages that 0 in) and NaN otherwise (left out of the mean, reported as skipped).
 """
 
 from __future__ import annotations
@@ -23,8 +25,6 @@ from cocos.losses.functional import positive_index, smoothap_sigmoid
 
 
 class SmoothAPCounter(Counter):
-    name = "smoothap"
-    statistics = ("C_q", "C_0")
     uses_eps = True
 
     def __init__(self, tau: float = 0.01, eps: float = DEFAULT_EPS) -> None:
@@ -36,9 +36,9 @@ class SmoothAPCounter(Counter):
         return {"tau": self.tau, "eps": self.eps}
 
     @staticmethod
-    def anchors(view: QueryView, compat: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def anchors(view: QueryView) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(anchors, valid, divisor)``: which rows of the ``K x K`` matrix each query uses."""
-        if compat and view.direction == "t2i":
+        if view.compat and view.direction == "t2i":
             q, k_cand = view.scores.shape[-2:]
             k = view.group_size
             device = view.scores.device
@@ -52,9 +52,9 @@ class SmoothAPCounter(Counter):
         idx, valid = positive_index(view.pos)
         return idx, valid, valid.sum(-1).clamp(min=1).to(view.scores.dtype)
 
-    def pair_weights(self, view: QueryView, compat: bool = False):
+    def pair_weights(self, view: QueryView):
         """``w(a, b)`` of shape ``(..., Q, A, K)`` and the per-query divisor."""
-        rows, valid, divisor = self.anchors(view, compat)
+        rows, valid, divisor = self.anchors(view)
         g, one_minus_g, _ = smoothap_sigmoid(view, self.tau, rows, valid, complement=True)
         rank = 1.0 + g.sum(-1, keepdim=True)
         return g * one_minus_g / (rank * rank), divisor  # g is 0 wherever b is not a candidate
@@ -66,8 +66,11 @@ class SmoothAPCounter(Counter):
         c_0 = (c_q == 0).sum(-1).to(torch.float64)
         with_grad = c_q.shape[-1] - c_0
         c_b = c_q.sum(-1)
+        # No query with a weight above eps: corrected mode has no C^q for the batch (NaN, left out of
+        # the mean and counted as skipped); the published counter returns 0 and averages it in.
+        empty = 0.0 if view.compat else torch.nan
         batch = {
-            "C_q": torch.where(with_grad > 0, c_b / with_grad.clamp(min=1), torch.nan),
+            "C_q": torch.where(with_grad > 0, c_b / with_grad.clamp(min=1), empty),
             "C_0": c_0,
             "C_B": c_b,
         }
@@ -78,10 +81,10 @@ class SmoothAPCounter(Counter):
         batch.update(comp_b)
         return Count({"C_q": c_q, **comp_q}, batch, view.n_excluded, weights=neg_w)
 
-    def count(self, view: QueryView, compat: bool = False) -> Count:
-        w, divisor = self.pair_weights(view, compat)
+    def count(self, view: QueryView) -> Count:
+        w, divisor = self.pair_weights(view)
         return self._count(w, divisor, view, self.eps)
 
-    def sweep(self, view: QueryView, eps_values, compat: bool = False) -> dict[float, Count]:
-        w, divisor = self.pair_weights(view, compat)
+    def sweep(self, view: QueryView, eps_values) -> dict[float, Count]:
+        w, divisor = self.pair_weights(view)
         return {float(e): self._count(w, divisor, view, float(e), extras=False) for e in eps_values}

@@ -24,8 +24,6 @@ class TripletCounter(Counter):
     ``C^B`` is unchanged, ``C^0`` and ``C^q`` are computed over the ``C(i)``.
     """
 
-    name = "triplet"
-    statistics = ("C_q", "C_B", "C_0")
     hardest = False
 
     def __init__(self, margin: float = 0.2) -> None:
@@ -47,14 +45,14 @@ class TripletCounter(Counter):
             hit = hinge > 0
         return hit.sum(-2)
 
-    def count(self, view: QueryView, compat: bool = False) -> Count:
+    def count(self, view: QueryView) -> Count:
         v = self.violations(view)
         per_query_counts = v.sum(-1)
         if self.hardest:  # 1 if the hardest negative violates for any positive (0 or 1 per query)
             per_query_counts = (per_query_counts > 0).to(per_query_counts.dtype)
-        grouped = per_query_counts
-        if compat and not self.hardest and view.direction == "t2i":
-            grouped = v.sum(-2)  # by negative image
+        grouped, item_kind = per_query_counts, None
+        if view.compat and not self.hardest and view.direction == "t2i":
+            grouped, item_kind = v.sum(-2), "image"  # by negative image
         batch = batch_counts(grouped)
         comp_q, comp_b = companions(v)
         batch.update(comp_b)
@@ -63,6 +61,7 @@ class TripletCounter(Counter):
             batch=batch,
             n_excluded=view.n_excluded,
             weights=v,
+            item_kind=item_kind,
         )
 
 
@@ -73,5 +72,4 @@ class TripletSHCounter(TripletCounter):
     the hardest negative violates for any of them, as the definitions file says.
     """
 
-    name = "triplet_sh"
     hardest = True

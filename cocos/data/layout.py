@@ -139,7 +139,7 @@ class BatchLayout:
         if pos.shape != shape:
             pos, neg = pos.expand(shape).contiguous(), neg.expand(shape).contiguous()
         return QueryView(scores=scores.expand(shape).contiguous(), pos=pos, neg=neg, direction=direction,
-                         group_size=self.group_size)
+                         group_size=self.group_size, compat=compat)
 
 
 @dataclass(frozen=True)
@@ -147,7 +147,10 @@ class QueryView:
     """One direction of a batch: ``scores[..., q, v]`` of query ``q`` and candidate ``v``.
 
     ``pos``/``neg`` are the masks of positive and negative candidates; a candidate
-    in neither is excluded (a same-image pair outside compat mode).
+    in neither is excluded (a same-image pair outside compat mode). ``compat`` is
+    the counting mode, decided once when the view is made: the masks follow it and
+    every counter reads it from here (it is never passed separately), so a view
+    always gives the values of exactly one mode.
     """
 
     scores: torch.Tensor  # (..., Q, K)
@@ -155,6 +158,7 @@ class QueryView:
     neg: torch.Tensor  # (..., Q, K) bool
     direction: str
     group_size: int
+    compat: bool = False
 
     @property
     def candidates(self) -> torch.Tensor:

@@ -1,17 +1,17 @@
-"""A contrastive loss over both retrieval directions of a batch.
+"""A contrastive loss over both retrieval directions of a batch, built from a loss family's spec.
 
-A loss is the sum (or mean) of a *direction loss* over i2t and t2i, each computed
-on the :class:`~cocos.data.layout.QueryView` that the counters use too.
+The loss is the family's *direction loss* (its maths in :mod:`cocos.losses.functional`)
+on the i2t and t2i :class:`~cocos.data.layout.QueryView` of the batch (the views the
+counters use too), combined by the family's rule (sum or mean). A family given as a
+whole-batch callable is called as it is.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import torch
 from torch import nn
 
-from cocos.data.layout import DIRECTIONS, QueryView, batch_similarity
+from cocos.data.layout import DIRECTIONS, batch_similarity
 
 
 class ContrastiveLoss(nn.Module):
@@ -23,26 +23,30 @@ class ContrastiveLoss(nn.Module):
     same way the counter does; ``compat=True`` keeps them as negatives.
     """
 
-    name: ClassVar[str]
-    batch_layout: ClassVar[str] = "pair"  # "pair" or "ranking" (definitions file, Notation)
-    combine: ClassVar[str] = "sum"  # how the two directions are combined: "sum" or "mean"
-
-    def __init__(self, compat: bool = False) -> None:
+    def __init__(self, objective, compat: bool = False, **params) -> None:
         super().__init__()
-        self.compat = compat
+        self.objective = objective
+        self.name = objective.name
+        self.batch_layout = objective.layout
+        self.compat = bool(compat)
+        self._params = objective.params(**params)
+        for key, value in self._params.items():  # e.g. loss.margin, loss.tau
+            setattr(self, key, value)
 
     def params(self) -> dict:
         """Hyper-parameters as plain types (stored in checkpoints)."""
-        return {}
+        return dict(self._params)
 
-    def direction_loss(self, view: QueryView) -> torch.Tensor:
-        raise NotImplementedError
+    def direction_loss(self, view) -> torch.Tensor:
+        """The loss of one direction (a :class:`QueryView`), with this loss's parameters."""
+        return self.objective.direction_loss(view, **self._params)
 
     def forward(self, images, captions, caption_image=None, image_ids=None) -> torch.Tensor:
+        if self.objective.direction_loss is None:
+            return self.objective.batch_loss(images, captions, caption_image)
         scores, layout = batch_similarity(images, captions, caption_image, image_ids, check=False)
-        terms = [self.direction_loss(layout.view(scores, d, self.compat)) for d in DIRECTIONS]
-        total = terms[0] + terms[1]
-        return total / 2 if self.combine == "mean" else total
+        i2t, t2i = (self.direction_loss(layout.view(scores, d, self.compat)) for d in DIRECTIONS)
+        return self.objective.combine_directions(i2t, t2i)
 
     def extra_repr(self) -> str:
-        return ", ".join(f"{k}={v}" for k, v in self.params().items())
+        return ", ".join([f"name={self.name}", *(f"{k}={v}" for k, v in self._params.items())])

@@ -19,13 +19,28 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from cocos.io import atomic_path
-from cocos.report.tables import DIRECTIONS, MAIN_STAT, STAT_HEADERS, loss_name, order_losses
+from cocos.report.tables import DIRECTIONS, STAT_HEADERS
 
-DEFAULT_EPS = 0.01
+from cocos.objectives.spec import DEFAULT_EPS  # noqa: E402
 DPI = 150
 # Fixed metadata: no creation dates, so the same input gives the same bytes.
 _META = {"png": {"Software": "cocos"}, "pdf": {"Creator": "cocos", "Producer": "cocos", "CreationDate": None}}
-_COLORS = {"triplet": "#1f77b4", "triplet_sh": "#ff7f0e", "ntxent": "#2ca02c", "smoothap": "#d62728"}
+
+
+def _spec(loss: str, labels: Mapping | None = None) -> tuple[str, str, str]:
+    """``(label, colour, main statistic)`` of a loss from its spec (a grey ``C_q`` for losses outside the registry)."""
+    from cocos.objectives import OBJECTIVES
+
+    spec = OBJECTIVES.get(loss)
+    if spec is None:
+        return (labels or {}).get(loss, loss), "#7f7f7f", "C_q"
+    return spec.label, spec.color, spec.main_stat
+
+
+def _order(losses) -> list[str]:
+    from cocos.objectives import order
+
+    return order(losses)
 
 
 @dataclass
@@ -62,7 +77,8 @@ def _bins(values: np.ndarray) -> np.ndarray:
     return np.linspace(lo, hi, 31)
 
 
-def plot_count_distributions(per_query: Mapping, path_stem: str | os.PathLike) -> FigureOutput:
+def plot_count_distributions(per_query: Mapping, path_stem: str | os.PathLike, labels: Mapping | None = None,
+                             title: str | None = None) -> FigureOutput:
     """Histograms of the main per-query count, a grid of losses (rows) × directions (columns).
 
     ``per_query[loss][direction][stat]`` is a 1-D array (one value per query, all
@@ -71,16 +87,18 @@ def plot_count_distributions(per_query: Mapping, path_stem: str | os.PathLike) -
     queries with a gradient, as in the tables). ``data[(loss, direction)]`` holds
     the bar heights, bin edges and the lines' positions read back from the axes.
     """
-    losses = order_losses(per_query)
+    losses = _order(per_query)
     fig = Figure(figsize=(4.2 * len(DIRECTIONS), 2.8 * max(1, len(losses))), layout="constrained")
+    if title:
+        fig.suptitle(title, fontsize=10)
     axes = fig.subplots(max(1, len(losses)), len(DIRECTIONS), squeeze=False)
     data = {}
     for i, loss in enumerate(losses):
-        stat = MAIN_STAT.get(loss, "C_q")
+        name, color, stat = _spec(loss, labels)
         for j, d in enumerate(DIRECTIONS):
             ax = axes[i][j]
             raw = per_query.get(loss, {}).get(d, {}).get(stat)
-            ax.set_title(f"{loss_name(loss)}, {d}", fontsize=10)
+            ax.set_title(f"{name}, {d}", fontsize=10)
             ax.set_xlabel(f"{_stat_label(stat)} per query")
             ax.set_ylabel("queries")
             if raw is None:
@@ -88,7 +106,7 @@ def plot_count_distributions(per_query: Mapping, path_stem: str | os.PathLike) -
                 continue
             values = np.asarray(raw, dtype=np.float64).ravel()
             values = values[np.isfinite(values)]
-            heights, edges, _ = ax.hist(values, bins=_bins(values), color=_COLORS.get(loss, "grey"))
+            heights, edges, _ = ax.hist(values, bins=_bins(values), color=color)
             mean = float(values.mean()) if values.size else float("nan")
             line = ax.axvline(mean, color="black", linestyle="--", linewidth=1,
                               label=f"mean {mean:.2f} (all queries)")
@@ -107,7 +125,8 @@ def plot_count_distributions(per_query: Mapping, path_stem: str | os.PathLike) -
     return FigureOutput(save_figure(fig, path_stem), data)
 
 
-def plot_eps_sweep(sweep: Mapping, path_stem: str | os.PathLike) -> FigureOutput:
+def plot_eps_sweep(sweep: Mapping, path_stem: str | os.PathLike, labels: Mapping | None = None,
+                   title: str | None = None) -> FigureOutput:
     """Count vs ε (log x), one line per loss × direction; the default ε = 0.01 marked.
 
     ``sweep[loss][direction][eps][stat] = {"mean", "std", "n", "n_skipped"}`` (the
@@ -117,8 +136,8 @@ def plot_eps_sweep(sweep: Mapping, path_stem: str | os.PathLike) -> FigureOutput
     fig = Figure(figsize=(6, 4), layout="constrained")
     ax = fig.add_subplot()
     data = {}
-    for loss in order_losses(sweep):
-        stat = MAIN_STAT.get(loss, "C_q")
+    for loss in _order(sweep):
+        name, color, stat = _spec(loss, labels)
         for d, style in zip(DIRECTIONS, ("-", "--"), strict=False):
             points = sweep[loss].get(d) or {}
             xy = sorted((float(eps), (entry.get(stat) or {}).get("mean")) for eps, entry in points.items())
@@ -126,47 +145,43 @@ def plot_eps_sweep(sweep: Mapping, path_stem: str | os.PathLike) -> FigureOutput
             if not xy:
                 continue
             x, y = (np.array(v, dtype=np.float64) for v in zip(*xy, strict=True))
-            (line,) = ax.plot(x, y, style, marker="o", markersize=3, color=_COLORS.get(loss, "grey"),
-                              label=f"{loss_name(loss)} {d} ({_stat_label(stat)})")
+            (line,) = ax.plot(x, y, style, marker="o", markersize=3, color=color,
+                              label=f"{name} {d} ({_stat_label(stat)})")
             data[(loss, d)] = (np.asarray(line.get_xdata(), dtype=np.float64),
                                np.asarray(line.get_ydata(), dtype=np.float64))
     ax.axvline(DEFAULT_EPS, color="black", linestyle=":", linewidth=1, label=f"default ε = {DEFAULT_EPS}")
     ax.set_xscale("log")
     ax.set_xlabel("threshold ε")
     ax.set_ylabel("contributing candidates per query")
-    ax.set_title("COCOS vs threshold ε")
+    ax.set_title(title or "COCOS vs threshold ε")
     ax.legend(fontsize=8, frameon=False)
     data["default_eps"] = DEFAULT_EPS
     return FigureOutput(save_figure(fig, path_stem), data)
 
 
-def plot_cocos_vs_rsum(rows: Sequence[tuple[str, float, float]], path_stem: str | os.PathLike,
-                       direction: str = "i2t") -> FigureOutput:
-    """Scatter of each model's COCOS (main count of its own loss) against its rsum, labelled points.
+def plot_cocos_vs_rsum(rows, path_stem: str | os.PathLike, direction: str = "i2t") -> FigureOutput:
+    """Scatter of each model's COCOS (main count of its own loss) against its rsum, a colour per loss.
 
-    ``rows``: ``(label, rsum, cocos)`` (e.g. from
-    :func:`cocos.report.merge.cocos_vs_rsum_rows`). ``data["points"]`` is the
-    ``(n, 2)`` array ``(cocos, rsum)`` read back from the scatter, ``data["labels"]``
-    the annotations.
+    ``rows``: the tidy frame of :func:`cocos.report.merge.cocos_vs_rsum_rows` (label, loss, direction,
+    stat, rsum, cocos). ``data["points"]`` is the ``(n, 2)`` array ``(cocos, rsum)`` read back from the
+    scatter, ``data["labels"]`` the annotations.
     """
     fig = Figure(figsize=(6, 4.5), layout="constrained")
     ax = fig.add_subplot()
-    rows = list(rows)
-    if rows:
-        x = np.array([float(r[2]) for r in rows])
-        y = np.array([float(r[1]) for r in rows])
-        coll = ax.scatter(x, y, color="#1f77b4", zorder=3)
-        for label, rsum, cocos in rows:
-            ax.annotate(label, (float(cocos), float(rsum)), textcoords="offset points", xytext=(4, 4),
-                        fontsize=7)
-        points = np.asarray(coll.get_offsets(), dtype=np.float64)
-    else:
-        ax.text(0.5, 0.5, "no results with both rsum and COCOS", ha="center", va="center",
-                transform=ax.transAxes)
-        points = np.zeros((0, 2))
-    ax.set_xlabel(f"COCOS ({direction}, C^q of the training loss; C^qv- for NT-Xent)")
+    rows = rows[rows["direction"] == direction] if len(rows) else rows
+    points, labels = [], []
+    for _, r in rows.iterrows():
+        name, color, stat = _spec(r["loss"])
+        coll = ax.scatter([r["cocos"]], [r["rsum"]], color=color, zorder=3)
+        points.append(np.asarray(coll.get_offsets(), dtype=np.float64)[0])
+        ax.annotate(r["label"], (float(r["cocos"]), float(r["rsum"])), textcoords="offset points", xytext=(4, 4),
+                    fontsize=7)
+        labels.append(r["label"])
+    if not len(rows):
+        ax.text(0.5, 0.5, "no results with both rsum and COCOS", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel(f"COCOS ({direction}, main count of the training loss)")
     ax.set_ylabel("rsum (test)")
     ax.set_title("COCOS at the selected checkpoint vs retrieval")
     ax.grid(True, linewidth=0.3)
-    labels = [t.get_text() for t in ax.texts if t.get_text() in {r[0] for r in rows}]
-    return FigureOutput(save_figure(fig, path_stem), {"points": points, "labels": labels})
+    data = {"points": np.array(points).reshape(-1, 2), "labels": labels}
+    return FigureOutput(save_figure(fig, path_stem), data)

@@ -1,45 +1,47 @@
-"""``cocos report RESULTS...``: load many ``results.json``, group them, build the paper's tables.
+"""The one table builder: Table 1 and the paper's Tables 2-4 for one result or many.
 
-Grouping uses only the metadata inside each file (never its name): dataset =
-``data.name``, model = ``model.kind``, training loss = ``training.loss``; the
-files of a group are seeds (``training.seed``) of one experiment.
+Results (:class:`~cocos.report.results.Results`, from ``cocos analyze`` or ``cocos
+count``) are grouped by their metadata, never by file name: dataset =
+``data.name``, model = ``model.label``, training loss = ``training.loss`` (none for
+``cocos count``). The results of a group are replicates (seeds: the training seed
+of a checkpoint, the counting seed of an embeddings file). One result is a group
+of one, so ``cocos analyze``, ``cocos count`` and ``cocos report`` share this code.
 
-Cells over seeds
-----------------
-* Table 1 (retrieval): mean ± population std (``numpy.std``) over seeds of each
-  checkpoint's test metric; with a single seed the value alone (``n = 1``).
-* Tables 2-4 (COCOS): each group shows the counter of its OWN training loss. A
-  checkpoint's statistic is already a mean over training-set batches; the cell is
-  the mean over seeds of those per-checkpoint means ± the population std over
-  seeds of the same means. With a single seed the cell is that checkpoint's batch
-  mean ± batch std, and a footnote says so.
+Rows of a COCOS table are (group, counter) pairs. Which counters a group shows:
+``counters="all"``, every counter it was counted with; ``"own"`` (``cocos report``),
+its training loss's counter, and every counter for results without a training
+loss. Each loss family's spec says which paper table it belongs to and which
+statistics that table shows; families without a paper table get a table of
+their own. Nothing here names a loss.
+
+Cells over replicates
+---------------------
+* Table 1: mean ± population std (``numpy.std``) over seeds; a single seed shows its value.
+* COCOS tables: a result's statistic is already a mean over training-set batches.
+  With one result the cell is its batch mean ± batch std; with several, the mean
+  over seeds of those means ± their population std over seeds, and a note says so.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections import Counter, defaultdict
+from collections import Counter as Tally
+from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
 
 import numpy as np
+import pandas as pd
 
 from cocos.errors import CocosError
+from cocos.report.results import Results
 from cocos.report.tables import (
     COMPANION_STATS,
     DIRECTIONS,
-    LOSS_ORDER,
-    MAIN_STAT,
-    PAPER_STATS,
-    RETRIEVAL_COLUMNS,
     RETRIEVAL_KEYS,
-    SMOOTHAP_ARTEFACT,
-    SMOOTHAP_ARTEFACT_TEX,
     STAT_HEADERS,
-    TRIPLET_COMPAT,
-    TRIPLET_COMPAT_TEX,
     Cell,
     Column,
     Footnote,
@@ -49,96 +51,62 @@ from cocos.report.tables import (
     differs,
     fmt,
     latex_escape,
-    loss_name,
-    mode_name,
-    model_name,
 )
 
-# Keys every results file must have (dotted paths).
-REQUIRED_KEYS = ("data.name", "data.fingerprint", "model.kind", "training.loss", "training.seed",
-                 "counting.compat", "stats", "evaluation.metrics")
 DATASET_NAMES = {"f30k": "Flickr30k", "f30k_precomp": "Flickr30k", "flickr30k": "Flickr30k",
                  "coco": "MS-COCO", "coco_precomp": "MS-COCO", "mscoco": "MS-COCO"}
-SOURCE = "_source"
-LABELS = ("Dataset", "Model", "Loss")  # key added by load_results: the file a result came from
+RETRIEVAL_COLUMNS = tuple(Column(name, group) for group, name, _ in RETRIEVAL_KEYS)
+NO_LOSS = "-"  # the training-loss label of a result without one (cocos count)
 
 
-# --------------------------------------------------------------------------- loading
-
-
-def _has(tree, dotted: str) -> bool:
-    for key in dotted.split("."):
-        if not isinstance(tree, dict) or key not in tree:
-            return False
-        tree = tree[key]
-    return True
-
-
-def load_result(path: str | os.PathLike) -> dict:
-    """One ``results.json`` as a dict (plus ``_source``); a bad file is one CocosError line naming it."""
-    path = Path(path)
-    if not path.exists():
-        raise CocosError(f"{path}: no such file")
-    if path.is_dir():
-        raise CocosError(f"{path}: is a folder, not a results.json file")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CocosError(f"{path}: cannot be read ({type(exc).__name__})") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        where = f"line {exc.lineno} column {exc.colno}"
-        raise CocosError(f"{path}: invalid JSON ({exc.msg} at {where})") from None
-    if not isinstance(data, dict):
-        raise CocosError(f"{path}: not a cocos results file (top level is a {type(data).__name__}, "
-                         "expected an object)")
-    missing = [k for k in REQUIRED_KEYS if not _has(data, k)]
-    if missing:
-        raise CocosError(f"{path}: not a cocos results file (missing {', '.join(missing)})")
-    if not isinstance(data["stats"], dict) or not isinstance(data["evaluation"]["metrics"], dict):
-        raise CocosError(f"{path}: not a cocos results file ('stats', 'evaluation.metrics' must be objects)")
-    if "alt_stats" in data and data["alt_stats"] is not None and not isinstance(data["alt_stats"], dict):
-        raise CocosError(f"{path}: not a cocos results file ('alt_stats' must be an object)")
-    return {**data, SOURCE: str(path)}
-
-
-def load_results(paths: Iterable[str | os.PathLike]) -> list[dict]:
-    paths = list(paths)
-    if not paths:
-        raise CocosError("no results files given")
-    return [load_result(p) for p in paths]
-
-
-# --------------------------------------------------------------------------- grouping
+def mode_name(compat: bool) -> str:
+    return "compat (published counter)" if compat else "corrected"
 
 
 def dataset_name(name: str) -> str:
     return DATASET_NAMES.get(name, name)
 
 
-def _dataset_rank(name: str) -> tuple[int, str]:
-    shown = dataset_name(name)
-    order = {"Flickr30k": 0, "MS-COCO": 1}
-    return (order.get(shown, 2), name)
+def loss_label(name: str | None, results: Results | None = None) -> str:
+    from cocos.objectives import OBJECTIVES
+
+    if name is None:
+        return NO_LOSS
+    if name in OBJECTIVES:
+        return OBJECTIVES[name].label
+    if results is not None:
+        return results.counting.labels.get(name, name)
+    return name
 
 
-def _loss_rank(loss: str) -> tuple[int, str]:
-    return (LOSS_ORDER.index(loss) if loss in LOSS_ORDER else len(LOSS_ORDER), loss)
+def load_results(paths: Iterable[str | os.PathLike]) -> list[Results]:
+    """``results.json`` files, and folders (every ``results.json`` below them, sorted)."""
+    files: list[Path] = []
+    for p in paths:
+        p = Path(p)
+        if p.is_dir():
+            found = sorted(p.rglob("results.json"))
+            if not found:
+                raise CocosError(f"{p}: a folder without any results.json")
+            files += found
+        else:
+            files.append(p)
+    if not files:
+        raise CocosError("no results files given")
+    return [Results.read(f) for f in files]
+
+
+# --------------------------------------------------------------------------- grouping
 
 
 @dataclass
 class Group:
-    """The results (seeds) of one experiment: dataset × model × training loss."""
+    """The replicates of one experiment: dataset × model × training loss."""
 
     dataset: str
     model: str
-    loss: str
-    results: list[dict] = field(default_factory=list)
-
-    @property
-    def seeds(self) -> list[int]:
-        return [r["training"]["seed"] for r in self.results]
+    loss: str | None
+    results: list[Results] = field(default_factory=list)
 
     @property
     def n(self) -> int:
@@ -146,170 +114,148 @@ class Group:
 
     @property
     def labels(self) -> tuple[str, str, str]:
-        return (dataset_name(self.dataset), model_name(self.model), loss_name(self.loss))
+        return (dataset_name(self.dataset), self.model, loss_label(self.loss, self.results[0]))
 
     @property
     def name(self) -> str:
-        return f"{self.dataset}/{self.model}/{self.loss}"
+        return f"{self.dataset}/{self.model}/{self.loss or NO_LOSS}"
+
+    def counters(self, which: str = "own") -> list[str]:
+        """The counters this group shows (see the module docstring), in registry order."""
+        from cocos.objectives import order
+
+        counted = [n for n in self.results[0].counting.losses]
+        if which == "own" and self.loss is not None:
+            return [self.loss] if self.loss in counted else []
+        return order(counted)
 
     def sort_key(self):
-        return (_dataset_rank(self.dataset), self.model, _loss_rank(self.loss))
+        from cocos.objectives import names
+
+        known = names()
+        rank = known.index(self.loss) if self.loss in known else len(known)
+        shown = dataset_name(self.dataset)
+        return ({"Flickr30k": 0, "MS-COCO": 1}.get(shown, 2), self.dataset, self.model, rank, self.loss or "")
 
 
-def _source(result: dict) -> str:
-    return str(result.get(SOURCE, "?"))
+def _counting_settings(r: Results) -> str:
+    c = r.counting
+    return f"batch {c.batch_size}, params {json.dumps(c.params, sort_keys=True)}"
 
 
-def _counting_settings(result: dict) -> str:
-    """What must be equal for two results to be replicates: counting batch size and counter parameters."""
-    c = result["counting"]
-    return f"batch {c.get('batch_size')}, params {json.dumps(c.get('params', {}), sort_keys=True)}"
-
-
-def group_results(results: Sequence[dict]) -> tuple[list[Group], list[str]]:
-    """Group by (data.name, model.kind, training.loss); seeds are replicates.
-
-    Returns the groups (sorted dataset, model, loss in the paper's order) and
-    warnings: a seed twice in one group, different data fingerprints under one
-    dataset name, different counting modes across the files.
-    """
-    seen: dict[str, str] = {}
-    for r in results:  # the same analysis twice would pose as two seeds
-        sha = str(r.get("checkpoint", {}).get("sha256", ""))
-        if sha and sha in seen:
-            raise CocosError(f"{_source(r)}: analyses the same checkpoint as {seen[sha]}; give each once")
-        seen[sha] = _source(r)
-    by_key: dict[tuple[str, str, str], Group] = {}
+def group_results(results: Sequence[Results]) -> tuple[list[Group], list[str]]:
+    """Group by (dataset, model label, training loss); returns the sorted groups and warnings."""
+    seen: dict[tuple, str] = {}
+    for r in results:  # the same analysis twice would pose as two replicates
+        key = (r.source.sha256, r.counting.seed, r.counting.batch_size)
+        if r.source.sha256 and key in seen:
+            raise CocosError(f"{r.where}: counts the same {'checkpoint' if r.source.kind == 'analyze' else 'file'} "
+                             f"with the same seed as {seen[key]}; give each once")
+        seen[key] = r.where
+    by_key: dict[tuple, Group] = {}
     for r in results:
-        key = (str(r["data"]["name"]), str(r["model"]["kind"]), str(r["training"]["loss"]))
+        loss = r.training.loss if r.training is not None else None
+        key = (r.data.name, r.model.label, loss)
         by_key.setdefault(key, Group(*key)).results.append(r)
     groups = sorted(by_key.values(), key=Group.sort_key)
-    for g in groups:  # replicates must be counted alike, or their mean means nothing
-        settings = {_counting_settings(r) for r in g.results}
-        if len(settings) > 1:
-            which = " vs ".join(sorted(settings))
-            raise CocosError(f"{g.name}: results were counted with different settings ({which}); "
-                             "analyse them alike (batch size, eps, margin/tau) before merging")
     warnings: list[str] = []
     for g in groups:
-        g.results.sort(key=lambda r: (str(r["training"]["seed"]), _source(r)))
-        counts = Counter(str(s) for s in g.seeds)
-        for seed, n in sorted(counts.items()):
+        settings = {_counting_settings(r) for r in g.results}
+        if len(settings) > 1:
+            raise CocosError(f"{g.name}: results were counted with different settings ({' vs '.join(sorted(settings))});"
+                             " count them alike (batch size, eps, margin/tau) before merging")
+        g.results.sort(key=lambda r: (r.replicate, r.where))
+        for seed, n in sorted(Tally(r.replicate for r in g.results).items()):
             if n > 1:
-                files = ", ".join(_source(r) for r in g.results if str(r["training"]["seed"]) == seed)
-                warnings.append(f"{g.name}: seed {seed} appears {n} times ({files}); "
-                                "each file is used as a separate replicate")
+                files = ", ".join(r.where for r in g.results if r.replicate == seed)
+                warnings.append(f"{g.name}: seed {seed} appears {n} times ({files}); each file is used as a "
+                                "separate replicate")
     fingerprints: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
     for g in groups:
         for r in g.results:
-            fingerprints[g.dataset][str(r["data"]["fingerprint"])].append(f"{g.model}/{g.loss}")
+            fingerprints[g.dataset][r.data.fingerprint].append(f"{g.model}/{g.loss or NO_LOSS}")
     for dataset, fps in fingerprints.items():
         if len(fps) > 1:
-            parts = "; ".join(f"{fp} in {', '.join(sorted(set(who)))}" for fp, who in sorted(fps.items()))
+            parts = "; ".join(f"{fp[:12]} in {', '.join(sorted(set(who)))}" for fp, who in sorted(fps.items()))
             warnings.append(f"dataset '{dataset}': results carry different data fingerprints ({parts}); "
                             "they may not be counted on the same data")
-    modes = {bool(r["counting"]["compat"]) for r in results}
-    if len(modes) > 1:
+    if len({r.counting.compat for r in results}) > 1:
         warnings.append("results were counted in different modes (compat and corrected); each file's own "
                         "mode is shown unless a mode is chosen")
     return groups, warnings
 
 
-# --------------------------------------------------------------------------- aggregation
+# --------------------------------------------------------------------------- statistics as a long table
 
 
-def seed_summary(values: Sequence[float | None]) -> tuple[float | None, float | None, int]:
-    """Mean and population std over the non-missing values, and how many there were."""
-    ok = np.array([float(v) for v in values if v is not None and not np.isnan(float(v))], dtype=np.float64)
-    if ok.size == 0:
-        return None, None, 0
-    return float(ok.mean()), float(ok.std()), int(ok.size)
-
-
-def select_stats(result: dict, compat: bool | None = None) -> tuple[dict, dict | None, bool]:
-    """``(shown, other, shown_is_compat)``: the statistics of the requested mode and the other mode.
-
-    ``compat=None`` shows the mode the file was counted in (``stats``).
-    """
-    own = bool(result["counting"]["compat"])
-    alt = result.get("alt_stats") or None
+def select_stats(r: Results, compat: bool | None = None) -> tuple[dict, dict | None, bool]:
+    """``(shown, other, shown_is_compat)``; ``compat=None`` shows the mode the file was counted in."""
+    own = bool(r.counting.compat)
     if compat is None or compat == own:
-        return result["stats"], alt, own
-    if alt is None:
-        raise CocosError(f"{_source(result)}: has no {mode_name(compat)} statistics "
-                         f"(counted {mode_name(own)} and no alt_stats)")
-    return alt, result["stats"], compat
+        return r.stats, r.alt_stats, own
+    if r.alt_stats is None:
+        raise CocosError(f"{r.where}: has no {mode_name(compat)} statistics (counted {mode_name(own)} only)")
+    return r.alt_stats, r.stats, compat
 
 
-def _entry(stats: dict | None, loss: str, direction: str, stat: str) -> dict | None:
-    try:
-        entry = stats[loss][direction][stat]  # type: ignore[index]
-    except (KeyError, TypeError):
-        return None
-    return entry if isinstance(entry, dict) else None
+def stat_frame(groups: Sequence[Group], compat: bool | None = None) -> pd.DataFrame:
+    """One row per (group, replicate, counter, direction, stat, which) with mean, std, n, n_skipped.
 
-
-def group_stat(group: Group, loss: str, direction: str, stat: str, compat: bool | None = None,
-               other: bool = False) -> dict | None:
-    """``{"mean", "std", "n"}`` of one statistic for a group (see the module docstring).
-
-    ``other=True`` aggregates the other counting mode instead (None if any file lacks it).
+    ``which`` is ``"shown"`` (the selected mode) or ``"other"`` (the other mode).
     """
-    entries = []
-    for r in group.results:
-        shown, alt, _ = select_stats(r, compat)
-        e = _entry(alt if other else shown, loss, direction, stat)
-        if other and e is None:
-            return None
-        entries.append(e or {})
-    if len(entries) == 1:
-        e = entries[0]
-        return {"mean": e.get("mean"), "std": e.get("std"), "n": 1 if e.get("mean") is not None else 0}
-    mean, std, n = seed_summary([e.get("mean") for e in entries])
-    return {"mean": mean, "std": std, "n": n}
+    rows = []
+    for gi, g in enumerate(groups):
+        for ri, r in enumerate(g.results):
+            shown, other, is_compat = select_stats(r, compat)
+            for which, tree in (("shown", shown), ("other", other)):
+                for loss, by_dir in (tree or {}).items():
+                    for d, stats in by_dir.items():
+                        for stat, e in stats.items():
+                            rows.append({"group": gi, "replicate": ri, "counter": loss, "direction": d,
+                                         "stat": stat, "which": which, "compat": is_compat != (which == "other"),
+                                         "mean": np.nan if e.get("mean") is None else float(e["mean"]),
+                                         "std": np.nan if e.get("std") is None else float(e["std"]),
+                                         "n": int(e.get("n", 0)), "n_skipped": int(e.get("n_skipped", 0))})
+    return pd.DataFrame(rows, columns=["group", "replicate", "counter", "direction", "stat", "which", "compat",
+                                       "mean", "std", "n", "n_skipped"])
 
 
-def _modes(groups: Sequence[Group], compat: bool | None) -> set[bool]:
-    return {select_stats(r, compat)[2] for g in groups for r in g.results}
-
-
-def _mode_title(groups: Sequence[Group], compat: bool | None) -> str:
-    modes = _modes(groups, compat)
-    if len(modes) == 1:
-        return f"{mode_name(modes.pop())} counting"
-    return "mixed counting modes (each file's own)"
+def aggregate(frame: pd.DataFrame, groups: Sequence[Group]) -> pd.DataFrame:
+    """Cells per (group, counter, direction, stat, which): one replicate keeps its batch mean ± std;
+    several give the mean over replicates ± the population std over replicates."""
+    keys = ["group", "counter", "direction", "stat", "which"]
+    g = frame.groupby(keys, sort=False)
+    out = pd.DataFrame({
+        "replicates": g["mean"].size(),
+        "seed_mean": g["mean"].mean(),
+        "seed_std": g["mean"].std(ddof=0),
+        "first_mean": g["mean"].first(),
+        "first_std": g["std"].first(),
+        "n_skipped": g["n_skipped"].sum(),
+        "n_batches": g["n"].sum() + g["n_skipped"].sum(),
+    }).reset_index()
+    size = out["group"].map(lambda i: groups[i].n)
+    single = size == 1
+    out["mean"] = np.where(single, out["first_mean"], out["seed_mean"])
+    out["std"] = np.where(single, out["first_std"], out["seed_std"])
+    out.loc[out["replicates"] < size, ["mean", "std"]] = np.nan  # a replicate lacks it: no honest value
+    return out.set_index(keys)
 
 
 # --------------------------------------------------------------------------- tables
 
 
-def _seed_notes(groups: Sequence[Group], marks: Marks) -> None:
-    single = [g for g in groups if g.n == 1]
-    if len(single) == len(groups):
-        marks.note("One seed per row: each cell is that checkpoint's mean ± std over training-set batches.")
-    else:
-        marks.note("Cells: mean over seeds of each checkpoint's mean over training-set batches ± the "
-                   "population std over seeds (n seeds as in Table 1).")
-        if single:
-            names = ", ".join(" / ".join(g.labels) for g in single)
-            marks.note(f"Only one seed for {names}: mean ± std over training-set batches of that checkpoint.")
-
-
-def retrieval_summary_table(groups: Sequence[Group]) -> Table:
-    """Table 1: test retrieval, mean ± population std over seeds, and n = number of seeds."""
-    rows = []
-    for g in groups:
-        cells = []
-        for _, _, key in RETRIEVAL_KEYS:
-            mean, std, n = seed_summary([r["evaluation"]["metrics"].get(key) for r in g.results])
-            cells.append(Cell(mean, std if n > 1 else None))
-        cells.append(Cell(text=str(g.n)))
-        rows.append(Row(g.labels, tuple(cells)))
-    notes = [Footnote("Mean ± population std over seeds (numpy.std); a single seed shows its value. "
-                      "Recalls in percent, mAP@5 (i2t) on a 0-1 scale, rsum = sum of the six recalls; "
-                      "n = number of seeds.")]
-    return Table("Table 1: retrieval scores on the test split", LABELS,
-                 (*RETRIEVAL_COLUMNS, Column("n", "", "$n$")), rows, notes, key="cocos-retrieval")
+def _describe(g: Group) -> str:
+    r = g.results[0]
+    if g.n > 1:
+        seeds = ", ".join(str(x.replicate) for x in g.results)
+        return (f"{g.model}{' trained with ' + loss_label(g.loss, r) if g.loss else ''} on "
+                f"{dataset_name(g.dataset)}, {g.n} results (seeds {seeds}); batch size {r.counting.batch_size}")
+    where = PurePath(r.source.path).name
+    epoch = f", epoch {r.source.epoch}" if r.source.epoch is not None else ""
+    trained = f" trained with {loss_label(g.loss, r)} (seed {r.training.seed})" if r.training else ""
+    return (f"{where}{epoch}: {g.model}{trained} on {dataset_name(g.dataset)}; "
+            f"batch size {r.counting.batch_size}, counting seed {r.counting.seed}")
 
 
 def _stat_columns(stats: Sequence[str]) -> tuple[Column, ...]:
@@ -317,93 +263,224 @@ def _stat_columns(stats: Sequence[str]) -> tuple[Column, ...]:
                  for d in DIRECTIONS for s in stats)
 
 
-def _cocos_rows(groups: Sequence[Group], stats: Sequence[str], compat: bool | None,
-                marks: Marks) -> list[Row]:
+def retrieval_table(groups: Sequence[Group]) -> Table | None:
+    """Table 1 over the groups that were evaluated; None if none was."""
+    evaluated = [g for g in groups if all(r.evaluation is not None for r in g.results)]
+    if not evaluated:
+        return None
     rows = []
-    for g in groups:
+    for g in evaluated:
         cells = []
-        shown = {select_stats(r, compat)[2] for r in g.results}
-        other = mode_name(not next(iter(shown))) if len(shown) == 1 else "other mode"
-        for d in DIRECTIONS:
-            for s in stats:
-                main = group_stat(g, g.loss, d, s, compat) or {}
-                alt = group_stat(g, g.loss, d, s, compat, other=True)
-                mark = ""
-                if alt is not None and differs(main, alt):
-                    head_plain, head_tex = STAT_HEADERS.get(s, (s, latex_escape(s)))
-                    label = " / ".join(g.labels)
-                    value = fmt(alt.get("mean"), alt.get("std"))
-                    mark = marks.add(f"{label} {d} {head_plain}, {other}: {value}",
-                                     f"{latex_escape(label)} {d} {head_tex}, {latex_escape(other)}: "
-                                     f"{latex_escape(value)}")
-                cells.append(Cell(main.get("mean"), main.get("std"), mark=mark))
+        for _, _, key in RETRIEVAL_KEYS:
+            values = np.array([r.evaluation.metrics.get(key, np.nan) for r in g.results], dtype=float)
+            ok = values[~np.isnan(values)]
+            mean = float(ok.mean()) if ok.size else None
+            cells.append(Cell(mean, float(ok.std()) if ok.size > 1 else None))
+        cells.append(Cell(text=str(g.n)))
         rows.append(Row(g.labels, tuple(cells)))
-    return rows
+    split = {r.evaluation.split for g in evaluated for r in g.results}
+    notes = [Footnote("Mean ± population std over seeds (numpy.std); a single seed shows its value. Recalls in "
+                      "percent, mAP@5 (i2t) on a 0-1 scale, rsum = sum of the six recalls; n = number of seeds.")]
+    title = f"Table 1: retrieval scores on the {'/'.join(sorted(split))} split"
+    if len(groups) == 1:
+        title += f" — {_describe(groups[0])}"
+    return Table(title, ("Dataset", "Model", "Loss"), (*RETRIEVAL_COLUMNS, Column("n", "", "$n$")), rows, notes,
+                 key="cocos-retrieval")
 
 
-def report_tables(groups: Sequence[Group], compat: bool | None = None) -> list[Table]:
-    """Table 1 and the paper's Tables 2-4 (plus companions) over grouped results.
+@dataclass(frozen=True)
+class TableSpec:
+    """One COCOS table: its key, title, the counters in it and the statistics it shows."""
 
-    Each COCOS row shows the counter of the group's own training loss: Table 2
-    the groups trained with triplet / triplet_sh, Table 3 with ntxent, Table 4
-    with smoothap. ``compat``: None shows each file's own mode, True / False one
-    mode for all (from ``stats`` or ``alt_stats``).
-    """
-    groups = sorted(groups, key=Group.sort_key)
-    tables = [retrieval_summary_table(groups)]
-    specs = [
-        (("triplet", "triplet_sh"), PAPER_STATS["triplet"], "Table 2: COCOS w.r.t. query q, Triplet loss and "
-                                                            "Triplet loss SH", "cocos-triplet"),
-        (("ntxent",), PAPER_STATS["ntxent"], "Table 3: COCOS w.r.t. query q, NT-Xent", "cocos-ntxent"),
-        (("smoothap",), PAPER_STATS["smoothap"], "Table 4: COCOS w.r.t. query q, SmoothAP", "cocos-smoothap"),
-    ]
-    for losses, stats, title, key in specs:
-        chosen = [g for g in groups if g.loss in losses]
-        if not chosen:
-            continue
+    key: str
+    title: str
+    counters: tuple[str, ...]
+    stats: tuple[str, ...]
+
+
+def table_specs(counters: Iterable[str], labels: dict[str, str]) -> list[TableSpec]:
+    """The COCOS tables for these counters, from their specs: the paper's tables in order, then one per other family."""
+    from cocos.objectives import OBJECTIVES, order
+
+    by_key: dict[str, list[str]] = {}
+    for name in order(counters):
+        spec = OBJECTIVES.get(name)
+        key = f"table{spec.table}" if spec is not None and spec.table else name
+        by_key.setdefault(key, []).append(name)
+    out = []
+    for key, members in by_key.items():
+        stats: list[str] = []
+        for name in members:
+            spec = OBJECTIVES.get(name)
+            for s in (spec.stats if spec is not None else ("C_q", "C_B", "C_0")):
+                if s not in stats:
+                    stats.append(s)
+        names = " and ".join(labels.get(n, loss_label(n)) for n in members)
+        number = f"Table {key[5:]}: " if key.startswith("table") else ""
+        out.append(TableSpec(key, f"{number}COCOS w.r.t. query q, {names}", tuple(members), tuple(stats)))
+    return out
+
+
+def _notes_for(counters: Sequence[str], compat_shown: bool, differs_in: set[str], marks: Marks) -> None:
+    from cocos.objectives import OBJECTIVES
+
+    for name in counters:
+        spec = OBJECTIVES.get(name)
+        for note in (spec.notes if spec is not None else ()):
+            if note.when == "always" or compat_shown or name in differs_in:
+                marks.note(note.text, note.latex)
+
+
+def cocos_tables(groups: Sequence[Group], compat: bool | None = None, counters: str = "own") -> list[Table]:
+    """The COCOS tables (and companions) of the groups: rows are (group, counter) pairs."""
+    frame = stat_frame(groups, compat)
+    if frame.empty:
+        return []
+    cells = aggregate(frame, groups)
+    shown = frame[frame["which"] == "shown"]
+    modes = {gi: set(map(bool, v)) for gi, v in shown.groupby("group")["compat"]}
+    pairs = [(gi, c) for gi, g in enumerate(groups) for c in g.counters(counters)]
+    labels = {c: loss_label(c, groups[gi].results[0]) for gi, c in pairs}
+    single = len(groups) == 1
+    extra_counter = not single and any(groups[gi].loss != c for gi, c in pairs)
+    label_columns = ("Counter",) if single else ("Dataset", "Model", "Loss", *(("Counter",) if extra_counter else ()))
+
+    def row_labels(gi: int, c: str) -> tuple[str, ...]:
+        if single:
+            return (labels[c],)
+        return (*groups[gi].labels, *((labels[c],) if extra_counter else ()))
+
+    def cell(gi, c, d, s, which):
+        key = (gi, c, d, s, which)
+        return cells.loc[key] if key in cells.index else None
+
+    def shown_modes(gis) -> set:
+        return set().union(*(modes.get(gi, set()) for gi in gis))
+
+    desc = f" — {_describe(groups[0])}" if single else ""
+    tables = []
+    for spec in table_specs([c for _, c in pairs], labels):
+        chosen = [(gi, c) for gi, c in pairs if c in spec.counters]
         marks = Marks()
-        rows = _cocos_rows(chosen, stats, compat, marks)
-        modes = _modes(chosen, compat)
-        t2i_alt = any(f.mark and " t2i " in f.text for f in marks.footnotes)
-        if "smoothap" in losses and (True in modes or t2i_alt):
-            marks.note(SMOOTHAP_ARTEFACT, SMOOTHAP_ARTEFACT_TEX)
-        if "triplet" in losses and True in modes and any(g.loss == "triplet" for g in chosen):
-            marks.note(TRIPLET_COMPAT, TRIPLET_COMPAT_TEX)
-        if "ntxent" in losses:
-            marks.note("Weights exclude the 1/τ factor of the gradient; W_low is the weight of the "
-                       "negatives under ε (beyond the paper).")
-        _seed_notes(chosen, marks)
-        tables.append(Table(f"{title} (counter of each row's training loss); {_mode_title(chosen, compat)}",
-                            LABELS, _stat_columns(stats), rows, marks.footnotes, key=key))
-    comp_groups = [g for g in groups
-                   if any(_entry(select_stats(r, compat)[0], g.loss, d, s) for r in g.results
-                          for d in DIRECTIONS for s in COMPANION_STATS)]
-    if comp_groups:
+        rows, differs_in, skipped = [], set(), []
+        for gi, c in chosen:
+            row = []
+            for d in DIRECTIONS:
+                for s in spec.stats:
+                    main, alt = cell(gi, c, d, s, "shown"), cell(gi, c, d, s, "other")
+                    mark = ""
+                    if main is not None and alt is not None and differs(dict(main), dict(alt)):
+                        other = mode_name(not next(iter(modes.get(gi, {False}))))
+                        value = fmt(_num(alt["mean"]), _num(alt["std"]))
+                        head_plain, head_tex = STAT_HEADERS.get(s, (s, latex_escape(s)))
+                        who = " / ".join(row_labels(gi, c))
+                        mark = marks.add(f"{who} {d} {head_plain}, {other}: {value}",
+                                         f"{latex_escape(who)} {d} {head_tex}, {latex_escape(other)}: "
+                                         f"{latex_escape(value)}")
+                        differs_in.add(c)
+                    if s == "C_q" and main is not None and main["n_skipped"]:
+                        skipped.append(f"{' / '.join(row_labels(gi, c))} {d}: {int(main['n_skipped'])} of "
+                                       f"{int(main['n_batches'])}")
+                    row.append(Cell(_num(main["mean"]) if main is not None else None,
+                                    _num(main["std"]) if main is not None else None, mark=mark))
+            rows.append(Row(row_labels(gi, c), tuple(row)))
+        gis = sorted({gi for gi, _ in chosen})
+        _notes_for(spec.counters, True in shown_modes(gis), differs_in, marks)
+        if skipped:
+            marks.note("Batches where no query has a gradient have no C^q and are left out of its mean: "
+                       + "; ".join(skipped) + ".")
+        _eps_note([c for _, c in chosen], groups, gis, marks)
+        _seed_notes([groups[gi] for gi in gis], marks)
+        tables.append(Table(f"{spec.title}{desc}; {_mode_title(shown_modes(gis))}", label_columns,
+                            _stat_columns(spec.stats), rows, marks.footnotes,
+                            key=f"cocos-{spec.key}" if not single else f"{_slug(groups[0])}-{spec.key}"))
+    comp = [(gi, c) for gi, c in pairs if any(cell(gi, c, d, s, "shown") is not None
+                                               for d in DIRECTIONS for s in COMPANION_STATS)]
+    if comp:
         rows = []
-        for g in comp_groups:
-            cells = [Cell((e := group_stat(g, g.loss, d, s, compat) or {}).get("mean"), e.get("std"))
-                     for d in DIRECTIONS for s in COMPANION_STATS]
-            rows.append(Row(g.labels, tuple(cells)))
+        for gi, c in comp:
+            row = []
+            for d in DIRECTIONS:
+                for s in COMPANION_STATS:
+                    e = cell(gi, c, d, s, "shown")
+                    row.append(Cell(_num(e["mean"]) if e is not None else None,
+                                    _num(e["std"]) if e is not None else None))
+            rows.append(Row(row_labels(gi, c), tuple(row)))
         marks = Marks()
-        marks.note("Threshold-free companions (beyond the paper) of each row's own training loss: effective "
-                   "number of negatives exp(H(u)), inverse Simpson 1/Σu², top-1 share max u.")
-        _seed_notes(comp_groups, marks)
-        title = f"Companions: effective number of contributing negatives; {_mode_title(comp_groups, compat)}"
-        tables.append(Table(title, LABELS, _stat_columns(COMPANION_STATS), rows, marks.footnotes,
-                            key="cocos-companions"))
+        marks.note("Threshold-free companions (beyond the paper), from the normalised weights u of each query's "
+                   "negatives: N_eff = exp(H(u)), inverse Simpson 1/Σu², top-1 share max u; for the triplet losses "
+                   "the weights are the 0/1 violations.",
+                   r"Threshold-free companions (beyond the paper), from the normalised weights $u$ of each query's "
+                   r"negatives: $N_{\mathrm{eff}} = \exp H(u)$, inverse Simpson $1/\sum u^2$, top-1 share $\max u$; "
+                   r"for the triplet losses the weights are the 0/1 violations.")
+        gis = sorted({gi for gi, _ in comp})
+        _seed_notes([groups[gi] for gi in gis], marks)
+        tables.append(Table(f"Companions: effective number of contributing negatives{desc}; "
+                            f"{_mode_title(shown_modes(gis))}", label_columns, _stat_columns(COMPANION_STATS),
+                            rows, marks.footnotes,
+                            key="cocos-companions" if not single else f"{_slug(groups[0])}-companions"))
     return tables
 
 
-def cocos_vs_rsum_rows(groups: Sequence[Group], direction: str = "i2t",
-                       compat: bool | None = None) -> list[tuple[str, float, float]]:
-    """``(label, rsum mean over seeds, main COCOS count of the group's own loss, mean over seeds)``."""
+def _num(x) -> float | None:
+    return None if x is None or pd.isna(x) else float(x)
+
+
+def _mode_title(modes: set) -> str:
+    if len(modes) == 1:
+        return f"{mode_name(next(iter(modes)))} counting"
+    return "mixed counting modes (each file's own)"
+
+
+def _slug(g: Group) -> str:
+    r = g.results[0]
+    parts = [g.dataset, r.model.kind or g.model, g.loss, r.replicate]
+    return "-".join(str(p) for p in parts if p is not None)
+
+
+def _eps_note(counters: Sequence[str], groups: Sequence[Group], gis: Sequence[int], marks: Marks) -> None:
+    values = sorted({g.results[0].counting.params.get(c, {}).get("eps") for c in counters
+                     for g in (groups[i] for i in gis)} - {None})
+    if values:
+        marks.note(f"Threshold ε = {', '.join(f'{v:g}' for v in values)}.")
+
+
+def _seed_notes(groups: Sequence[Group], marks: Marks) -> None:
+    single = [g for g in groups if g.n == 1]
+    if len(single) == len(groups):
+        marks.note("One result per row: each cell is its mean ± std over training-set batches.")
+    else:
+        marks.note("Cells: mean over seeds of each result's mean over training-set batches ± the population std "
+                   "over seeds (n seeds as in Table 1).")
+        if single:
+            names = ", ".join(" / ".join(g.labels) for g in single)
+            marks.note(f"Only one seed for {names}: mean ± std over training-set batches of that result.")
+
+
+def build_tables(groups: Sequence[Group], compat: bool | None = None, counters: str = "own") -> list[Table]:
+    """Table 1 (when any group was evaluated) and the COCOS tables."""
+    t1 = retrieval_table(groups)
+    return ([t1] if t1 is not None else []) + cocos_tables(groups, compat, counters)
+
+
+def cocos_vs_rsum_rows(groups: Sequence[Group], compat: bool | None = None) -> pd.DataFrame:
+    """Tidy rows (label, loss, direction, stat, rsum, cocos) per group with a training loss and an evaluation:
+    the main count of the group's own loss, means over seeds."""
+    from cocos.objectives import OBJECTIVES
+
     rows = []
     for g in groups:
-        rsum, _, n = seed_summary([r["evaluation"]["metrics"].get("rsum") for r in g.results])
-        stat = group_stat(g, g.loss, direction, MAIN_STAT.get(g.loss, "C_q"), compat) or {}
-        if n and stat.get("mean") is not None:
-            rows.append((" ".join(g.labels), rsum, float(stat["mean"])))
-    return rows
+        if g.loss is None or any(r.evaluation is None for r in g.results):
+            continue
+        stat = OBJECTIVES[g.loss].main_stat if g.loss in OBJECTIVES else "C_q"
+        rsum = np.mean([r.evaluation.metrics.get("rsum", np.nan) for r in g.results])
+        for d in DIRECTIONS:
+            vals = [select_stats(r, compat)[0].get(g.loss, {}).get(d, {}).get(stat, {}).get("mean") for r in g.results]
+            vals = [v for v in vals if v is not None]
+            if vals:
+                rows.append({"label": " ".join(g.labels), "loss": g.loss, "direction": d, "stat": stat,
+                             "rsum": float(rsum), "cocos": float(np.mean(vals))})
+    return pd.DataFrame(rows, columns=["label", "loss", "direction", "stat", "rsum", "cocos"])
 
 
 # -- a whole report: build once, write atomically ---------------------------------------------
@@ -413,7 +490,7 @@ def cocos_vs_rsum_rows(groups: Sequence[Group], direction: str = "i2t",
 class Report:
     """Loaded results grouped by (dataset, model, loss), their tables and warnings."""
 
-    results: list[dict]
+    results: list[Results]
     groups: list[Group]
     warnings: list[str]
     tables: list
@@ -421,14 +498,14 @@ class Report:
 
     @property
     def sources(self) -> list[str]:
-        return [r[SOURCE] for r in self.results]
+        return [r.where for r in self.results]
 
 
-def build_report(paths: Iterable[str | os.PathLike], compat: bool | None = None) -> Report:
-    """Load, group (from the files' metadata) and tabulate ``results.json`` files."""
+def build_report(paths: Iterable[str | os.PathLike], compat: bool | None = None, counters: str = "own") -> Report:
+    """Load (files or folders), group (from the files' metadata) and tabulate results."""
     loaded = load_results(paths)
     groups, warnings = group_results(loaded)
-    return Report(loaded, groups, warnings, report_tables(groups, compat=compat), compat)
+    return Report(loaded, groups, warnings, build_tables(groups, compat, counters), compat)
 
 
 def render_report(report: Report) -> tuple[str, str]:
@@ -441,15 +518,14 @@ def render_report(report: Report) -> tuple[str, str]:
         md += ["", "Warnings:", ""] + [f"- {w}" for w in report.warnings]
     md.append("")
     md += [to_markdown(t) for t in report.tables]
-    tex = ["% Generated by `cocos report`; \\input{} it in a document that loads booktabs.",
+    tex = ["% Generated by `cocos report`; \\input{} it in a document that loads booktabs and amsmath.",
            *(f"% {s}" for s in report.sources), ""]
     tex += [to_latex(t) for t in report.tables]
     return "\n".join(md), "\n".join(tex)
 
 
-def write_report(
-    report: Report, out: str | os.PathLike, readme: str | None = None, overwrite: bool = False
-) -> list[Path]:
+def write_report(report: Report, out: str | os.PathLike, readme: str | None = None,
+                 overwrite: bool = False) -> list[Path]:
     """Write tables.md, tables.tex and cocos_vs_rsum.{png,pdf} (and README.md) as one atomic folder."""
     from cocos.io import atomic_dir
     from cocos.report.figures import plot_cocos_vs_rsum

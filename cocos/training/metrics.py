@@ -10,6 +10,9 @@ lists (mAP@5, R-precision) positives are placed before negatives with equal
 score; the order among tied positives does not matter, as both are hits.
 
 Recalls are percentages (0-100); mAP@5 and R-precision are on a 0-1 scale.
+Median and mean rank follow VSE++ (``evaluation.py`` of fartashf/vsepp): from the
+0-based rank of each query's best positive, ``medr = floor(median(ranks)) + 1``
+and ``meanr = mean(ranks) + 1`` (1-based; ``medr`` is an integer-valued float).
 """
 
 from __future__ import annotations
@@ -89,6 +92,22 @@ def recall_at(ranks, K: int) -> float:
     return float(100.0 * np.mean(ranks < K))
 
 
+def median_rank(ranks) -> float:
+    """VSE++'s ``medr`` from 0-based ranks: ``floor(median(ranks)) + 1``."""
+    ranks = np.asarray(ranks)
+    if ranks.size == 0:
+        raise CocosError("no queries to compute the median rank on")
+    return float(np.floor(np.median(ranks)) + 1)
+
+
+def mean_rank(ranks) -> float:
+    """VSE++'s ``meanr`` from 0-based ranks: ``mean(ranks) + 1``."""
+    ranks = np.asarray(ranks)
+    if ranks.size == 0:
+        raise CocosError("no queries to compute the mean rank on")
+    return float(ranks.mean() + 1)
+
+
 def map_at_5(sims, k: int, normalizer: str = "hits") -> float:
     """i2t mAP@5 on a 0-1 scale: mean over image queries of AP@5.
 
@@ -137,7 +156,9 @@ def evaluate_sims(sims, k: int) -> dict[str, float]:
 
     Keys: ``i2t_R@1, i2t_R@5, i2t_R@10, t2i_R@1, t2i_R@5, t2i_R@10`` (percent),
     ``rsum`` (their sum, at most 600), ``mAP@5`` (i2t, 0-1, ``"hits"``
-    normaliser, see :func:`map_at_5`), ``i2t_Rprec, t2i_Rprec`` (0-1).
+    normaliser, see :func:`map_at_5`), ``i2t_Rprec, t2i_Rprec`` (0-1),
+    ``i2t_medr, i2t_meanr, t2i_medr, t2i_meanr`` (1-based, VSE++'s definition, see
+    :func:`median_rank` and :func:`mean_rank`).
     """
     sims = _as_sims(sims, k)
     pos = _i2t_positions(sims, k)
@@ -147,6 +168,9 @@ def evaluate_sims(sims, k: int) -> dict[str, float]:
     out["mAP@5"] = _map_at_5(pos, k)
     out["i2t_Rprec"] = float(np.mean((pos <= k).sum(axis=1) / k))
     out["t2i_Rprec"] = float(np.mean(ranks["t2i"] < 1))
+    for d in ("i2t", "t2i"):
+        out[f"{d}_medr"] = median_rank(ranks[d])
+        out[f"{d}_meanr"] = mean_rank(ranks[d])
     return out
 
 
@@ -176,7 +200,8 @@ def evaluate_embeddings(img_emb, cap_emb, k: int, fold5: bool | None = None) -> 
     cut into 5 consecutive folds of ``N/5`` images with their captions (1000 for
     COCO, as VSE++'s ``fold5``); each fold is evaluated on its own diagonal block
     of ``sims`` and the mean over the folds is reported under ``1k_``-prefixed
-    keys (e.g. ``1k_rsum``). ``N`` must then be divisible by 5.
+    keys (e.g. ``1k_rsum``, ``1k_i2t_medr``: the mean of the folds' median ranks, as
+    VSE++ averages its fold results). ``N`` must then be divisible by 5.
     """
     sims = _as_sims(similarity_matrix(img_emb, cap_emb), k)
     n = sims.shape[0]

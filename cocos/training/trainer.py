@@ -12,7 +12,6 @@ uninterrupted one.
 
 from __future__ import annotations
 
-import inspect
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -26,7 +25,7 @@ from cocos.data.samplers import pair_batches, ranking_batches
 from cocos.data.text import Vocabulary, pad_batch
 from cocos.device import resolve_device
 from cocos.errors import CocosError, check_params
-from cocos.losses import LOSSES, get_loss
+from cocos.losses import get_loss
 from cocos.models import MODELS, build_model
 from cocos.training.checkpoint import load_checkpoint, save_checkpoint
 from cocos.training.evaluate import evaluate_model, tokenize_split
@@ -57,8 +56,9 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Refuse nonsense flags before anything is read or written (one CocosError line)."""
-        if self.loss not in LOSSES:
-            raise CocosError(f"unknown loss '{self.loss}' (choose from {', '.join(LOSSES)})")
+        from cocos.objectives import get_objective
+
+        get_objective(self.loss)  # unknown names: one line listing the registered losses
         if self.model not in MODELS:
             raise CocosError(f"unknown model '{self.model}' (choose from {', '.join(MODELS)})")
         for name in ("epochs", "batch_size", "embed_size", "word_dim", "lr_update", "k", "vocab_threshold"):
@@ -76,8 +76,10 @@ class TrainConfig:
         get_loss(self.loss, **self.loss_params())  # the loss's own checks
 
     def loss_params(self) -> dict:
+        from cocos.objectives import get_objective
+
         params = {"margin": self.margin, "tau": self.tau}
-        accepted = inspect.signature(LOSSES[self.loss].__init__).parameters
+        accepted = get_objective(self.loss).defaults
         return {k: v for k, v in params.items() if v is not None and k in accepted}
 
 

@@ -1,0 +1,104 @@
+"""The registry of loss families: one :class:`Objective` per family, looked up by name.
+
+``get_objective(name)`` gives a registered family; ``resolve(x)`` also accepts an
+:class:`Objective` (registered or not) and any callable with the ``get_loss``
+signature ``(images, captions, caption_image=None) -> scalar``. ``register`` adds
+a family: it then appears in ``cocos.losses.get_loss``, ``count_batch``, the
+engine, the CLI's ``--loss`` choices, the tables and the figures. The built-in
+families (Triplet, Triplet SH, NT-Xent, SmoothAP) register in :mod:`.builtin`.
+"""
+
+from __future__ import annotations
+
+from cocos.errors import CocosError
+from cocos.objectives.spec import DEFAULT_EPS, Note, Objective, from_callable
+
+_REGISTRY: dict[str, Objective] = {}
+_builtin_loaded = False
+
+
+def _registry() -> dict[str, Objective]:
+    """The registry, with the built-in families loaded on first use (they import torch; the spec does not)."""
+    global _builtin_loaded
+    if not _builtin_loaded:
+        _builtin_loaded = True
+        from cocos.objectives import builtin  # noqa: F401  (registers the built-in families)
+    return _REGISTRY
+
+
+def __getattr__(name: str):
+    if name == "OBJECTIVES":  # the registry itself, name -> Objective, built-ins first
+        return _registry()
+    raise AttributeError(name)
+
+
+def register(objective: Objective, replace: bool = False) -> Objective:
+    """Add a family to the registry (``replace`` to redefine one); returns it."""
+    if not isinstance(objective, Objective):
+        raise CocosError(f"register() takes an Objective, got {type(objective).__name__}")
+    registry = _registry()
+    if objective.name in registry and not replace and registry[objective.name] is not objective:
+        raise CocosError(f"a loss named '{objective.name}' is registered already")
+    registry[objective.name] = objective
+    return objective
+
+
+def unregister(name: str) -> None:
+    _registry().pop(name, None)
+
+
+def names() -> list[str]:
+    """Registered family names in registration order (the built-ins in the paper's order)."""
+    return list(_registry())
+
+
+def get_objective(name: str) -> Objective:
+    if isinstance(name, Objective):
+        return name
+    registry = _registry()
+    if name not in registry:
+        raise CocosError(f"unknown loss '{name}' (choose from {', '.join(registry)})")
+    return registry[name]
+
+
+def resolve(loss) -> Objective:
+    """A registered name, an :class:`Objective`, or a whole-batch callable, as an :class:`Objective`."""
+    if isinstance(loss, Objective):
+        return loss
+    if isinstance(loss, str):
+        return get_objective(loss)
+    return from_callable(loss)
+
+
+def order(losses) -> list[str]:
+    """Loss names in registry order; unregistered names after them, sorted."""
+    losses = list(dict.fromkeys(losses))
+    registry = _registry()
+    known = [n for n in registry if n in losses]
+    return known + sorted(n for n in losses if n not in registry)
+
+
+def label(name: str) -> str:
+    registry = _registry()
+    return registry[name].label if name in registry else str(name)
+
+
+def parse_names(requested) -> list[str]:
+    """``["all"]``, ``["triplet,ntxent"]``, ... as registered names, in the given order (duplicates dropped)."""
+    registry = _registry()
+    out: list[str] = []
+    for item in requested:
+        for name in str(item).split(","):
+            name = name.strip()
+            if name == "all":
+                out.extend(registry)
+            elif name in registry:
+                out.append(name)
+            elif name:
+                raise CocosError(f"unknown loss '{name}' (choose from all, {', '.join(registry)})")
+    if not out:
+        raise CocosError("no loss given")
+    return list(dict.fromkeys(out))
+
+__all__ = ["DEFAULT_EPS", "OBJECTIVES", "Note", "Objective", "from_callable", "get_objective", "label",
+           "names", "order", "parse_names", "register", "resolve", "unregister"]

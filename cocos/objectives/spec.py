@@ -1,0 +1,139 @@
+"""One spec per loss family: everything cocos knows about a loss, in one object.
+
+An :class:`Objective` holds the family's name and label, its batch layout (pair or
+ranking, definitions file "Notation"), its default hyper-parameters, the maths of
+one direction of its training loss (a function of a
+:class:`~cocos.data.layout.QueryView`, shared with its counter), how the two
+directions combine, its closed-form counter (or none: then the generic autograd
+counter counts it), the statistics the paper reports and the main one, the paper
+table it belongs to, its colour in figures and the notes its table needs.
+
+The training losses (:func:`cocos.losses.get_loss`), the counters, the engine,
+the CLI's choices and flags, the tables, the figures and the summaries all loop
+over the registry (:mod:`cocos.objectives`); nothing else names a loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from cocos.errors import CocosError, check_params
+
+if TYPE_CHECKING:  # pragma: no cover
+    from cocos.counting.base import Counter
+    from cocos.losses.base import ContrastiveLoss
+
+LAYOUTS = ("pair", "ranking")
+COMBINES = ("sum", "mean")
+DEFAULT_EPS = 0.01  # the COCOS paper's threshold for NT-Xent and SmoothAP
+
+
+@dataclass(frozen=True)
+class Note:
+    """A note under the family's table, plain and LaTeX.
+
+    ``when="always"``, or ``"compat"``: only where compat values are shown or the
+    other counting mode differs in one of the family's cells.
+    """
+
+    text: str
+    latex: str | None = None
+    when: str = "always"
+
+
+@dataclass(frozen=True)
+class Objective:
+    """A loss family (see the module docstring)."""
+
+    name: str
+    label: str
+    direction_loss: Callable[..., Any] | None  # (view, **params) -> scalar: one direction of the training loss
+    layout: str = "pair"  # "pair" (sample captions) or "ranking" (sample images with all k captions)
+    defaults: Mapping[str, float] = field(default_factory=dict)  # loss hyper-parameters and their defaults
+    combine: str = "sum"  # how the two directions' losses combine: "sum" or "mean"
+    counter: Callable[..., Counter] | None = None  # closed-form counter class; None: generic autograd counter
+    stats: tuple[str, ...] = ("C_q", "C_B", "C_0")  # the statistics the paper reports, in its order
+    main_stat: str = "C_q"  # the per-query count shown in figures and summaries
+    table: str | None = None  # the paper table ("2", "3", "4"); families with the same table share it
+    color: str = "#7f7f7f"
+    notes: tuple[Note, ...] = ()
+    description: str = ""  # one line for `cocos losses`
+    # A whole-batch loss ``(images, captions, caption_image=None) -> scalar`` instead of direction maths
+    # (a user's own callable): counted from dL/dS of the whole loss, rows for i2t, columns for t2i.
+    batch_loss: Callable[..., Any] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name or not isinstance(self.name, str) or any(c in self.name for c in " ,/="):
+            raise CocosError(f"a loss name must be a word without spaces, commas, '/' or '=', got {self.name!r}")
+        if self.layout not in LAYOUTS:
+            raise CocosError(f"loss '{self.name}': unknown layout '{self.layout}' (use pair or ranking)")
+        if self.combine not in COMBINES:
+            raise CocosError(f"loss '{self.name}': unknown combine '{self.combine}' (use sum or mean)")
+        if self.main_stat not in self.stats:
+            raise CocosError(f"loss '{self.name}': main statistic {self.main_stat} is not among {self.stats}")
+        if not callable(self.direction_loss) and not callable(self.batch_loss):
+            raise CocosError(f"loss '{self.name}': needs a callable direction_loss or batch_loss")
+
+    # -- parameters ---------------------------------------------------------------------
+
+    @property
+    def uses_eps(self) -> bool:
+        """Whether the count depends on an absolute or relative threshold ``eps``."""
+        return True if self.counter is None else bool(getattr(self.counter, "uses_eps", False))
+
+    def params(self, **given) -> dict[str, float]:
+        """The loss's hyper-parameters: defaults, overridden by ``given`` (``None`` = default); checked."""
+        unknown = [k for k, v in given.items() if v is not None and k not in self.defaults]
+        if unknown:
+            takes = ", ".join(self.defaults) or "no parameters"
+            raise CocosError(f"loss '{self.name}' takes no parameter {', '.join(unknown)} (it takes {takes})")
+        out = {k: float(given[k]) if given.get(k) is not None else float(v) for k, v in self.defaults.items()}
+        check_params(**out)
+        return out
+
+    def counter_params(self, eps: float | None = None, **given) -> dict[str, float]:
+        """Parameters of the counter: the loss's own, and ``eps`` when the count uses a threshold."""
+        out = self.params(**given)
+        if self.uses_eps:
+            out["eps"] = DEFAULT_EPS if eps is None else float(eps)
+            check_params(eps=out["eps"])
+        return out
+
+    # -- the loss and its counter ---------------------------------------------------------------
+
+    def loss(self, compat: bool = False, **params) -> ContrastiveLoss:
+        """The training loss as a module ``(images, captions, caption_image=None, image_ids=None) -> scalar``."""
+        from cocos.losses.base import ContrastiveLoss
+
+        return ContrastiveLoss(self, compat=compat, **params)
+
+    def make_counter(self, eps: float | None = None, **params) -> Counter:
+        """The family's closed-form counter, or the generic autograd counter of its direction loss."""
+        full = self.counter_params(eps, **params)
+        if self.counter is not None:
+            return self.counter(**full)
+        from cocos.counting.generic import BatchLossCounter, GenericCounter
+
+        return GenericCounter(self, **full) if self.direction_loss is not None else BatchLossCounter(self, **full)
+
+    def combine_directions(self, i2t, t2i):
+        total = i2t + t2i
+        return total / 2 if self.combine == "mean" else total
+
+
+def from_callable(fn: Callable[..., Any], name: str | None = None, label: str | None = None,
+                  layout: str = "pair") -> Objective:
+    """A user's loss ``fn(images, captions, caption_image=None) -> scalar`` as a family without a closed form.
+
+    It is counted by the generic autograd counter on the whole loss's ``dL/dS`` (see
+    :class:`cocos.counting.generic.BatchLossCounter`); ``name`` defaults to the function's name.
+    """
+    if not callable(fn):
+        raise CocosError(f"a loss must be a registered name, an Objective or a callable, got {type(fn).__name__}")
+    if name is None:
+        name = getattr(fn, "__name__", "") or type(fn).__name__
+        name = name if name.isidentifier() else "custom"
+    return Objective(name=name, label=label or name, direction_loss=None, batch_loss=fn, layout=layout,
+                     description="a user's own loss (whole-batch callable)")

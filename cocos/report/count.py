@@ -1,0 +1,90 @@
+"""``cocos count``: anyone's own embeddings (CLIP, DPR, ...) -> the same results as ``cocos analyze``.
+
+The embeddings file is an ``.npz`` with ``images`` ``(N, d)``, ``captions`` ``(M, d)``
+and optionally ``caption_image`` ``(M,)`` (default ``c // (M // N)``). It is counted
+in both modes (the shown one and the other, for the tables' notes) with the eps
+sweep, and described by a :class:`~cocos.report.results.Results` record whose
+dataset is ``name`` (default: the file name) and whose model is ``label``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from cocos import __version__
+from cocos.counting.engine import DEFAULT_SWEEP, CountRun, EmbeddingSet
+from cocos.errors import CocosError
+from cocos.io import load_npz
+from cocos.report.results import DataInfo, ModelInfo, Results, Source
+
+
+@dataclass
+class Counted:
+    results: Results
+    run: CountRun
+    embeddings: EmbeddingSet
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_embeddings(path: str | os.PathLike, device: str = "cpu") -> EmbeddingSet:
+    """An ``.npz`` in the count format as an :class:`EmbeddingSet`; bad files are one CocosError line."""
+    path = Path(path)
+    arrays = load_npz(path)
+    for name in ("images", "captions"):
+        if name not in arrays:
+            found = ", ".join(arrays) or "none"
+            raise CocosError(f"{path}: no array named '{name}' (found: {found})")
+    try:
+        return EmbeddingSet.from_arrays(arrays["images"], arrays["captions"], arrays.get("caption_image"),
+                                        device=device)
+    except CocosError as exc:
+        raise CocosError(f"{path}: {exc}") from None
+
+
+def count_file(
+    path: str | os.PathLike,
+    losses=None,
+    *,
+    batch_size: int = 128,
+    seed: int = 0,
+    compat: bool = False,
+    params: dict | None = None,
+    eps: float | None = None,
+    sweep_eps=DEFAULT_SWEEP,
+    name: str | None = None,
+    label: str = "embeddings",
+    device: str = "auto",
+    progress: bool = False,
+) -> Counted:
+    """Count an embeddings file; returns the results record, the tidy run and the embeddings."""
+    from cocos.device import resolve_device
+    from cocos.report.analyze import counting_info, run_counts
+
+    path = Path(path)
+    emb = read_embeddings(path, device=str(resolve_device(device)))
+    run = run_counts(emb, losses, batch_size=batch_size, seed=seed, compat=compat, params=params or {}, eps=eps,
+                     sweep_eps=sweep_eps, progress=progress)
+    shown, other = ("compat", "corrected") if compat else ("corrected", "compat")
+    counts = np.bincount(emb.caption_image, minlength=emb.n_images)
+    sha = sha256_file(path)
+    results = Results(
+        source=Source("count", str(path), sha),
+        data=DataInfo(name=name or path.stem, path=str(path), fingerprint=sha, n_images=emb.n_images,
+                      n_captions=emb.n_captions, k=int(counts[0]) if counts.min() == counts.max() else None),
+        model=ModelInfo(label=label),
+        counting=counting_info(run, compat, sweep_eps),
+        stats=run.stats(shown), alt_stats=run.stats(other), sweep=run.sweep(shown), cocos_version=__version__,
+    )
+    return Counted(Results.from_dict(results.to_dict()), run, emb)

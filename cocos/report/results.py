@@ -1,0 +1,269 @@
+"""``results.json``: one typed record of a counting run, read and written through :class:`Results`.
+
+``cocos analyze`` (a checkpoint) and ``cocos count`` (anyone's embeddings) write the
+same record; ``cocos report`` reads any number of them. The statistics keep the
+shape other tools read, ``stats[loss][direction][stat] = {mean, std, n, n_skipped}``
+(``alt_stats`` the same for the other counting mode, ``sweep[loss][direction][eps]``
+the ε sweep); the metadata around them are dataclasses with a format version. The
+layout is documented in ``cocos/report/SCHEMA.md`` (a test checks it against a
+written file).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from cocos.errors import CocosError
+
+FORMAT = "cocos-results"
+FORMAT_VERSION = 2
+KINDS = ("analyze", "count")
+MODEL_NAMES = {"vsepp": "VSE++", "vsrn": "VSRN"}
+
+
+@dataclass
+class Source:
+    """Where the embeddings came from: a checkpoint (``analyze``) or an embeddings file (``count``)."""
+
+    kind: str  # "analyze" or "count"
+    path: str
+    sha256: str
+    epoch: int | None = None  # analyze: the checkpoint's last finished epoch
+
+
+@dataclass
+class DataInfo:
+    name: str  # the dataset's name (grouping key)
+    path: str
+    fingerprint: str
+    n_images: int
+    n_captions: int
+    k: int | None = None  # captions per image, when every image has the same number
+    split_counted: str | None = None  # "train" for analyze
+
+
+@dataclass
+class ModelInfo:
+    label: str  # what the embeddings are, e.g. "VSE++" or "CLIP ViT-B/32" (grouping key)
+    kind: str | None = None  # "vsepp" / "vsrn" for checkpoints
+    hparams: dict = field(default_factory=dict)
+
+
+@dataclass
+class TrainingInfo:
+    loss: str
+    params: dict = field(default_factory=dict)
+    seed: int = 0
+
+
+@dataclass
+class CountingInfo:
+    compat: bool  # the mode of ``stats``; ``alt_stats`` holds the other
+    seed: int
+    batch_size: int
+    n_batches: dict  # layout -> number of batches
+    losses: list  # counted losses, in order
+    params: dict  # loss -> counter parameters
+    eps_sweep: list = field(default_factory=list)
+    labels: dict = field(default_factory=dict)  # loss -> label, for losses outside the registry
+
+
+@dataclass
+class Evaluation:
+    split: str
+    metrics: dict
+
+
+@dataclass
+class Results:
+    """One ``results.json``. ``training`` and ``evaluation`` are ``None`` for ``cocos count``."""
+
+    source: Source
+    data: DataInfo
+    model: ModelInfo
+    counting: CountingInfo
+    stats: dict
+    alt_stats: dict | None = None
+    sweep: dict = field(default_factory=dict)
+    training: TrainingInfo | None = None
+    evaluation: Evaluation | None = None
+    cocos_version: str = ""
+    format: str = FORMAT
+    format_version: int = FORMAT_VERSION
+    path: str | None = field(default=None, compare=False)  # the file it was read from (not written)
+
+    # -- what cocos report groups by -------------------------------------------------------
+
+    @property
+    def replicate(self) -> int:
+        """The seed that tells replicates apart: the training seed of a checkpoint, else the counting seed."""
+        return self.training.seed if self.training is not None else self.counting.seed
+
+    @property
+    def where(self) -> str:
+        return self.path or self.source.path
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out.pop("path")
+        return _clean(out)
+
+    def write(self, path: str | os.PathLike) -> None:
+        from cocos.io import write_json
+
+        write_json(path, self.to_dict())
+
+    @classmethod
+    def read(cls, path: str | os.PathLike) -> Results:
+        """Load and validate one file; a bad file is one CocosError line naming it."""
+        path = Path(path)
+        if not path.exists():
+            raise CocosError(f"{path}: no such file")
+        if path.is_dir():
+            raise CocosError(f"{path}: is a folder, not a results.json file")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CocosError(f"{path}: cannot be read ({type(exc).__name__})") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise CocosError(f"{path}: invalid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+        except RecursionError:
+            raise CocosError(f"{path}: invalid JSON (nested too deeply)") from None
+        try:
+            results = cls.from_dict(data)
+        except CocosError as exc:
+            raise CocosError(f"{path}: {exc}") from None
+        results.path = str(path)
+        return results
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Results:
+        if not isinstance(data, dict):
+            raise CocosError(f"not a cocos results file (top level is a {type(data).__name__}, expected an object)")
+        if "format" not in data and "checkpoint" in data:
+            data = _from_v1(data)
+        if data.get("format") != FORMAT:
+            raise CocosError(f"not a cocos results file (format is {data.get('format')!r}, expected {FORMAT!r})")
+        version = data.get("format_version")
+        if not isinstance(version, int) or isinstance(version, bool) or version > FORMAT_VERSION:
+            raise CocosError(f"results format version {version!r} is not supported (this cocos reads up to "
+                             f"{FORMAT_VERSION}; update cocos)")
+        try:
+            return cls(
+                source=_typed(Source, data, "source"),
+                data=_typed(DataInfo, data, "data"),
+                model=_typed(ModelInfo, data, "model"),
+                counting=_typed(CountingInfo, data, "counting"),
+                stats=_stats(data, "stats"),
+                alt_stats=_stats(data, "alt_stats") if data.get("alt_stats") is not None else None,
+                sweep=data.get("sweep") or {},
+                training=_typed(TrainingInfo, data, "training") if data.get("training") is not None else None,
+                evaluation=_typed(Evaluation, data, "evaluation") if data.get("evaluation") is not None else None,
+                cocos_version=str(data.get("cocos_version", "")),
+                format_version=version,
+            )
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise CocosError(f"not a cocos results file ({str(exc).splitlines()[0]})") from None
+
+
+# -- validation -------------------------------------------------------------------------------
+
+_TYPES = {"str": str, "int": int, "bool": bool, "dict": dict, "list": list}
+
+
+def _check_type(value, annotation: str) -> bool:
+    options = [a.strip() for a in annotation.split("|")]
+    for option in options:
+        if option == "None" and value is None:
+            return True
+        base = _TYPES.get(option)
+        if base is int and isinstance(value, int) and not isinstance(value, bool):
+            return True
+        if base is not None and base is not int and isinstance(value, base):
+            return True
+    return False
+
+
+def _typed(cls, data: dict, key: str):
+    """Build dataclass ``cls`` from ``data[key]``, checking required fields and their types."""
+    node = data.get(key)
+    if not isinstance(node, dict):
+        raise CocosError(f"not a cocos results file ('{key}' must be an object)")
+    kwargs = {}
+    for f in fields(cls):
+        if f.name not in node:
+            if f.default is MISSING and f.default_factory is MISSING:
+                raise CocosError(f"not a cocos results file (missing {key}.{f.name})")
+            continue
+        value = node[f.name]
+        if not _check_type(value, str(f.type)):
+            raise CocosError(f"not a cocos results file ({key}.{f.name} must be {f.type}, "
+                             f"got {type(value).__name__})")
+        kwargs[f.name] = value
+    return cls(**kwargs)
+
+
+def _stats(data: dict, key: str) -> dict:
+    tree = data.get(key)
+    if not isinstance(tree, dict):
+        raise CocosError(f"not a cocos results file ('{key}' must be an object)")
+    for loss, by_dir in tree.items():
+        if not isinstance(by_dir, dict):
+            raise CocosError(f"not a cocos results file ({key}.{loss} must be an object)")
+        for d, stats in by_dir.items():
+            if not isinstance(stats, dict) or not all(isinstance(e, dict) for e in stats.values()):
+                raise CocosError(f"not a cocos results file ({key}.{loss}.{d} must map statistics to "
+                                 "{mean, std, n, n_skipped})")
+            for stat, e in stats.items():
+                for part in ("mean", "std"):
+                    v = e.get(part)
+                    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                        raise CocosError(f"not a cocos results file ({key}.{loss}.{d}.{stat}.{part} "
+                                         "must be a number or null)")
+    return tree
+
+
+def _from_v1(data: dict) -> dict:
+    """A results.json of format version 1 (cocos 0.1 analyze) in the version-2 shape."""
+    try:
+        ck, d, m, tr, c = (data[k] for k in ("checkpoint", "data", "model", "training", "counting"))
+        return {
+            "format": FORMAT, "format_version": 1, "cocos_version": data.get("cocos_version", ""),
+            "source": {"kind": "analyze", "path": ck["path"], "sha256": ck.get("sha256", ""),
+                       "epoch": ck.get("epoch")},
+            "data": {k: d.get(k) for k in ("name", "path", "fingerprint", "n_images", "n_captions", "k",
+                                           "split_counted")},
+            "model": {"label": MODEL_NAMES.get(m.get("kind"), m.get("kind")), "kind": m.get("kind"),
+                      "hparams": m.get("hparams", {})},
+            "training": tr,
+            "counting": {k: c.get(k) for k in ("compat", "seed", "batch_size", "n_batches", "losses", "params")}
+            | {"eps_sweep": c.get("eps_sweep", [])},
+            "stats": data.get("stats"), "alt_stats": data.get("alt_stats"), "sweep": data.get("sweep") or {},
+            "evaluation": data.get("evaluation"),
+        }
+    except (KeyError, TypeError, AttributeError):
+        raise CocosError("not a cocos results file (an old format with missing parts)") from None
+
+
+def _clean(tree):
+    """NaN -> None so that JSON stays valid; numpy scalars -> Python."""
+    import numpy as np
+
+    if isinstance(tree, dict):
+        return {str(k): _clean(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return [_clean(v) for v in tree]
+    if isinstance(tree, (np.floating, float)):
+        return None if math.isnan(float(tree)) else float(tree)
+    if isinstance(tree, np.integer):
+        return int(tree)
+    if isinstance(tree, np.bool_):
+        return bool(tree)
+    return tree
