@@ -9,7 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from cocos_cli.main import app
-from cocos.counting.engine import EmbeddingSet, count_embeddings
+from cocos.counting import EmbeddingSet, count_embeddings
+from tests.test_report_tables import md_cell
 
 runner = CliRunner()
 
@@ -30,10 +31,12 @@ def test_count_json_matches_the_library(tmp_path):
                               "--json", str(out), "--no-progress"])
     assert res.exit_code == 0, res.output
     data = json.loads(out.read_text())
-    expected = count_embeddings(EmbeddingSet.from_arrays(images, captions), batch_size=8, seed=3).summary()
+    run = count_embeddings(EmbeddingSet.from_arrays(images, captions), batch_size=8, seed=3)
+    expected = run.stats()
     assert data["stats"]["smoothap"]["t2i"]["C_0"] == pytest.approx(expected["smoothap"]["t2i"]["C_0"])
     assert data["stats"]["triplet"]["i2t"]["C_q"] == pytest.approx(expected["triplet"]["i2t"]["C_q"])
-    assert data["n_batches"] == {"pair": 25, "ranking": 5}
+    assert data["counting"]["n_batches"] == {"pair": 25, "ranking": 5}
+    assert data["source"]["kind"] == "count" and data["format"] == "cocos-results"
     assert "triplet_sh" in res.output and "W_qv-" in res.output
 
 
@@ -44,7 +47,7 @@ def test_count_one_loss_and_compat(tmp_path):
                               "--batch-size", "8", "--json", str(out), "--no-progress"])
     assert res.exit_code == 0, res.output
     data = json.loads(out.read_text())
-    assert list(data["stats"]) == ["smoothap"] and data["compat"] is True
+    assert list(data["stats"]) == ["smoothap"] and data["counting"]["compat"] is True
 
 
 BAD = {
@@ -93,3 +96,40 @@ def test_missing_file_and_batch_too_large_and_unknown_loss(tmp_path):
     assert res.exit_code == 2 and "larger than the data" in res.output
     res = runner.invoke(app, ["count", str(tmp_path / "e.npz"), "--loss", "hinge"])
     assert res.exit_code == 2 and "unknown loss 'hinge'" in res.output
+
+
+def test_count_out_writes_the_same_folder_as_analyze_and_report_merges_two_seeds(tmp_path):
+    from cocos.io import MARKER
+
+    _write(tmp_path / "e.npz", n=48)
+    folders = []
+    for seed in (0, 1):
+        out = tmp_path / f"s{seed}"
+        res = runner.invoke(app, ["count", str(tmp_path / "e.npz"), "--out", str(out), "--seed", str(seed),
+                                  "--batch-size", "8", "--name", "toy", "--label", "my encoder", "--no-progress",
+                                  *(["--per-query"] if seed == 0 else [])])
+        assert res.exit_code == 0, res.output
+        folders.append(out)
+    names = sorted(p.name for p in folders[0].iterdir() if p.name != MARKER)
+    assert names == ["batches.csv", "counts.pdf", "counts.png", "eps_sweep.pdf", "eps_sweep.png", "queries.csv",
+                     "results.json", "tables.md", "tables.tex", "triplet_diagram.pdf", "triplet_diagram.png"]
+    import pandas as pd
+
+    batches = pd.read_csv(folders[0] / "batches.csv")
+    data = json.loads((folders[0] / "results.json").read_text())
+    part = batches[(batches["loss"] == "ntxent") & (batches.direction == "t2i") & (batches["mode"] == "corrected")
+                   & (batches.stat == "C_qv-") & (batches.eps == 0.01)]
+    assert data["stats"]["ntxent"]["t2i"]["C_qv-"]["mean"] == pytest.approx(part.value.mean(), rel=1e-9)
+    assert data["data"]["name"] == "toy" and data["model"]["label"] == "my encoder"
+    queries = pd.read_csv(folders[0] / "queries.csv")
+    assert set(queries.item_kind) >= {"image", "caption"}
+    rep = tmp_path / "R"
+    res = runner.invoke(app, ["report", str(folders[0] / "results.json"), str(folders[1]), "--out", str(rep)])
+    assert res.exit_code == 0, res.output
+    md = (rep / "tables.md").read_text()
+    assert "**Table 2" in md and "**Table 4" in md and "**Table 1" not in md  # no evaluation: no Table 1
+    assert "2 results (seeds 0, 1)" in md and "mean over seeds" in md
+    one = [json.loads((f / "results.json").read_text())["stats"]["triplet"]["i2t"]["C_q"]["mean"] for f in folders]
+    cell = md_cell(md[md.index("**Table 2"):], "Triplet loss", "i2t C^q")
+    assert cell.startswith(f"{np.mean(one):.2f} ± {np.std(one):.2f}")
+    assert (rep / "cocos_vs_rsum.png").exists()

@@ -118,7 +118,7 @@ def test_smoothap_gradient_matches_finite_differences(b, k, seed):
     scores, layout = batch_similarity(images, captions)
     scores = scores.clone().requires_grad_(True)
     fn = get_loss("smoothap", tau=0.1)
-    sum(fn.direction_loss(layout.view(scores, d)) for d in ("i2t", "t2i")).backward()
+    fn.objective.combine_directions(*(fn.direction_loss(layout.view(scores, d)) for d in ("i2t", "t2i"))).backward()
     h = 1e-6
     for i in range(b):
         for j in range(b * k):
@@ -127,6 +127,16 @@ def test_smoothap_gradient_matches_finite_differences(b, k, seed):
             minus[i, j] -= h
             numeric = (plain_smoothap(plus, k, 0.1) - plain_smoothap(minus, k, 0.1)) / (2 * h)
             assert scores.grad[i, j].item() == pytest.approx(numeric, abs=1e-5)
+
+
+def test_smoothap_loss_is_the_mean_of_the_two_directions_as_published():
+    """The published SmoothAP loss averages the directions (it matters with gradient clipping at 2)."""
+    images, captions = _rand(4, 3, 5, 7)
+    scores, layout = batch_similarity(images, captions)
+    fn = get_loss("smoothap", tau=0.05)
+    i2t, t2i = (fn.direction_loss(layout.view(scores, d)).item() for d in ("i2t", "t2i"))
+    assert fn(torch.tensor(images), torch.tensor(captions)).item() == pytest.approx((i2t + t2i) / 2)
+    assert fn(torch.tensor(images), torch.tensor(captions)).item() != pytest.approx(i2t + t2i)
 
 
 def test_same_image_pairs_leave_the_loss_unless_compat():

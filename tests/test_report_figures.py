@@ -87,14 +87,21 @@ def test_eps_sweep_lines_equal_the_input(tmp_path):
     assert ("smoothap", "t2i") not in out.data
 
 
+def _rsum_rows(rows):
+    import pandas as pd
+
+    return pd.DataFrame([{"label": a, "loss": b, "direction": "i2t", "stat": "C_q", "rsum": c, "cocos": d}
+                         for a, b, c, d in rows], columns=["label", "loss", "direction", "stat", "rsum", "cocos"])
+
+
 def test_cocos_vs_rsum_points_equal_the_input(tmp_path):
-    rows = [("F30k VSE++ Triplet", 309.4, 6.79), ("F30k VSE++ Triplet SH", 353.8, 1.0),
-            ("F30k VSE++ NT-Xent", 337.1, 9.88)]
+    rows = _rsum_rows([("F30k VSE++ Triplet", "triplet", 309.4, 6.79), ("F30k VSE++ Triplet SH", "triplet_sh", 353.8, 1.0),
+                       ("F30k VSE++ NT-Xent", "ntxent", 337.1, 9.88)])
     out = plot_cocos_vs_rsum(rows, tmp_path / "cocos_vs_rsum")
     check_files(out.paths, tmp_path)
     np.testing.assert_allclose(out.data["points"], [[6.79, 309.4], [1.0, 353.8], [9.88, 337.1]])
-    assert out.data["labels"] == [r[0] for r in rows]
-    empty = plot_cocos_vs_rsum([], tmp_path / "empty" / "x")
+    assert out.data["labels"] == list(rows.label)
+    empty = plot_cocos_vs_rsum(_rsum_rows([]), tmp_path / "empty" / "x")
     assert empty.data["points"].shape == (0, 2)
     assert empty.paths[0].read_bytes()[:8] == PNG
 
@@ -107,5 +114,5 @@ def test_failed_write_leaves_no_file(tmp_path, monkeypatch):
 
     monkeypatch.setattr(Figure, "savefig", boom)
     with pytest.raises(RuntimeError):
-        plot_cocos_vs_rsum([("a", 1.0, 2.0)], tmp_path / "fig")
+        plot_cocos_vs_rsum(_rsum_rows([("a", "triplet", 1.0, 2.0)]), tmp_path / "fig")
     assert list(tmp_path.iterdir()) == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -10,17 +11,20 @@ from typer.testing import CliRunner
 from cocos_cli.main import app
 from cocos.errors import CocosError
 from cocos.io import MARKER
-from cocos.report.merge import (
-    SOURCE,
-    cocos_vs_rsum_rows,
-    group_results,
-    load_result,
-    load_results,
-    report_tables,
-    select_stats,
-)
+from cocos.report.merge import build_tables as report_tables
+from cocos.report.merge import cocos_vs_rsum_rows, load_results, select_stats
+from cocos.report.merge import group_results as _group_results
+from cocos.report.results import Results
 from cocos.report.tables import to_latex, to_markdown
-from tests.test_report_tables import check_latex, make_results, md_cell, parse_markdown
+from tests.test_report_tables import as_results, check_latex, make_results, md_cell, parse_markdown
+
+
+def group_results(results):
+    return _group_results([as_results(r) for r in results])
+
+
+def load_result(path):
+    return Results.read(path)
 
 runner = CliRunner()
 
@@ -40,19 +44,29 @@ def tables_by_number(tables):
 def test_load_results_keeps_content_and_source(tmp_path):
     r = make_results(seed=4)
     (loaded,) = load_results([write(tmp_path / "r.json", r)])
-    assert loaded[SOURCE] == str(tmp_path / "r.json")
-    assert {k: v for k, v in loaded.items() if k != SOURCE} == r
+    assert loaded.path == str(tmp_path / "r.json")
+    assert loaded.stats == r["stats"] and loaded.training.seed == 4 and loaded.source.sha256 == r["checkpoint"]["sha256"]
+    # written in the current format and read back: the same record
+    loaded.write(tmp_path / "v2.json")
+    again = Results.read(tmp_path / "v2.json")
+    assert again.to_dict() == loaded.to_dict() and again.format_version == 2
 
 
+V2 = as_results(make_results()).to_dict()
 BAD = {
     "missing": (None, "no such file"),
     "invalid_json": ('{"data": {', "invalid JSON"),
     "empty": ("", "invalid JSON"),
     "list": ("[1, 2]", "not a cocos results file"),
-    "no_training": (json.dumps({k: v for k, v in make_results().items() if k != "training"}),
-                    "missing training.loss, training.seed"),
-    "no_fingerprint": (json.dumps({**make_results(), "data": {"name": "f30k"}}), "missing data.fingerprint"),
-    "stats_not_object": (json.dumps({**make_results(), "stats": [1]}), "not a cocos results file"),
+    "old_no_training": (json.dumps({k: v for k, v in make_results().items() if k != "training"}),
+                        "an old format with missing parts"),
+    "no_fingerprint": (json.dumps({**V2, "data": {"name": "f30k"}}), "missing data.path"),
+    "stats_not_object": (json.dumps({**V2, "stats": [1]}), "'stats' must be an object"),
+    "wrong_type": (json.dumps({**V2, "counting": {**V2["counting"], "batch_size": "128"}}),
+                   "counting.batch_size must be int"),
+    "future": (json.dumps({**V2, "format_version": 99}), "format version 99 is not supported"),
+    "other_format": (json.dumps({**V2, "format": "something"}), "not a cocos results file"),
+    "bad_stat": (json.dumps({**V2, "stats": {"triplet": {"i2t": {"C_q": {"mean": "x"}}}}}), "must be a number"),
 }
 
 
@@ -74,6 +88,12 @@ def test_folder_and_no_paths(tmp_path):
         load_result(tmp_path)
     with pytest.raises(CocosError, match="no results files"):
         load_results([])
+    with pytest.raises(CocosError, match="without any results.json"):
+        load_results([tmp_path])
+    write(tmp_path / "x" / "results.json", make_results("triplet", 0)) if (tmp_path / "x").mkdir() is None else None
+    (tmp_path / "y").mkdir()
+    write(tmp_path / "y" / "results.json", make_results("triplet", 1))
+    assert [r.training.seed for r in load_results([tmp_path])] == [0, 1]  # folders are searched, sorted
 
 
 # --------------------------------------------------------------------------- grouping
@@ -86,9 +106,9 @@ def test_grouping_comes_from_metadata_not_file_names(tmp_path):
     c = write(tmp_path / "vsepp_triplet_seed0.json", make_results("smoothap", 0, model="vsrn"))
     groups, warnings = group_results(load_results([a, b, c]))
     assert warnings == []
-    assert [(g.dataset, g.model, g.loss, g.seeds) for g in groups] == [
-        ("f30k", "vsepp", "triplet", [0, 1]), ("f30k", "vsrn", "smoothap", [0])]
-    assert [r[SOURCE] for r in groups[0].results] == [str(a), str(b)]
+    assert [(g.dataset, g.model, g.loss, [r.replicate for r in g.results]) for g in groups] == [
+        ("f30k", "VSE++", "triplet", [0, 1]), ("f30k", "VSRN", "smoothap", [0])]
+    assert [r.path for r in groups[0].results] == [str(a), str(b)]
 
 
 def test_rows_sorted_dataset_model_then_paper_loss_order():
@@ -97,8 +117,8 @@ def test_rows_sorted_dataset_model_then_paper_loss_order():
                for loss in ("smoothap", "ntxent", "triplet_sh", "triplet")]
     groups, _ = group_results(results)
     assert [(g.dataset, g.model, g.loss) for g in groups][:5] == [
-        ("f30k", "vsepp", "triplet"), ("f30k", "vsepp", "triplet_sh"), ("f30k", "vsepp", "ntxent"),
-        ("f30k", "vsepp", "smoothap"), ("f30k", "vsrn", "triplet")]
+        ("f30k", "VSE++", "triplet"), ("f30k", "VSE++", "triplet_sh"), ("f30k", "VSE++", "ntxent"),
+        ("f30k", "VSE++", "smoothap"), ("f30k", "VSRN", "triplet")]
     assert groups[8].dataset == "coco"
     t1 = report_tables(groups)[0]
     assert [row.labels for row in t1.rows][:2] == [("Flickr30k", "VSE++", "Triplet loss"),
@@ -109,7 +129,7 @@ def test_rows_sorted_dataset_model_then_paper_loss_order():
 def test_warnings_for_duplicate_seed_and_fingerprints():
     results = [make_results("triplet", 1, checkpoint="a.pt"), make_results("triplet", 1, checkpoint="b.pt"), make_results("ntxent", 0)]
     groups, warnings = group_results(results)
-    assert len(warnings) == 1 and "f30k/vsepp/triplet: seed 1 appears 2 times" in warnings[0]
+    assert len(warnings) == 1 and "f30k/VSE++/triplet: seed 1 appears 2 times" in warnings[0]
     assert groups[0].n == 2
     results = [make_results("triplet", 0, fingerprint="aaa"), make_results("ntxent", 0, fingerprint="bbb"),
                make_results("ntxent", 0, dataset="coco", fingerprint="ccc")]
@@ -185,7 +205,7 @@ def test_merged_footnotes_for_alt_values_and_mode_choice():
     t4 = tables_by_number(report_tables(groups))["Table 4"]
     marked = [f for f in t4.footnotes if f.mark]
     assert len(marked) == 1
-    assert "Flickr30k / VSE++ / SmoothAP t2i C^0, compat (published counter): 637.00 ± 1.00" in marked[0].text
+    assert "SmoothAP t2i C^0, compat (published counter): 637.00 ± 1.00" in marked[0].text  # one group: rows by counter
     assert any("C^0 ≈ 637 of 640" in f.text for f in t4.footnotes)
     assert "corrected counting" in t4.title
     # the same files shown in compat mode: the corrected value in the footnote
@@ -203,9 +223,10 @@ def test_merged_footnotes_for_alt_values_and_mode_choice():
 def test_select_stats_without_alt_stats_is_a_clear_error():
     r = make_results()
     r["alt_stats"] = None
-    assert select_stats(r, None)[0] is r["stats"]
+    r = as_results(r)
+    assert select_stats(r, None)[0] is r.stats
     with pytest.raises(CocosError, match="no compat"):
-        select_stats({**r, SOURCE: "x.json"}, True)
+        select_stats(r, True)
 
 
 def test_cocos_vs_rsum_rows():
@@ -213,8 +234,10 @@ def test_cocos_vs_rsum_rows():
                make_results("triplet", 1, rsum=310.0, stats={("triplet", "i2t", "C_q"): (8.0, 1.0)}),
                make_results("ntxent", 0, rsum=340.0, stats={("ntxent", "i2t", "C_qv-"): (9.88, 0.5)})]
     groups, _ = group_results(results)
-    assert cocos_vs_rsum_rows(groups) == [("Flickr30k VSE++ Triplet loss", 305.0, 7.0),
-                                          ("Flickr30k VSE++ NT-Xent", 340.0, 9.88)]
+    rows = cocos_vs_rsum_rows(groups)
+    i2t = rows[rows.direction == "i2t"]
+    assert list(zip(i2t.label, i2t.rsum, i2t.cocos, i2t.stat, strict=True)) == [
+        ("Flickr30k VSE++ Triplet loss", 305.0, 7.0, "C_q"), ("Flickr30k VSE++ NT-Xent", 340.0, 9.88, "C_qv-")]
 
 
 # --------------------------------------------------------------------------- CLI
@@ -291,11 +314,9 @@ def test_cli_report_failure_while_writing_leaves_no_partial_folder(tmp_path, mon
 
 
 def test_the_same_analysis_twice_and_unlike_counting_are_refused(tmp_path):
-    from cocos.report.merge import group_results
-
     a = make_results("triplet", seed=0)
     with pytest.raises(CocosError, match="same checkpoint"):
-        group_results([a, dict(a)])
+        group_results([a, copy.deepcopy(a)])
     b = make_results("triplet", seed=1)
     b["counting"] = {**b["counting"], "batch_size": 64}
     with pytest.raises(CocosError, match="different settings"):

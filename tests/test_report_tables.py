@@ -8,18 +8,35 @@ import re
 
 import pytest
 
+from cocos.report.merge import cocos_tables as _cocos_tables
+from cocos.report.merge import group_results
+from cocos.report.merge import retrieval_table as _retrieval_table
+from cocos.report.results import Results
 from cocos.report.tables import (
     Cell,
     Column,
     Row,
     Table,
-    cocos_tables,
     fmt,
     latex_escape,
-    retrieval_table,
     to_latex,
     to_markdown,
 )
+
+
+def as_results(r) -> Results:
+    return r if isinstance(r, Results) else Results.from_dict(copy.deepcopy(r))
+
+
+def cocos_tables(r):
+    """The COCOS tables of ONE result (a group of one, every counter it was counted with)."""
+    groups, _ = group_results([as_results(r)])
+    return _cocos_tables(groups, counters="all")
+
+
+def retrieval_table(r):
+    groups, _ = group_results([as_results(r)])
+    return _retrieval_table(groups)
 
 # --------------------------------------------------------------------------- fixtures
 
@@ -262,7 +279,7 @@ def test_latex_is_structurally_valid():
     tex = "\n".join(to_latex(t) for t in tables)
     assert check_latex(tex) == 5
     assert r"$\pm$" in tex and "±" not in tex
-    assert r"f30k\_precomp" in tex and r"model\_best.pt" in tex
+    assert r"model\_best.pt" in tex and "Flickr30k" in tex  # f30k_precomp is shown by its paper name
     for name in (r"$C^{q}$", r"$C^{\mathcal{B}}$", r"$C^{0}$", r"$C^{qv^-}$", r"$W^{qv^-}$", r"$W^{qv^+}$"):
         assert name in tex
     assert tex.count(r"\multicolumn{3}{c}{i2t}") == 2  # Table 2 and companions
@@ -309,20 +326,18 @@ def test_retrieval_table_one_checkpoint():
     md = to_markdown(t)
     header, rows, _ = parse_markdown(md)
     assert header == ["Dataset", "Model", "Loss", "i2t R@1", "i2t R@5", "i2t R@10", "i2t mAP@5",
-                      "t2i R@1", "t2i R@5", "t2i R@10", "rsum"]
-    assert rows == [["f30k", "VSRN", "NT-Xent", "30.80", "62.60", "74.10", "0.41", "23.40", "52.80", "65.70",
-                     "301.23"]]
+                      "t2i R@1", "t2i R@5", "t2i R@10", "rsum", "n"]
+    assert rows == [["Flickr30k", "VSRN", "NT-Xent", "30.80", "62.60", "74.10", "0.41", "23.40", "52.80", "65.70",
+                     "301.23", "1"]]
     assert "seed 3" in t.title
     tex = to_latex(t)
     check_latex(tex)
-    assert r"\multicolumn{4}{c}{i2t} & \multicolumn{3}{c}{t2i} &  \\" in tex
+    assert r"\multicolumn{4}{c}{i2t} & \multicolumn{3}{c}{t2i} &  &  \\" in tex
 
 
 def test_latex_is_ascii_and_compiles_with_pdflatex_when_available(tmp_path):
     import shutil
     import subprocess
-
-    from cocos.report.tables import cocos_tables, latex_escape, retrieval_table
 
     assert latex_escape("1/τ, ε = 0.01, 1/Σu², k·q … k·q+k−1") == (
         r"1/$\tau$, $\varepsilon$ = 0.01, 1/$\Sigma$u$^2$, k$\cdot$q \ldots{} k$\cdot$q+k--1")

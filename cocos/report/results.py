@@ -167,7 +167,7 @@ class Results:
                 training=_typed(TrainingInfo, data, "training") if data.get("training") is not None else None,
                 evaluation=_typed(Evaluation, data, "evaluation") if data.get("evaluation") is not None else None,
                 cocos_version=str(data.get("cocos_version", "")),
-                format_version=version,
+                format_version=FORMAT_VERSION,  # read in any supported version, held (and written) in the current one
             )
         except (TypeError, ValueError, AttributeError) as exc:
             raise CocosError(f"not a cocos results file ({str(exc).splitlines()[0]})") from None
