@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cocos.counting import COUNTERS
+from cocos.objectives import names as loss_names
 from cocos.counting.engine import EmbeddingSet, count_embeddings
 from cocos.data.samplers import pair_batches, ranking_batches
 
@@ -55,7 +55,7 @@ def counting_stage(device: str, repeat: int) -> None:
     times = []
     for _ in range(repeat):
         start = time.perf_counter()
-        run = count_embeddings(emb, list(COUNTERS), batch_size=128, seed=0, keep_per_query=True)
+        run = count_embeddings(emb, loss_names(), batch_size=128, seed=0, keep_per_query=True)
         times.append(time.perf_counter() - start)
     print(f"counting stage: {emb.n_images} images, {emb.captions.shape[0]} captions, d = {emb.images.shape[1]}, "
           f"{run.n_batches['pair']} pair + {run.n_batches['ranking']} ranking batches, 4 losses x 2 directions")
