@@ -1,0 +1,58 @@
+"""Packaging and docs: the CLI installs as cocos_cli, --help needs no torch, README links resolve."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMANDS = [[], ["count"], ["analyze"], ["report"], ["train"], ["evaluate"], ["diagram"], ["demo"], ["losses"],
+            ["data", "synth"], ["data", "info"]]
+
+
+def _python(code: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_no_top_level_cli_module_outside_the_repo(tmp_path):
+    res = _python("import cli", tmp_path)
+    assert res.returncode != 0 and "No module named 'cli'" in res.stderr
+    res = _python("import cocos_cli.main, pathlib; print(pathlib.Path(cocos_cli.__file__).parent.name)", tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "cli"  # the top-level folder cli/, installed as the package cocos_cli
+
+
+def test_every_help_answers_without_importing_torch(tmp_path):
+    code = ("import sys\nfrom cocos_cli.main import app\nfor args in %r:\n"
+            "    try:\n        app(args + ['--help'])\n    except SystemExit as e:\n"
+            "        assert e.code in (0, None), (args, e.code)\n"
+            "print('torch' in sys.modules, 'pandas' in sys.modules)") % (COMMANDS,)
+    res = _python(code, tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip().splitlines()[-1] == "False False"
+
+
+def test_readme_links_resolve_in_the_repository():
+    text = (ROOT / "README.md").read_text()
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text)
+    local = [link for link in links if not re.match(r"[a-z]+://", link)]
+    assert local, "the README links to files of the repository"
+    missing = [link for link in local if not (ROOT / link).exists()]
+    assert not missing, missing
+    for doc in ("docs/definitions.md", "cocos/report/SCHEMA.md"):
+        assert doc in text
+
+
+@pytest.mark.parametrize("doc", ["docs/definitions.md"])
+def test_definitions_file_is_in_the_repo_and_cited_by_the_code(doc):
+    assert (ROOT / doc).is_file()
+    cited = subprocess.run(["grep", "-rl", "definitions file", str(ROOT / "cocos")], capture_output=True, text=True)
+    assert cited.stdout.strip()
+    assert "docs/definitions.md" in (ROOT / "cocos" / "__init__.py").read_text()
