@@ -56,3 +56,22 @@ def test_definitions_file_is_in_the_repo_and_cited_by_the_code(doc):
     cited = subprocess.run(["grep", "-rl", "definitions file", str(ROOT / "cocos")], capture_output=True, text=True)
     assert cited.stdout.strip()
     assert "docs/definitions.md" in (ROOT / "cocos" / "__init__.py").read_text()
+
+
+def test_readme_python_examples_run_and_give_meaningful_values():
+    from cocos.objectives import unregister
+
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+    assert len(blocks) >= 2
+    ns: dict = {}
+    try:
+        for block in blocks:
+            exec(block, ns)  # noqa: S102  (the README's own examples)
+    finally:
+        unregister("sqhinge")
+    smooth = ns["count_batch"](ns["images"][:128], ns["captions"][:640], "smoothap")["t2i"]
+    assert smooth["C_q"] > 0 and 0 < smooth["C_0"] < 640  # not NaN and zeros
+    stats = ns["run"].stats()
+    assert stats["my_loss"]["i2t"]["C_q"]["mean"] > 0 and stats["triplet"]["i2t"]["C_q"]["mean"] > 1
+    s = ns["s"]
+    assert not s[s.stat == "C_q"]["mean"].isna().any()
