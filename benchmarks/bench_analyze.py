@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cocos.objectives import names as loss_names
 from cocos.counting.engine import EmbeddingSet, count_embeddings
 from cocos.data.samplers import pair_batches, ranking_batches
+from cocos.objectives import names as loss_names
 
 
 def flickr_embeddings(n_images=29_000, k=5, d=1024, seed=0, device="cpu"):

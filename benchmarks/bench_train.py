@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from cocos.objectives import names as loss_names
 from cocos.data.synth import make_synthetic
+from cocos.objectives import names as loss_names
 
 
 def throughput(model: str, regions: bool, steps: int, tmp: Path) -> float:

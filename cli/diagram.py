@@ -73,9 +73,8 @@ def diagram(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
 ) -> None:
     """Triplet-weight diagram (GOAL Figure 2): a weight over (Sp, Sn), with a checkpoint's triplets."""
-    from cocos.report.diagram import file_slug, plot_pair_weights, plot_triplet_diagram, triplet_points
-
     from cocos.errors import CocosError
+    from cocos.report.diagram import file_slug, plot_pair_weights, plot_triplet_diagram, triplet_points
 
     names = weight_names(weight, pair_weight)
     ext = parse_extent(extent)

@@ -80,12 +80,11 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True, log: Callable[[str], Non
     """Run the whole demo; returns the report folder."""
     from cocos.data.precomp import data_fingerprint
     from cocos.data.synth import make_synthetic
+    from cocos.objectives import get_objective
     from cocos.report.analyze import analyze_checkpoint
     from cocos.report.folder import write_results_folder
     from cocos.report.merge import build_report, write_report
     from cocos.training.trainer import Trainer
-
-    from cocos.objectives import get_objective
 
     for loss in cfg.losses:
         get_objective(loss)
@@ -149,8 +148,9 @@ def demo_readme(cfg: DemoConfig, report, timings: dict, total: float, reused=())
            f"analysis {sum(a for _, a in timings.values()):.0f} s")
         + ".",
         "",
-        "Per-loss folders hold each checkpoint's full analysis (`results.json`, `tables.md`, `tables.tex`, "
-        "`counts.png`, `eps_sweep.png`, `triplet_diagram.png`); `summary/` holds the merged tables (also as LaTeX).",
+        "Per-loss folders hold each checkpoint's full analysis (`results.json`, `batches.csv` with every batch's "
+        "value in both counting modes, `tables.md`, `tables.tex`, `counts.png`, `eps_sweep.png`, "
+        "`triplet_diagram.png`); `summary/` holds the merged tables (also as LaTeX).",
         "",
     ]
     lines += [to_markdown(t) + "\n" for t in report.tables]

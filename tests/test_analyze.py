@@ -11,13 +11,13 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from cocos_cli.main import app
 from cocos.counting import count_batch
 from cocos.data.samplers import pair_batches, ranking_batches
 from cocos.data.synth import make_synthetic
 from cocos.embed import encode_checkpoint
 from cocos.training.checkpoint import load_checkpoint, save_checkpoint
 from cocos.training.trainer import TrainConfig, Trainer
+from cocos_cli.main import app
 
 runner = CliRunner()
 BATCH = 16

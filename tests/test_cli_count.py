@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from cocos_cli.main import app
 from cocos.counting import EmbeddingSet, count_embeddings
+from cocos_cli.main import app
 from tests.test_report_tables import md_cell
 
 runner = CliRunner()

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
-
 import pandas as pd
+import pytest
 
 from cocos.counting import EmbeddingSet, count_batch, count_embeddings, count_queries
 from cocos.counting.engine import summarise

@@ -10,7 +10,6 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from cocos_cli.main import app
 from cocos.counting.engine import EmbeddingSet
 from cocos.data.samplers import pair_batches
 from cocos.errors import CocosError
@@ -22,6 +21,7 @@ from cocos.report.diagram import (
     plot_triplet_diagram,
     triplet_points,
 )
+from cocos_cli.main import app
 
 runner = CliRunner()
 

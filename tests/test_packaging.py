@@ -30,10 +30,10 @@ def test_no_top_level_cli_module_outside_the_repo(tmp_path):
 
 
 def test_every_help_answers_without_importing_torch(tmp_path):
-    code = ("import sys\nfrom cocos_cli.main import app\nfor args in %r:\n"
+    code = (f"import sys\nfrom cocos_cli.main import app\nfor args in {COMMANDS!r}:\n"
             "    try:\n        app(args + ['--help'])\n    except SystemExit as e:\n"
             "        assert e.code in (0, None), (args, e.code)\n"
-            "print('torch' in sys.modules, 'pandas' in sys.modules)") % (COMMANDS,)
+            "print('torch' in sys.modules, 'pandas' in sys.modules)")
     res = _python(code, tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.strip().splitlines()[-1] == "False False"

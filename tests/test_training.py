@@ -9,7 +9,6 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from cocos_cli.main import app
 from cocos.data.precomp import PrecompSplit
 from cocos.data.synth import make_synthetic
 from cocos.errors import CocosError
@@ -17,6 +16,7 @@ from cocos.models import build_model
 from cocos.training.checkpoint import load_checkpoint, save_checkpoint
 from cocos.training.evaluate import evaluate_model, tokenize_split
 from cocos.training.trainer import TrainConfig, Trainer, build_from_checkpoint
+from cocos_cli.main import app
 
 runner = CliRunner()
 QUIET = {"progress": False, "log": lambda *a: None}

@@ -193,7 +193,7 @@ class CountRun:
 
 
 def summarise(batches: pd.DataFrame) -> pd.DataFrame:
-    """Mean, population std, ``n`` and ``n_skipped`` (NaN batches) of ``value`` per (loss, direction, mode, eps, stat)."""
+    """Mean, population std, ``n`` and ``n_skipped`` (NaN batches) of ``value`` per loss, direction, mode, eps, stat."""
     keys = [k for k in KEYS if k in batches.columns]
     g = batches.groupby(keys, dropna=False, sort=False, observed=True)["value"]
     out = pd.DataFrame({"mean": g.mean(), "std": g.std(ddof=0), "n": g.count(), "size": g.size()})

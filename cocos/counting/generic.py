@@ -111,7 +111,7 @@ class BatchLossCounter(GenericCounter):
         self.loss_params = {}
 
     def gradients(self, images: torch.Tensor, captions: torch.Tensor, caption_image) -> torch.Tensor:
-        """``dL/dS`` of each batch, ``(..., B, M)``, from unit-norm ``images (..., B, d)`` and ``captions (..., M, d)``."""
+        """``dL/dS`` of each batch, ``(..., B, M)``, from unit-norm ``images (..., B, d)``, ``captions (..., M, d)``."""
         lead = images.shape[:-2]
         b, m = images.shape[-2], captions.shape[-2]
         flat_i = images.reshape(-1, b, images.shape[-1]).to(torch.float64)

@@ -10,7 +10,7 @@ can check what was plotted.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,9 +19,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from cocos.io import atomic_path
+from cocos.objectives.spec import DEFAULT_EPS  # noqa: E402
 from cocos.report.tables import DIRECTIONS, STAT_HEADERS
 
-from cocos.objectives.spec import DEFAULT_EPS  # noqa: E402
 DPI = 150
 # Fixed metadata: no creation dates, so the same input gives the same bytes.
 _META = {"png": {"Software": "cocos"}, "pdf": {"Creator": "cocos", "Producer": "cocos", "CreationDate": None}}

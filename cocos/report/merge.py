@@ -162,8 +162,9 @@ def group_results(results: Sequence[Results]) -> tuple[list[Group], list[str]]:
     for g in groups:
         settings = {_counting_settings(r) for r in g.results}
         if len(settings) > 1:
-            raise CocosError(f"{g.name}: results were counted with different settings ({' vs '.join(sorted(settings))});"
-                             " count them alike (batch size, eps, margin/tau) before merging")
+            which = " vs ".join(sorted(settings))
+            raise CocosError(f"{g.name}: results were counted with different settings ({which}); "
+                             "count them alike (batch size, eps, margin/tau) before merging")
         g.results.sort(key=lambda r: (r.replicate, r.where))
         for seed, n in sorted(Tally(r.replicate for r in g.results).items()):
             if n > 1:

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import PurePath
 
 DIRECTIONS = ("i2t", "t2i")
 # Where the alternative counting mode differs by more than this, the cell gets a footnote.
