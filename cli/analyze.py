@@ -15,12 +15,16 @@ from .main import app
 def analyze(
     checkpoint: Path = typer.Argument(..., help="A checkpoint written by cocos train (model_best.pt)."),
     data: Path = typer.Option(None, help="Data folder (default: the one recorded in the checkpoint)."),
-    out: Path = typer.Option(None, help="Output folder (default: reports/<checkpoint name>/)."),
-    loss: list[str] = typer.Option(["all"], "--loss", "-l",
+    out: Path = typer.Option(None, help="Output folder (default: reports/<run>/ for <run>/model_best.pt, "
+                                        "reports/<run>_<file>/ for other checkpoints)."),
+    loss: list[str] = typer.Option(["all"], "--loss", "-l", metavar="NAMES",
                                    help="Losses to count: all, or registered names (see `cocos losses`)."),
-    batch_size: int = typer.Option(128, help="Images per counting batch."),
+    batch_size: int = typer.Option(None, help="Images per counting batch (default: the batch size the checkpoint "
+                                              "was trained with, as the paper counts)."),
+    label: str = typer.Option(None, help="Tell this checkpoint apart in reports, e.g. 'last' or 'epoch 5' (shown "
+                                         "as 'VSE++ (last)'); needed to report two checkpoints of one run."),
     seed: int = typer.Option(0, help="Seed of the counting batches."),
-    compat: bool = typer.Option(False, "--compat", help="Show the published counter's values."),
+    compat: bool = typer.Option(False, "--compat/--no-compat", help="Show the published counter's values."),
     eps: float = typer.Option(0.01, help="Threshold eps for NT-Xent and SmoothAP."),
     split: str = typer.Option("test", help="Split to evaluate retrieval on."),
     save_embeddings: Path = typer.Option(None, help="Also save the training embeddings (.npz, count format)."),
@@ -39,7 +43,7 @@ def analyze(
     inputs = [checkpoint] + ([data] if data else []) + ([save_embeddings] if save_embeddings else [])
     check_output_dir(target, inputs, overwrite)  # before minutes of encoding, not after
     analysis = analyze_checkpoint(checkpoint, data, losses=parse_names(loss), batch_size=batch_size, seed=seed,
-                                  compat=compat, split=split, device=device, eps=eps,
+                                  compat=compat, split=split, device=device, eps=eps, label=label,
                                   save_embeddings_to=save_embeddings, progress=progress)
     files = write_results_folder(analysis.results, analysis.run, target, inputs, overwrite, per_query=per_query,
                                  embeddings=analysis.embeddings)

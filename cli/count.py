@@ -17,15 +17,15 @@ def count(
                                       "and optionally 'caption_image' (N*k,)."),
     out: Path = typer.Option(None, "--out", "-o", help="Write a report folder here (results.json, batches.csv, "
                                                        "tables.md/.tex, figures), as cocos analyze does."),
-    loss: list[str] = typer.Option(["all"], "--loss", "-l",
+    loss: list[str] = typer.Option(["all"], "--loss", "-l", metavar="NAMES",
                                    help="Losses to count: all, or registered names (see `cocos losses`)."),
     name: str = typer.Option(None, help="Dataset name of the embeddings (default: the file name)."),
     label: str = typer.Option("embeddings", help="What made the embeddings, e.g. 'CLIP ViT-B/32' (the model "
                                                  "column of reports)."),
     batch_size: int = typer.Option(128, help="Images per batch (pair batches: captions per batch)."),
     seed: int = typer.Option(0, help="Seed of the random batches."),
-    compat: bool = typer.Option(False, "--compat", help="Show the published reference counter's values."),
-    param: list[str] = typer.Option([], "--param", "-p",
+    compat: bool = typer.Option(False, "--compat/--no-compat", help="Show the published reference counter's values."),
+    param: list[str] = typer.Option([], "--param", "-p", metavar="[LOSS.]NAME=VALUE",
                                     help="A loss parameter, LOSS.NAME=VALUE or NAME=VALUE for every loss that "
                                          "has it, e.g. -p margin=0.3 -p ntxent.tau=0.05 (see `cocos losses`)."),
     eps: float = typer.Option(0.01, help="Threshold eps of the counters that use one (NT-Xent, SmoothAP)."),

@@ -16,7 +16,7 @@ def demo(
     out: Path = typer.Option(Path("reports/demo"), help="Report folder."),
     data: Path = typer.Option(Path("data/synth"), help="Synthetic data folder (generated if absent)."),
     checkpoints: Path = typer.Option(Path("checkpoints/demo"), help="Where the four models go."),
-    loss: list[str] = typer.Option(["paper"], "--loss", "-l",
+    loss: list[str] = typer.Option(["paper"], "--loss", "-l", metavar="NAMES",
                                    help="Losses to train and analyse: paper (the COCOS paper's four), all, or "
                                         "registered names."),
     model: str = typer.Option("vsepp", help="vsepp or vsrn."),

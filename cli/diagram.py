@@ -65,7 +65,7 @@ def diagram(
     batch_size: int = typer.Option(128, help="Captions per pair batch."),
     seed: int = typer.Option(0, help="Seed of the random batches."),
     max_batches: int = typer.Option(None, help="Use only the first N batches."),
-    compat: bool = typer.Option(False, "--compat", help="Keep same-image pairs as negatives."),
+    compat: bool = typer.Option(False, "--compat/--no-compat", help="Keep same-image pairs as negatives."),
     extent: str = typer.Option("auto", help="'auto' ([0,1], or [-1,1] when points lie outside) or LO,HI."),
     out: Path = typer.Option(None, help="Output path stem (default reports/diagram_<weight>); "
                                         "writes .png and .pdf."),

@@ -50,12 +50,13 @@ class DemoConfig:
 
 
 def _train_config(cfg: DemoConfig, loss: str):
+    from cocos.objectives import get_objective
     from cocos.training.trainer import TrainConfig
 
     return TrainConfig(data=cfg.data, model=cfg.model, loss=loss, out=str(Path(cfg.checkpoints) / loss),
                        epochs=cfg.epochs, lr=cfg.lr, lr_update=cfg.lr_update, batch_size=cfg.batch_size,
                        embed_size=cfg.embed_size, word_dim=cfg.word_dim, seed=cfg.seed, device=cfg.device,
-                       warmup_epochs=cfg.warmup_epochs if loss == "triplet_sh" else 0)
+                       warmup_epochs=min(cfg.warmup_epochs, cfg.epochs - 1) if get_objective(loss).warmup_loss else 0)
 
 
 def _reusable(train_cfg, fingerprint: str) -> bool:

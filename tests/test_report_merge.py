@@ -121,16 +121,20 @@ def test_rows_sorted_dataset_model_then_paper_loss_order():
         ("f30k", "VSE++", "smoothap"), ("f30k", "VSRN", "triplet")]
     assert groups[8].dataset == "coco"
     t1 = report_tables(groups)[0]
-    assert [row.labels for row in t1.rows][:2] == [("Flickr30k", "VSE++", "Triplet loss"),
-                                                   ("Flickr30k", "VSE++", "Triplet loss SH")]
-    assert t1.rows[-1].labels == ("MS-COCO", "VSRN", "SmoothAP")
+    assert [row.labels for row in t1.rows][:2] == [("Flickr30k", "VSE++", "1", "Triplet loss", "α=0.2"),
+                                                   ("Flickr30k", "VSE++", "2", "Triplet loss SH", "α=0.2")]
+    assert t1.rows[-1].labels == ("MS-COCO", "VSRN", "16", "SmoothAP", "α=0.2")
 
 
 def test_warnings_for_duplicate_seed_and_fingerprints():
-    results = [make_results("triplet", 1, checkpoint="a.pt"), make_results("triplet", 1, checkpoint="b.pt"), make_results("ntxent", 0)]
-    groups, warnings = group_results(results)
-    assert len(warnings) == 1 and "f30k/VSE++/triplet: seed 1 appears 2 times" in warnings[0]
-    assert groups[0].n == 2
+    results = [make_results("triplet", 1, checkpoint="a.pt"), make_results("triplet", 1, checkpoint="b.pt"),
+               make_results("ntxent", 0)]
+    with pytest.raises(CocosError, match=r"same seed \(1\) and configuration.*--label last"):
+        group_results(results)  # e.g. model_best.pt and last.pt of one run: not two seeds
+    labelled = as_results(results[1])
+    labelled.model.label = "VSE++ (last)"
+    groups, warnings = group_results([results[0], labelled, results[2]])
+    assert [g.model for g in groups] == ["VSE++", "VSE++", "VSE++ (last)"] and warnings == []
     results = [make_results("triplet", 0, fingerprint="aaa"), make_results("ntxent", 0, fingerprint="bbb"),
                make_results("ntxent", 0, dataset="coco", fingerprint="ccc")]
     _, warnings = group_results(results)
@@ -142,40 +146,40 @@ def test_warnings_for_duplicate_seed_and_fingerprints():
 # --------------------------------------------------------------------------- tables over seeds
 
 
-def test_retrieval_mean_and_population_std_over_seeds():
+def test_retrieval_mean_and_sample_std_over_seeds():
     groups, _ = group_results([make_results("triplet", 0, rsum=300.0), make_results("triplet", 1, rsum=310.0),
                                make_results("ntxent", 0, rsum=333.333)])
     t1 = report_tables(groups)[0]
     md = to_markdown(t1)
     header, rows, _ = parse_markdown(md)
-    assert header[-2:] == ["rsum", "n"]
-    assert md_cell(md, "Triplet loss", "rsum") == "305.00 ± 5.00"
-    assert md_cell(md, "Triplet loss", "n") == "2"
+    assert header[-2:] == ["rsum", "mAP@5"]
+    assert md_cell(md, "Triplet loss", "rsum") == "305.00 ± 7.07"  # sample std (ddof 1): sqrt(50)
     assert md_cell(md, "Triplet loss", "i2t R@1") == "30.80 ± 0.00"
     assert md_cell(md, "NT-Xent", "rsum") == "333.33"  # one seed: the value alone
-    assert md_cell(md, "NT-Xent", "n") == "1"
-    check_latex(to_latex(t1))
+    assert "mean ± sample std over 2 seeds (rows of one seed: the value alone)" in t1.title
+    tex = to_latex(t1)
+    check_latex(tex)
+    assert r"305.0$\pm$7.1" in tex and r"333.3 &" in tex  # the paper's compact style in LaTeX
 
 
-def test_three_seeds_population_std():
+def test_three_seeds_sample_std():
     groups, _ = group_results([make_results("triplet", s, rsum=v) for s, v in enumerate((300.0, 306.0, 312.0))])
     md = to_markdown(report_tables(groups)[0])
-    assert md_cell(md, "Triplet loss", "rsum") == "306.00 ± 4.90"  # sqrt(24) = 4.899; sample std would be 6.00
+    assert md_cell(md, "Triplet loss", "rsum") == "306.00 ± 6.00"  # ddof 1; the population std would be 4.90
 
 
-def test_cocos_cells_mean_over_seeds_of_each_checkpoints_mean():
+def test_cocos_cells_mean_over_seeds_of_each_checkpoints_mean_and_one_kind_of_spread_per_column():
     results = [make_results("triplet", 0, stats={("triplet", "i2t", "C_q"): (6.0, 0.9)}),
                make_results("triplet", 1, stats={("triplet", "i2t", "C_q"): (7.0, 0.1)}),
                make_results("triplet_sh", 0, stats={("triplet_sh", "t2i", "C_B"): (98.224, 4.661)})]
     groups, _ = group_results(results)
     t2 = tables_by_number(report_tables(groups))["Table 2"]
     md = to_markdown(t2)
-    assert md_cell(md, "Triplet loss", "i2t C^q") == "6.50 ± 0.50"
+    assert md_cell(md, "Triplet loss", "i2t C^q") == "6.50 ± 0.71"  # sample std over the 2 seeds' means
     assert md_cell(md, "Triplet loss", "t2i C^q") == "6.79 ± 0.00"
-    # one seed: that checkpoint's batch mean ± batch std, said in a footnote
-    assert md_cell(md, "Triplet loss SH", "t2i C^B") == "98.22 ± 4.66"
-    assert any("Only one seed for Flickr30k / VSE++ / Triplet loss SH" in f.text for f in t2.footnotes)
-    assert any("mean over seeds" in f.text for f in t2.footnotes)
+    # one seed in a table with seeds: the mean alone (its batch std is another kind of spread)
+    assert md_cell(md, "Triplet loss SH", "t2i C^B") == "98.22"
+    assert "mean ± sample std over 2 seeds (rows of one seed: the mean alone)" in t2.title
     check_latex(to_latex(t2))
 
 
@@ -203,20 +207,18 @@ def test_merged_footnotes_for_alt_values_and_mode_choice():
                for s, v in enumerate((636.0, 638.0))]
     groups, _ = group_results(results)
     t4 = tables_by_number(report_tables(groups))["Table 4"]
-    marked = [f for f in t4.footnotes if f.mark]
-    assert len(marked) == 1
-    assert "SmoothAP t2i C^0, compat (published counter): 637.00 ± 1.00" in marked[0].text  # one group: rows by counter
+    note = t4.footnotes[0].text
+    assert note == "Counting: corrected. † differs in compat (published counter) counting: SmoothAP t2i C^0 637.00."
     assert any("C^0 ≈ 637 of 640" in f.text for f in t4.footnotes)
-    assert "corrected counting" in t4.title
     # the same files shown in compat mode: the corrected value in the footnote
     t4c = tables_by_number(report_tables(groups, compat=True))["Table 4"]
-    assert "compat (published counter) counting" in t4c.title
-    assert md_cell(to_markdown(t4c), "SmoothAP", "t2i C^0").startswith("637.00 ± 1.00<sup>a</sup>")
-    assert "corrected: 2.15 ± 0.00" in [f for f in t4c.footnotes if f.mark][0].text
+    assert t4c.footnotes[0].text.startswith("Counting: compat (published counter). †")
+    assert md_cell(to_markdown(t4c), "SmoothAP", "t2i C^0") == "637.00 ± 1.41<sup>†</sup>"
+    assert "differs in corrected counting: SmoothAP t2i C^0 2.15." in t4c.footnotes[0].text
     # no difference, corrected: no mark and no artefact note
     groups, _ = group_results([make_results("smoothap", 0)])
     t4 = tables_by_number(report_tables(groups))["Table 4"]
-    assert not [f for f in t4.footnotes if f.mark]
+    assert t4.footnotes[0].text == "Counting: corrected."
     assert not any("published counter" in f.text for f in t4.footnotes)
 
 
@@ -251,9 +253,9 @@ def test_cli_report_writes_tables_and_figure(tmp_path):
     assert res.exit_code == 0, res.output
     assert sorted(p.name for p in out.iterdir() if p.name != MARKER) == ["cocos_vs_rsum.pdf", "cocos_vs_rsum.png",
                                                      "tables.md", "tables.tex"]
-    assert "305.00 ± 5.00" in res.stdout and str(out / "tables.md") in res.stdout
+    assert "305.00 ± 7.07" in res.stdout and str(out / "tables.md") in res.stdout
     md = (out / "tables.md").read_text()
-    assert md_cell(md[md.index("**Table 1"):], "Triplet loss", "rsum") == "305.00 ± 5.00"
+    assert md_cell(md[md.index("**Table 1"):], "Triplet loss", "rsum") == "305.00 ± 7.07"
     assert "**Table 2" in md and "**Table 3" not in md
     tex = (out / "tables.tex").read_text()
     assert check_latex(tex) == 3  # Table 1, Table 2, companions
@@ -288,7 +290,7 @@ def test_cli_report_counting_mode_option(tmp_path):
     res = runner.invoke(app, ["report", str(a), "--out", str(out), "--counting", "compat"])
     assert res.exit_code == 0, res.output
     md = (out / "tables.md").read_text()
-    assert md_cell(md[md.index("**Table 4"):], "SmoothAP", "t2i C^0") == "636.72 ± 18.72<sup>a</sup>"
+    assert md_cell(md[md.index("**Table 4"):], "SmoothAP", "t2i C^0") == "636.72 ± 18.72<sup>†</sup>"
     res = runner.invoke(app, ["report", str(a), "--out", str(out), "--counting", "both"])
     assert res.exit_code == 2 and "unknown counting mode" in res.output
 

@@ -57,7 +57,7 @@ TRIPLET_SH = register(Objective(
     name="triplet_sh", label="Triplet loss SH", layout="pair",
     direction_loss=partial(triplet_direction, hardest=True), defaults={"margin": 0.2}, combine="sum",
     counter=TripletSHCounter, stats=("C_q", "C_B", "C_0"), main_stat="C_q", table="2", color="#ff7f0e",
-    description="hinge on the hardest negative only (VSE++ max violation)",
+    description="hinge on the hardest negative only (VSE++ max violation)", warmup_loss="triplet",
 ))
 NTXENT = register(Objective(
     name="ntxent", label="NT-Xent", layout="pair",

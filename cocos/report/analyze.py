@@ -79,7 +79,7 @@ def analyze_checkpoint(
     data: str | os.PathLike | None = None,
     *,
     losses=None,
-    batch_size: int = 128,
+    batch_size: int | None = None,
     seed: int = 0,
     compat: bool = False,
     split: str = "test",
@@ -87,9 +87,15 @@ def analyze_checkpoint(
     eps: float = 0.01,
     sweep_eps=DEFAULT_SWEEP,
     save_embeddings_to: str | os.PathLike | None = None,
+    label: str | None = None,
     progress: bool = False,
 ) -> Analysis:
-    """Encode the training split once, count every loss both ways (in both modes), evaluate."""
+    """Encode the training split once, count every loss both ways (in both modes), evaluate.
+
+    ``batch_size=None`` counts at the batch size the checkpoint was trained with (the paper's
+    practice). ``label`` (e.g. ``"last"``, ``"epoch 5"``) keeps checkpoints of one run apart in
+    reports: the model is shown as ``VSE++ (last)``.
+    """
     from cocos.objectives import names
 
     losses = names() if losses is None else list(losses)
@@ -98,6 +104,8 @@ def analyze_checkpoint(
     frozen = FrozenModel.load(checkpoint, data, device)
     ckpt = frozen.checkpoint
     train = frozen.open_split("train")
+    if batch_size is None:
+        batch_size = int(ckpt.get("train", {}).get("batch_size", 128))
     _check_batch_size(batch_size, train, losses)  # before minutes of encoding
     timings["load"] = time.perf_counter() - clock
     emb = frozen.encode(train, progress=progress)
@@ -119,7 +127,8 @@ def analyze_checkpoint(
         data=DataInfo(name=_dataset_name(frozen.data_folder), path=str(frozen.data_folder),
                       fingerprint=ckpt["data"]["fingerprint"], n_images=train.n_images,
                       n_captions=train.n_captions, k=frozen.k, split_counted="train"),
-        model=ModelInfo(label=MODEL_NAMES.get(kind, kind), kind=kind, hparams=ckpt["model"]["hparams"]),
+        model=ModelInfo(label=MODEL_NAMES.get(kind, kind) + (f" ({label})" if label else ""), kind=kind,
+                        hparams=ckpt["model"]["hparams"]),
         training=TrainingInfo(loss=trained, params=ckpt["loss"].get("params", {}),
                               seed=int(ckpt.get("train", {}).get("seed", 0))),
         counting=counting_info(run, compat, sweep_eps),

@@ -134,7 +134,11 @@ def summary_lines(results: Results) -> list[str]:
 
 
 def default_out(source: str | os.PathLike) -> Path:
-    """``reports/<name>/``; for ``checkpoints/NAME/model_best.pt`` the name is ``NAME``."""
+    """``reports/NAME/`` for ``checkpoints/NAME/model_best.pt``; ``reports/NAME_last/`` for ``.../NAME/last.pt``
+    (any other checkpoint of a run keeps its file name, so it never replaces the best one's analysis);
+    ``reports/STEM/`` for a file outside a run folder."""
     path = Path(source)
-    name = path.parent.name if path.stem in ("model_best", "last") and path.parent.name else path.stem
-    return Path("reports") / name
+    run = path.parent.name
+    if not run or path.parent == Path("."):
+        return Path("reports") / path.stem
+    return Path("reports") / (run if path.stem == "model_best" else f"{run}_{path.stem}")

@@ -16,10 +16,15 @@ their own. Nothing here names a loss.
 
 Cells over replicates
 ---------------------
-* Table 1: mean ± population std (``numpy.std``) over seeds; a single seed shows its value.
+A column never mixes kinds of spread, and every caption says which it shows:
+
+* Table 1: mean ± sample std (ddof 1) over seeds; a single seed shows its value.
 * COCOS tables: a result's statistic is already a mean over training-set batches.
-  With one result the cell is its batch mean ± batch std; with several, the mean
-  over seeds of those means ± their population std over seeds, and a note says so.
+  With one result per row the cell is its batch mean ± batch std; with several
+  seeds, the mean over seeds of those means ± their sample std over seeds (rows with
+  a single seed then show the mean alone).
+* Results of the same seed and configuration are not replicates: they are refused
+  (``cocos analyze --label`` keeps checkpoints of one run apart as separate rows).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from collections import Counter as Tally
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path, PurePath
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -40,7 +45,6 @@ from cocos.report.results import Results
 from cocos.report.tables import (
     COMPANION_STATS,
     DIRECTIONS,
-    RETRIEVAL_KEYS,
     STAT_HEADERS,
     Cell,
     Column,
@@ -49,13 +53,12 @@ from cocos.report.tables import (
     Row,
     Table,
     differs,
-    fmt,
+    fmt_compact,
     latex_escape,
 )
 
 DATASET_NAMES = {"f30k": "Flickr30k", "f30k_precomp": "Flickr30k", "flickr30k": "Flickr30k",
                  "coco": "MS-COCO", "coco_precomp": "MS-COCO", "mscoco": "MS-COCO"}
-RETRIEVAL_COLUMNS = tuple(Column(name, group) for group, name, _ in RETRIEVAL_KEYS)
 NO_LOSS = "-"  # the training-loss label of a result without one (cocos count)
 
 
@@ -167,10 +170,11 @@ def group_results(results: Sequence[Results]) -> tuple[list[Group], list[str]]:
                              "count them alike (batch size, eps, margin/tau) before merging")
         g.results.sort(key=lambda r: (r.replicate, r.where))
         for seed, n in sorted(Tally(r.replicate for r in g.results).items()):
-            if n > 1:
-                files = ", ".join(r.where for r in g.results if r.replicate == seed)
-                warnings.append(f"{g.name}: seed {seed} appears {n} times ({files}); each file is used as a "
-                                "separate replicate")
+            if n > 1:  # the same seed and configuration twice is one experiment, not two replicates
+                files = " and ".join(r.where for r in g.results if r.replicate == seed)
+                raise CocosError(f"{g.name}: {files} have the same seed ({seed}) and configuration, so they are not "
+                                 "replicates; keep them apart with a label (cocos analyze CKPT --label last, "
+                                 "or --label 'epoch 5')")
     fingerprints: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
     for g in groups:
         for r in g.results:
@@ -222,14 +226,18 @@ def stat_frame(groups: Sequence[Group], compat: bool | None = None) -> pd.DataFr
 
 
 def aggregate(frame: pd.DataFrame, groups: Sequence[Group]) -> pd.DataFrame:
-    """Cells per (group, counter, direction, stat, which): one replicate keeps its batch mean ± std;
-    several give the mean over replicates ± the population std over replicates."""
+    """Cells per (group, counter, direction, stat, which).
+
+    One replicate keeps its batch mean ± batch std (``spread="batches"``); several give
+    the mean over replicates ± the *sample* std (ddof 1) over replicates (``spread="seeds"``).
+    A statistic missing in one replicate has no honest value (NaN).
+    """
     keys = ["group", "counter", "direction", "stat", "which"]
     g = frame.groupby(keys, sort=False)
     out = pd.DataFrame({
         "replicates": g["mean"].size(),
         "seed_mean": g["mean"].mean(),
-        "seed_std": g["mean"].std(ddof=0),
+        "seed_std": g["mean"].std(ddof=1),
         "first_mean": g["mean"].first(),
         "first_std": g["std"].first(),
         "n_skipped": g["n_skipped"].sum(),
@@ -239,24 +247,32 @@ def aggregate(frame: pd.DataFrame, groups: Sequence[Group]) -> pd.DataFrame:
     single = size == 1
     out["mean"] = np.where(single, out["first_mean"], out["seed_mean"])
     out["std"] = np.where(single, out["first_std"], out["seed_std"])
-    out.loc[out["replicates"] < size, ["mean", "std"]] = np.nan  # a replicate lacks it: no honest value
+    out["spread"] = np.where(single, "batches", "seeds")
+    out.loc[out["replicates"] < size, ["mean", "std"]] = np.nan
     return out.set_index(keys)
 
 
 # --------------------------------------------------------------------------- tables
 
+PARAM_SYMBOLS = {"margin": ("α", r"\alpha"), "tau": ("τ", r"\tau"), "eps": ("ε", r"\varepsilon")}
+
 
 def _describe(g: Group) -> str:
+    """What a group is, as a phrase: model, training, data."""
     r = g.results[0]
-    if g.n > 1:
-        seeds = ", ".join(str(x.replicate) for x in g.results)
-        return (f"{g.model}{' trained with ' + loss_label(g.loss, r) if g.loss else ''} on "
-                f"{dataset_name(g.dataset)}, {g.n} results (seeds {seeds}); batch size {r.counting.batch_size}")
-    where = PurePath(r.source.path).name
-    epoch = f", epoch {r.source.epoch}" if r.source.epoch is not None else ""
-    trained = f" trained with {loss_label(g.loss, r)} (seed {r.training.seed})" if r.training else ""
-    return (f"{where}{epoch}: {g.model}{trained} on {dataset_name(g.dataset)}; "
-            f"batch size {r.counting.batch_size}, counting seed {r.counting.seed}")
+    trained = f" trained with the {loss_label(g.loss, r)}" if g.loss else ""
+    return f"{g.model}{trained} on {dataset_name(g.dataset)}"
+
+
+def _spread_phrase(groups: Sequence[Group]) -> str:
+    """How the ± of a table is meant, said once in its caption (a table never mixes kinds of spread)."""
+    ns = sorted({g.n for g in groups})
+    if ns == [1]:
+        sizes = sorted({sum(r.counting.n_batches.values()) for g in groups for r in g.results})
+        return "mean ± std over the training-set batches" + (f" ({sizes[0]} batches)" if len(sizes) == 1 else "")
+    seeds = ", ".join(str(n) for n in ns if n > 1)
+    single = " (rows of one seed: the mean alone)" if 1 in ns else ""
+    return f"mean ± sample std over {seeds} seeds{single}"
 
 
 def _stat_columns(stats: Sequence[str]) -> tuple[Column, ...]:
@@ -264,29 +280,52 @@ def _stat_columns(stats: Sequence[str]) -> tuple[Column, ...]:
                  for d in DIRECTIONS for s in stats)
 
 
+def _params_text(params: dict) -> tuple[str, str]:
+    plain, tex = [], []
+    for k, v in params.items():
+        sym, sym_tex = PARAM_SYMBOLS.get(k, (k, latex_escape(k)))
+        plain.append(f"{sym}={v:g}")
+        tex.append(f"${sym_tex}={v:g}$")
+    return ", ".join(plain) or "-", ", ".join(tex) or "-"
+
+
+# Table 1 as in the paper: #, loss, hyper-parameters, R@1/5/10 both ways, rsum, mAP@5 (i2t).
+TABLE1_KEYS = (("i2t", "R@1", "i2t_R@1", 1), ("i2t", "R@5", "i2t_R@5", 1), ("i2t", "R@10", "i2t_R@10", 1),
+               ("t2i", "R@1", "t2i_R@1", 1), ("t2i", "R@5", "t2i_R@5", 1), ("t2i", "R@10", "t2i_R@10", 1),
+               ("", "rsum", "rsum", 1), ("", "mAP@5", "mAP@5", 2))
+
+
 def retrieval_table(groups: Sequence[Group]) -> Table | None:
-    """Table 1 over the groups that were evaluated; None if none was."""
+    """Table 1 over the groups that were evaluated (None if none was): the paper's columns."""
     evaluated = [g for g in groups if all(r.evaluation is not None for r in g.results)]
     if not evaluated:
         return None
+    contexts = {(g.dataset, g.model) for g in evaluated}
+    labels = (("Dataset", "Model") if len(contexts) > 1 else ()) + ("#", "Loss", "Hyper-param.")
     rows = []
-    for g in evaluated:
+    for i, g in enumerate(evaluated, start=1):
         cells = []
-        for _, _, key in RETRIEVAL_KEYS:
+        for _, _, key, digits in TABLE1_KEYS:
             values = np.array([r.evaluation.metrics.get(key, np.nan) for r in g.results], dtype=float)
             ok = values[~np.isnan(values)]
             mean = float(ok.mean()) if ok.size else None
-            cells.append(Cell(mean, float(ok.std()) if ok.size > 1 else None))
-        cells.append(Cell(text=str(g.n)))
-        rows.append(Row(g.labels, tuple(cells)))
-    split = {r.evaluation.split for g in evaluated for r in g.results}
-    notes = [Footnote("Mean ± population std over seeds (numpy.std); a single seed shows its value. Recalls in "
-                      "percent, mAP@5 (i2t) on a 0-1 scale, rsum = sum of the six recalls; n = number of seeds.")]
-    title = f"Table 1: retrieval scores on the {'/'.join(sorted(split))} split"
-    if len(groups) == 1:
-        title += f" — {_describe(groups[0])}"
-    return Table(title, ("Dataset", "Model", "Loss"), (*RETRIEVAL_COLUMNS, Column("n", "", "$n$")), rows, notes,
-                 key="cocos-retrieval")
+            cells.append(Cell(mean, float(ok.std(ddof=1)) if ok.size > 1 else None, digits=digits))
+        params = g.results[0].training.params if g.results[0].training else {}
+        context = (dataset_name(g.dataset), g.model) if len(contexts) > 1 else ()
+        rows.append(Row((*context, str(i), loss_label(g.loss, g.results[0]), _params_text(params)[0]),
+                        tuple(cells)))
+    split = "/".join(sorted({r.evaluation.split for g in evaluated for r in g.results}))
+    where = "" if len(contexts) > 1 else f" of {next(iter(contexts))[1]} on {dataset_name(next(iter(contexts))[0])}"
+    notes = [Footnote("Recalls in percent; rsum is the sum of the six recalls; mAP@5 (image to text) on a 0-1 scale.")]
+    ns = sorted({g.n for g in evaluated})
+    if ns == [1]:
+        spread = "one run per row"
+    else:
+        spread = (f"mean ± sample std over {', '.join(str(n) for n in ns if n > 1)} seeds"
+                  + (" (rows of one seed: the value alone)" if 1 in ns else ""))
+    title = f"Table 1: Retrieval on the {split} split{where}, {spread}"
+    columns = tuple(Column(name, group) for group, name, _, _ in TABLE1_KEYS)
+    return Table(title, labels, columns, rows, notes, key="cocos-retrieval")
 
 
 @dataclass(frozen=True)
@@ -332,8 +371,15 @@ def _notes_for(counters: Sequence[str], compat_shown: bool, differs_in: set[str]
                 marks.note(note.text, note.latex)
 
 
+DAGGER = "†"
+
+
 def cocos_tables(groups: Sequence[Group], compat: bool | None = None, counters: str = "own") -> list[Table]:
-    """The COCOS tables (and companions) of the groups: rows are (group, counter) pairs."""
+    """The COCOS tables (and companions) of the groups: rows are (group, counter) pairs.
+
+    A cell whose value in the other counting mode differs (by more than 0.005) is marked
+    ``†``; one note per table says which mode is shown and gives the other mode's values.
+    """
     frame = stat_frame(groups, compat)
     if frame.empty:
         return []
@@ -349,7 +395,9 @@ def cocos_tables(groups: Sequence[Group], compat: bool | None = None, counters: 
     def row_labels(gi: int, c: str) -> tuple[str, ...]:
         if single:
             return (labels[c],)
-        return (*groups[gi].labels, *((labels[c],) if extra_counter else ()))
+        g = groups[gi]
+        return (dataset_name(g.dataset), g.model, loss_label(g.loss, g.results[0]),
+                *((labels[c],) if extra_counter else ()))
 
     def cell(gi, c, d, s, which):
         key = (gi, c, d, s, which)
@@ -358,12 +406,13 @@ def cocos_tables(groups: Sequence[Group], compat: bool | None = None, counters: 
     def shown_modes(gis) -> set:
         return set().union(*(modes.get(gi, set()) for gi in gis))
 
-    desc = f" — {_describe(groups[0])}" if single else ""
+    about = f": {_describe(groups[0])}" if single else ""
     tables = []
     for spec in table_specs([c for _, c in pairs], labels):
         chosen = [(gi, c) for gi, c in pairs if c in spec.counters]
+        gis = sorted({gi for gi, _ in chosen})
         marks = Marks()
-        rows, differs_in, skipped = [], set(), []
+        rows, differs_in, skipped, other_values = [], set(), [], []
         for gi, c in chosen:
             row = []
             for d in DIRECTIONS:
@@ -371,66 +420,79 @@ def cocos_tables(groups: Sequence[Group], compat: bool | None = None, counters: 
                     main, alt = cell(gi, c, d, s, "shown"), cell(gi, c, d, s, "other")
                     mark = ""
                     if main is not None and alt is not None and differs(dict(main), dict(alt)):
-                        other = mode_name(not next(iter(modes.get(gi, {False}))))
-                        value = fmt(_num(alt["mean"]), _num(alt["std"]))
-                        head_plain, head_tex = STAT_HEADERS.get(s, (s, latex_escape(s)))
-                        who = " / ".join(row_labels(gi, c))
-                        mark = marks.add(f"{who} {d} {head_plain}, {other}: {value}",
-                                         f"{latex_escape(who)} {d} {head_tex}, {latex_escape(other)}: "
-                                         f"{latex_escape(value)}")
+                        mark = DAGGER
                         differs_in.add(c)
+                        head_plain, head_tex = STAT_HEADERS.get(s, (s, latex_escape(s)))
+                        value = fmt_compact(_num(alt["mean"]), _num(alt["std"]) if groups[gi].n == 1 else None)
+                        who = " / ".join(row_labels(gi, c))
+                        other_values.append((f"{who} {d} {head_plain} {value}",
+                                             f"{latex_escape(who)} {d} {head_tex} {latex_escape(value)}"))
                     if s == "C_q" and main is not None and main["n_skipped"]:
                         skipped.append(f"{' / '.join(row_labels(gi, c))} {d}: {int(main['n_skipped'])} of "
                                        f"{int(main['n_batches'])}")
+                    keep_std = main is not None and (groups[gi].n > 1 or not any(groups[i].n > 1 for i in gis))
                     row.append(Cell(_num(main["mean"]) if main is not None else None,
-                                    _num(main["std"]) if main is not None else None, mark=mark))
+                                    _num(main["std"]) if keep_std else None, mark=mark))
             rows.append(Row(row_labels(gi, c), tuple(row)))
-        gis = sorted({gi for gi, _ in chosen})
+        _mode_note(shown_modes(gis), other_values, marks)
         _notes_for(spec.counters, True in shown_modes(gis), differs_in, marks)
         if skipped:
             marks.note("Batches where no query has a gradient have no C^q and are left out of its mean: "
-                       + "; ".join(skipped) + ".")
+                       + "; ".join(skipped) + ".",
+                       r"Batches where no query has a gradient have no $C^{q}$ and are left out of its mean: "
+                       + latex_escape("; ".join(skipped)) + ".")
         _eps_note([c for _, c in chosen], groups, gis, marks)
-        _seed_notes([groups[gi] for gi in gis], marks)
-        tables.append(Table(f"{spec.title}{desc}; {_mode_title(shown_modes(gis))}", label_columns,
+        tables.append(Table(f"{spec.title}{about}; {_spread_phrase([groups[i] for i in gis])}", label_columns,
                             _stat_columns(spec.stats), rows, marks.footnotes,
                             key=f"cocos-{spec.key}" if not single else f"{_slug(groups[0])}-{spec.key}"))
     comp = [(gi, c) for gi, c in pairs if any(cell(gi, c, d, s, "shown") is not None
                                                for d in DIRECTIONS for s in COMPANION_STATS)]
     if comp:
         rows = []
+        gis = sorted({gi for gi, _ in comp})
+        seeds = any(groups[i].n > 1 for i in gis)
         for gi, c in comp:
             row = []
             for d in DIRECTIONS:
                 for s in COMPANION_STATS:
                     e = cell(gi, c, d, s, "shown")
-                    row.append(Cell(_num(e["mean"]) if e is not None else None,
-                                    _num(e["std"]) if e is not None else None))
+                    keep_std = e is not None and (groups[gi].n > 1 or not seeds)
+                    row.append(Cell(_num(e["mean"]) if e is not None else None, _num(e["std"]) if keep_std else None))
             rows.append(Row(row_labels(gi, c), tuple(row)))
         marks = Marks()
+        _mode_note(shown_modes(gis), [], marks)
         marks.note("Threshold-free companions (beyond the paper), from the normalised weights u of each query's "
                    "negatives: N_eff = exp(H(u)), inverse Simpson 1/Σu², top-1 share max u; for the triplet losses "
                    "the weights are the 0/1 violations.",
                    r"Threshold-free companions (beyond the paper), from the normalised weights $u$ of each query's "
                    r"negatives: $N_{\mathrm{eff}} = \exp H(u)$, inverse Simpson $1/\sum u^2$, top-1 share $\max u$; "
                    r"for the triplet losses the weights are the 0/1 violations.")
-        gis = sorted({gi for gi, _ in comp})
-        _seed_notes([groups[gi] for gi in gis], marks)
-        tables.append(Table(f"Companions: effective number of contributing negatives{desc}; "
-                            f"{_mode_title(shown_modes(gis))}", label_columns, _stat_columns(COMPANION_STATS),
-                            rows, marks.footnotes,
+        tables.append(Table(f"Companions: the effective number of contributing negatives{about}; "
+                            f"{_spread_phrase([groups[i] for i in gis])}", label_columns,
+                            _stat_columns(COMPANION_STATS), rows, marks.footnotes,
                             key="cocos-companions" if not single else f"{_slug(groups[0])}-companions"))
     return tables
 
 
+def _mode_note(modes: set, other_values: list[tuple[str, str]], marks: Marks) -> None:
+    """One note per table: the counting mode shown and, where the other mode differs (†), its values."""
+    if len(modes) == 1:
+        shown = next(iter(modes))
+        head = f"Counting: {mode_name(shown)}."
+        other = mode_name(not shown)
+    else:
+        head, other = "Counting: each result's own mode (mixed).", "the other mode"
+    if not other_values:
+        marks.note(head)
+        return
+    plain = f"{head} {DAGGER} differs in {other} counting: " + "; ".join(p for p, _ in other_values) + "."
+    tex = (latex_escape(head) + r" $\dagger$ differs in " + latex_escape(other) + " counting: "
+           + "; ".join(t for _, t in other_values) + ".")
+    marks.note(plain, tex)
+
+
 def _num(x) -> float | None:
     return None if x is None or pd.isna(x) else float(x)
-
-
-def _mode_title(modes: set) -> str:
-    if len(modes) == 1:
-        return f"{mode_name(next(iter(modes)))} counting"
-    return "mixed counting modes (each file's own)"
 
 
 def _slug(g: Group) -> str:
@@ -444,18 +506,6 @@ def _eps_note(counters: Sequence[str], groups: Sequence[Group], gis: Sequence[in
                      for g in (groups[i] for i in gis)} - {None})
     if values:
         marks.note(f"Threshold ε = {', '.join(f'{v:g}' for v in values)}.")
-
-
-def _seed_notes(groups: Sequence[Group], marks: Marks) -> None:
-    single = [g for g in groups if g.n == 1]
-    if len(single) == len(groups):
-        marks.note("One result per row: each cell is its mean ± std over training-set batches.")
-    else:
-        marks.note("Cells: mean over seeds of each result's mean over training-set batches ± the population std "
-                   "over seeds (n seeds as in Table 1).")
-        if single:
-            names = ", ".join(" / ".join(g.labels) for g in single)
-            marks.note(f"Only one seed for {names}: mean ± std over training-set batches of that result.")
 
 
 def build_tables(groups: Sequence[Group], compat: bool | None = None, counters: str = "own") -> list[Table]:

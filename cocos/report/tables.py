@@ -73,7 +73,8 @@ class Cell:
 
     @property
     def plain(self) -> str:
-        return self.text if self.text is not None else fmt(self.mean, self.std, self.digits)
+        """Markdown and terminal: at least two decimals (the compact paper style is for LaTeX)."""
+        return self.text if self.text is not None else fmt(self.mean, self.std, max(self.digits, 2))
 
 
 @dataclass(frozen=True)
@@ -176,7 +177,7 @@ def differs(a: dict | None, b: dict | None, tol: float = ALT_TOLERANCE) -> bool:
 _LATEX_SPECIAL = {
     "\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
     "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
-    "±": r"$\pm$", "≈": r"$\approx$", "≥": r"$\geq$", "≤": r"$\leq$", "·": r"$\cdot$",
+    "±": r"$\pm$", "†": r"$\dagger$", "≈": r"$\approx$", "≥": r"$\geq$", "≤": r"$\leq$", "·": r"$\cdot$",
     "…": r"\ldots{}", "−": "--", "—": "---", "–": "--", "<": r"\textless{}", ">": r"\textgreater{}",
     # Greek letters and math signs of the footnotes: pdflatex has no Unicode text glyphs for them
     "τ": r"$\tau$", "ε": r"$\varepsilon$", "α": r"$\alpha$", "λ": r"$\lambda$", "Σ": r"$\Sigma$",
@@ -230,16 +231,25 @@ def to_markdown(table: Table) -> str:
     return "\n".join(lines) + "\n"
 
 
+def fmt_compact(mean: float | None, std: float | None = None, digits: int = 2) -> str:
+    """The paper's compact ``30.8±.7`` (plain text): no spaces, the std without its leading zero."""
+    if _missing(mean):
+        return "n/a"
+    text = f"{mean:.{digits}f}"
+    if _missing(std):
+        return text
+    spread = f"{std:.{digits}f}"
+    if spread.startswith("0.") and digits > 0:
+        spread = spread[1:]
+    return f"{text}±{spread}"
+
+
 def _latex_cell(cell: Cell) -> str:
     if cell.text is not None:
         text = latex_escape(cell.text)
-    elif _missing(cell.mean):
-        text = "n/a"
-    elif _missing(cell.std):
-        text = f"{cell.mean:.{cell.digits}f}"
     else:
-        text = f"{cell.mean:.{cell.digits}f} $\\pm$ {cell.std:.{cell.digits}f}"
-    return text + (f"\\textsuperscript{{{cell.mark}}}" if cell.mark else "")
+        text = fmt_compact(cell.mean, cell.std, cell.digits).replace("±", r"$\pm$")
+    return text + (f"\\textsuperscript{{{latex_escape(cell.mark)}}}" if cell.mark else "")
 
 
 def _groups(columns: Sequence[Column]) -> list[tuple[str, int, int]]:
@@ -253,34 +263,54 @@ def _groups(columns: Sequence[Column]) -> list[tuple[str, int, int]]:
     return runs
 
 
-def to_latex(table: Table, collapse_labels: bool = True) -> str:
-    """A booktabs ``table`` float ready to ``\\input`` (needs ``\\usepackage{booktabs}``).
+# Page geometry (LNCS, the format of ECIR): one column is 12.2 cm = 347 pt; a two-column ``table*``
+# on an A4 article page with 2.5 cm margins has 16 cm = 455 pt.
+WIDTHS_PT = {"column": 347.0, "page": 455.0}
+_FONT = r"\footnotesize"
+_CHAR_PT = 4.4  # mean glyph width of \footnotesize (8 pt) text and digits
+_TABCOLSEP_PT = 3.0
 
-    Groups of columns (i2t / t2i) get a ``\\multicolumn`` header with a ``\\cmidrule``;
-    with ``collapse_labels`` a leading label equal to the row above is left blank.
-    Footnotes follow the tabular in ``\\footnotesize``, marks as ``\\textsuperscript``.
+
+def _visible(tex: str) -> str:
+    """Roughly what a LaTeX cell prints: commands and braces dropped, math symbols as one character."""
+    tex = re.sub(r"\\textsuperscript\{[^}]*\}", "x", tex)
+    tex = re.sub(r"\\(pm|mathcal|mathrm|ldots|cdot|tau|varepsilon|alpha|mid)\b", "x", tex)
+    tex = re.sub(r"\\[a-zA-Z]+", "", tex)
+    return re.sub(r"[{}$^_\\]", "", tex)
+
+
+def _estimate_pt(rows: Sequence[Sequence[str]]) -> float:
+    """Width of a tabular with these cell texts (per column the widest cell)."""
+    widths = [max(len(_visible(r[i])) for r in rows) for i in range(len(rows[0]))]
+    return sum(w * _CHAR_PT + 2 * _TABCOLSEP_PT for w in widths)
+
+
+def _panels(table: Table) -> list[list[int]]:
+    """Column indices of each stacked panel: a group (i2t, t2i) with the ungrouped columns after it."""
+    panels: list[list[int]] = []
+    for group, first, last in _groups(table.columns):
+        cols = list(range(first, last + 1))
+        if group or not panels:
+            panels.append(cols)
+        else:
+            panels[-1] += cols
+    return panels
+
+
+def to_latex(table: Table, collapse_labels: bool = True, width: str = "column") -> str:
+    """A booktabs ``table`` float ready to ``\\input`` (needs only ``booktabs`` and ``amsmath``).
+
+    The table is set in ``\\footnotesize`` with a narrow ``\\tabcolsep`` and compact
+    numbers (``30.8±.7``) so that it fits ``width``: one LNCS column (12.2 cm, ``table``)
+    or a page (``"page"``: ``table*`` for two-column documents). When the column groups
+    (i2t / t2i) side by side would still be too wide, they are stacked as panels, one
+    under the other, each with its own header. With ``collapse_labels`` a leading label
+    equal to the row above is left blank. Notes follow the tabular in ``\\scriptsize``.
     """
+    if width not in WIDTHS_PT:
+        raise ValueError(f"unknown width '{width}' (use {', '.join(WIDTHS_PT)})")
     n_labels = len(table.label_columns)
-    spec = "l" * n_labels + "r" * len(table.columns)
-    caption = re.sub(r"^Table \d+:\s*", "", table.title)  # LaTeX numbers the table itself
-    out = [r"\begin{table}[t]", r"\centering", rf"\caption{{{latex_escape(caption)}}}",
-           rf"\label{{tab:{_latex_key(table.key)}}}", rf"\begin{{tabular}}{{{spec}}}", r"\toprule"]
-    runs = _groups(table.columns)
-    if any(g for g, _, _ in runs):
-        cells = [""] * n_labels
-        rules = []
-        for group, first, last in runs:
-            span = last - first + 1
-            if group:
-                cells.append(rf"\multicolumn{{{span}}}{{c}}{{{latex_escape(group)}}}")
-                rules.append(rf"\cmidrule(lr){{{n_labels + first + 1}-{n_labels + last + 1}}}")
-            else:
-                cells.extend([""] * span)
-        out.append(" & ".join(cells) + r" \\")
-        out.append(" ".join(rules))
-    out.append(" & ".join([*(latex_escape(x) for x in table.label_columns),
-                           *(c.latex_name for c in table.columns)]) + r" \\")
-    out.append(r"\midrule")
+    label_rows = []
     previous: tuple[str, ...] = ()
     for row in table.rows:
         labels = list(row.labels)
@@ -291,20 +321,65 @@ def to_latex(table: Table, collapse_labels: bool = True) -> str:
                 else:
                     break
         previous = tuple(row.labels)
-        cells = [latex_escape(x) for x in labels] + [_latex_cell(c) for c in row.cells]
-        out.append(" & ".join(cells) + r" \\")
-    out.append(r"\bottomrule")
-    out.append(r"\end{tabular}")
+        label_rows.append([latex_escape(x) for x in labels])
+    cells = [[_latex_cell(c) for c in row.cells] for row in table.rows]
+    heads = [latex_escape(x) for x in table.label_columns]
+    value_heads = [c.latex_name for c in table.columns]
+    runs = _groups(table.columns)
+    grouped = any(g for g, _, _ in runs)
+    wide_rows = [heads + value_heads] + [lab + val for lab, val in zip(label_rows, cells, strict=True)]
+    stacked = grouped and _estimate_pt(wide_rows) > WIDTHS_PT[width]
+    env = "table*" if width == "page" else "table"
+    caption = _sentence(re.sub(r"^Table \d+:\s*", "", table.title))  # LaTeX numbers the table itself
+    out = [rf"\begin{{{env}}}[t]", r"\centering", _FONT, rf"\setlength{{\tabcolsep}}{{{_TABCOLSEP_PT:g}pt}}",
+           rf"\caption{{{latex_escape(caption)}}}", rf"\label{{tab:{_latex_key(table.key)}}}"]
+    if not stacked:
+        out += [rf"\begin{{tabular}}{{{'l' * n_labels + 'r' * len(table.columns)}}}", r"\toprule"]
+        if grouped:
+            head, rules = [""] * n_labels, []
+            for group, first, last in runs:
+                span = last - first + 1
+                if group:
+                    head.append(rf"\multicolumn{{{span}}}{{c}}{{{latex_escape(group)}}}")
+                    rules.append(rf"\cmidrule(lr){{{n_labels + first + 1}-{n_labels + last + 1}}}")
+                else:
+                    head.extend([""] * span)
+            out += [" & ".join(head) + r" \\", " ".join(rules)]
+        out += [" & ".join(heads + value_heads) + r" \\", r"\midrule"]
+        out += [" & ".join(lab + val) + r" \\" for lab, val in zip(label_rows, cells, strict=True)]
+    else:
+        panels = _panels(table)
+        n_values = max(len(p) for p in panels)
+        out += [rf"\begin{{tabular}}{{{'l' * n_labels + 'r' * n_values}}}", r"\toprule"]
+        for k, panel in enumerate(panels):
+            group = table.columns[panel[0]].group
+            pad = [""] * (n_values - len(panel))
+            first = [rf"\emph{{{latex_escape(group)}}}"] + heads[1:] if n_labels else []
+            if k:
+                out.append(r"\midrule")
+            out.append(" & ".join(first + [value_heads[i] for i in panel] + pad) + r" \\")
+            out.append(rf"\cmidrule(lr){{{n_labels + 1}-{n_labels + len(panel)}}}")
+            for lab, val in zip(label_rows, cells, strict=True):
+                out.append(" & ".join(lab + [val[i] for i in panel] + pad) + r" \\")
+    out += [r"\bottomrule", r"\end{tabular}"]
     if table.footnotes:
-        out.append(r"\par\smallskip")
-        out.append(r"{\footnotesize\raggedright")
+        out += [r"\par\smallskip", r"{\scriptsize\raggedright"]
         for note in table.footnotes:
             text = note.latex if note.latex is not None else latex_escape(note.text)
-            mark = rf"\textsuperscript{{{note.mark}}}\," if note.mark else ""
+            mark = rf"\textsuperscript{{{latex_escape(note.mark)}}}\," if note.mark else ""
             out.append(f"{mark}{text}\\par")
         out.append("}")
-    out.append(r"\end{table}")
+    out.append(rf"\end{{{env}}}")
     return _check_latex_ascii("\n".join(out) + "\n")
+
+
+def _sentence(text: str) -> str:
+    """A caption as a sentence: upper-case first letter, a full stop at the end."""
+    text = text.strip()
+    if not text:
+        return text
+    text = text[0].upper() + text[1:]
+    return text if text.endswith((".", "?", "!")) else text + "."
 
 
 def _latex_key(key: str) -> str:

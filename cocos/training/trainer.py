@@ -56,7 +56,7 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Refuse nonsense flags before anything is read or written (one CocosError line)."""
-        from cocos.objectives import get_objective
+        from cocos.objectives import OBJECTIVES, get_objective
 
         get_objective(self.loss)  # unknown names: one line listing the registered losses
         if self.model not in MODELS:
@@ -70,8 +70,10 @@ class TrainConfig:
             raise CocosError(f"gradient clipping must be >= 0, got {self.grad_clip}")
         if not 0 <= self.warmup_epochs < self.epochs:
             raise CocosError(f"--warmup-epochs must lie in [0, epochs), got {self.warmup_epochs}")
-        if self.warmup_epochs and self.loss != "triplet_sh":
-            raise CocosError("--warmup-epochs applies to triplet_sh only (all-triplet warm-up before max violation)")
+        if self.warmup_epochs and get_objective(self.loss).warmup_loss is None:
+            with_warmup = [n for n, o in OBJECTIVES.items() if o.warmup_loss]
+            raise CocosError(f"--warmup-epochs applies to {', '.join(with_warmup)} only (e.g. all-triplet warm-up "
+                             "before max violation)")
         check_params(lr=self.lr, margin=self.margin, tau=self.tau)
         get_loss(self.loss, **self.loss_params())  # the loss's own checks
 
@@ -135,7 +137,8 @@ class Trainer:
                                  vocab_size=len(self.vocab), word_dim=cfg.word_dim,
                                  embed_size=cfg.embed_size).to(self.device)
         self.loss_fn = get_loss(cfg.loss, **cfg.loss_params(), compat=cfg.compat)
-        self.warmup_fn = get_loss("triplet", **cfg.loss_params(), compat=cfg.compat) if cfg.warmup_epochs else None
+        warmup = self.loss_fn.objective.warmup_loss
+        self.warmup_fn = get_loss(warmup, **cfg.loss_params(), compat=cfg.compat) if cfg.warmup_epochs else None
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr)
         self.scheduler = torch.optim.lr_scheduler.StepLR(self.optimizer, step_size=cfg.lr_update, gamma=0.1)
         self.epoch, self.best_rsum, self.history = 0, -math.inf, []
@@ -261,6 +264,7 @@ class Trainer:
                 f"i2t R@1/5/10 {metrics['i2t_R@1']:.1f}/{metrics['i2t_R@5']:.1f}/{metrics['i2t_R@10']:.1f}  "
                 f"t2i {metrics['t2i_R@1']:.1f}/{metrics['t2i_R@5']:.1f}/{metrics['t2i_R@10']:.1f}  "
                 f"rsum {metrics['rsum']:.1f}{'  *best' if improved else ''}"
+                + (f"  (warm-up: {self.loss_fn.objective.warmup_loss} loss)" if epoch <= self.cfg.warmup_epochs else "")
             )
         return load_checkpoint(self.best_path)["metrics"]
 
