@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from .common import handle_errors
+from .common import check_latex_width, handle_errors
 from .main import app
 
 
@@ -30,6 +30,8 @@ def analyze(
     save_embeddings: Path = typer.Option(None, help="Also save the training embeddings (.npz, count format)."),
     per_query: bool = typer.Option(False, "--per-query", help="Also write queries.csv (one row per query)."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    latex_width: str = typer.Option("column", "--latex-width", metavar="column|page",
+                                    help="LaTeX tables fit one LNCS column (12.2 cm, table) or a page (table*)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an --out folder that cocos did not write."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
 ) -> None:
@@ -41,12 +43,13 @@ def analyze(
 
     target = out or default_out(checkpoint)
     inputs = [checkpoint] + ([data] if data else []) + ([save_embeddings] if save_embeddings else [])
+    check_latex_width(latex_width)
     check_output_dir(target, inputs, overwrite)  # before minutes of encoding, not after
     analysis = analyze_checkpoint(checkpoint, data, losses=parse_names(loss), batch_size=batch_size, seed=seed,
                                   compat=compat, split=split, device=device, eps=eps, label=label,
                                   save_embeddings_to=save_embeddings, progress=progress)
     files = write_results_folder(analysis.results, analysis.run, target, inputs, overwrite, per_query=per_query,
-                                 embeddings=analysis.embeddings)
+                                 embeddings=analysis.embeddings, latex_width=latex_width)
     for line in summary_lines(analysis.results):
         typer.echo(line)
     typer.echo(f"wrote {target}/: {', '.join(f.name for f in files)}")

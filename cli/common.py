@@ -49,6 +49,11 @@ def parse_params(items: list[str], losses: list[str]) -> dict[str, dict[str, flo
     return out
 
 
+def check_latex_width(width: str) -> None:
+    if width not in ("column", "page"):
+        raise CocosError(f"unknown --latex-width '{width}' (choose from column, page)")
+
+
 def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
     """Turn CocosError (bad input) into one clear line and exit code 2, never a traceback."""
 

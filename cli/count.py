@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from .common import handle_errors, parse_params
+from .common import check_latex_width, handle_errors, parse_params
 from .main import app
 
 
@@ -32,6 +32,8 @@ def count(
     per_query: bool = typer.Option(False, "--per-query", help="Also write queries.csv (one row per query)."),
     json_path: Path = typer.Option(None, "--json", help="Also write results.json to this path."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    latex_width: str = typer.Option("column", "--latex-width", metavar="column|page",
+                                    help="LaTeX tables fit one LNCS column (12.2 cm, table) or a page (table*)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an --out folder that cocos did not write."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
 ) -> None:
@@ -45,6 +47,7 @@ def count(
     from cocos.report.count import count_file
     from cocos.report.tables import count_rows
 
+    check_latex_width(latex_width)
     names = parse_names(loss)
     params = parse_params(param, names)
     inputs = [embeddings] + ([json_path] if json_path else [])
@@ -71,7 +74,7 @@ def count(
         from cocos.report.folder import write_results_folder
 
         files = write_results_folder(results, counted.run, out, inputs, overwrite, per_query=per_query,
-                                     embeddings=counted.embeddings)
+                                     embeddings=counted.embeddings, latex_width=latex_width)
         typer.echo(f"wrote {out}/: {', '.join(f.name for f in files)}")
     if json_path is not None:
         results.write(json_path)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from .common import handle_errors
+from .common import check_latex_width, handle_errors
 from .main import app
 
 COUNTING = {"own": None, "compat": True, "corrected": False}
@@ -22,6 +22,8 @@ def report(
     counting: str = typer.Option("own", help="Counting mode shown: own (each file's), compat, corrected."),
     counters: str = typer.Option("own", help="COCOS rows: own (each checkpoint's training loss; every counter of "
                                              "a cocos count result) or all."),
+    latex_width: str = typer.Option("column", "--latex-width", metavar="column|page",
+                                    help="LaTeX tables fit one LNCS column (12.2 cm, table) or a page (table*)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an --out folder that cocos did not write."),
 ) -> None:
     """Tables 1-4 of the COCOS paper (mean ± std over seeds) and COCOS vs rsum, from results.json files."""
@@ -33,8 +35,9 @@ def report(
         raise CocosError(f"unknown counting mode '{counting}' (choose from {', '.join(COUNTING)})")
     if counters not in ("own", "all"):
         raise CocosError(f"unknown --counters '{counters}' (choose from own, all)")
+    check_latex_width(latex_width)
     report = build_report(results, compat=COUNTING[counting], counters=counters)
-    files = write_report(report, out, overwrite=overwrite)
+    files = write_report(report, out, overwrite=overwrite, latex_width=latex_width)
     for w in report.warnings:
         typer.echo(f"warning: {w}", err=True)
     if report.tables:

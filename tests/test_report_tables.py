@@ -352,3 +352,54 @@ def test_latex_is_ascii_and_compiles_with_pdflatex_when_available(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout[-2000:]
     assert (tmp_path / "doc.pdf").stat().st_size > 1000
+
+
+def _lncs_compile(tmp_path, body: str, width: str = "12.2cm") -> str:
+    """Compile ``body`` in an LNCS-width article (booktabs and amsmath only); return the log."""
+    import shutil
+    import subprocess
+
+    if shutil.which("pdflatex") is None:
+        pytest.skip("pdflatex is not installed; the ASCII and structure checks ran")
+    (tmp_path / "t.tex").write_text(body)
+    (tmp_path / "doc.tex").write_text(
+        "\\documentclass{article}\\usepackage{booktabs}\\usepackage{amsmath}"
+        f"\\setlength{{\\textwidth}}{{{width}}}\\begin{{document}}\\input{{t.tex}}\\end{{document}}\n")
+    run = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "doc.tex"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout[-2000:]
+    return (tmp_path / "doc.log").read_text(errors="replace")
+
+
+def _report_tables_two_seeds():
+    from cocos.report.merge import build_tables
+
+    results = []
+    for loss in ("triplet", "triplet_sh", "ntxent", "smoothap"):
+        for seed in (0, 1):
+            r = make_results(loss, seed, rsum=400.0 + 7 * seed, stats={("triplet", "i2t", "C_B"): (1000.66 + seed, 124.2)},
+                             alt={("smoothap", "t2i", "C_0"): (637.5, 0.5), ("triplet", "t2i", "C_q"): (2.89, 0.01)})
+            results.append(as_results(r))
+    groups, _ = group_results(results)
+    return build_tables(groups)
+
+
+def test_every_table_fits_one_lncs_column_without_an_overfull_box(tmp_path):
+    """One result (all counters, compat values in the notes) and a two-seed report over four losses."""
+    single = make_results("triplet_sh", 0, stats={("triplet", "i2t", "C_B"): (1000.66, 124.23)},
+                          alt={("smoothap", "t2i", "C_0"): (637.5, 0.5), ("triplet", "t2i", "C_q"): (2.89, 0.01),
+                               ("ntxent", "i2t", "W_qv-"): (0.34, 0.01)})
+    tables = [retrieval_table(single), *cocos_tables(single), *_report_tables_two_seeds()]
+    body = "\n".join(to_latex(t) for t in tables)
+    assert body.isascii() and check_latex(body) == len(tables)
+    log = _lncs_compile(tmp_path, body)
+    overfull = [line for line in log.splitlines() if line.startswith("Overfull \\hbox")]
+    assert not overfull, overfull
+
+
+def test_page_width_tables_are_table_star_and_fit_a_page(tmp_path):
+    tables = _report_tables_two_seeds()
+    body = "\n".join(to_latex(t, width="page") for t in tables)
+    assert body.count(r"\begin{table*}") == len(tables)
+    log = _lncs_compile(tmp_path, body.replace("table*", "table"), width="16cm")
+    assert "Overfull \\hbox" not in log

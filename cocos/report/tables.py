@@ -354,10 +354,10 @@ def to_latex(table: Table, collapse_labels: bool = True, width: str = "column") 
         for k, panel in enumerate(panels):
             group = table.columns[panel[0]].group
             pad = [""] * (n_values - len(panel))
-            first = [rf"\emph{{{latex_escape(group)}}}"] + heads[1:] if n_labels else []
             if k:
                 out.append(r"\midrule")
-            out.append(" & ".join(first + [value_heads[i] for i in panel] + pad) + r" \\")
+            out.append(rf"\multicolumn{{{n_labels + n_values}}}{{l}}{{\emph{{{latex_escape(group)}}}}} \\")
+            out.append(" & ".join(heads + [value_heads[i] for i in panel] + pad) + r" \\")
             out.append(rf"\cmidrule(lr){{{n_labels + 1}-{n_labels + len(panel)}}}")
             for lab, val in zip(label_rows, cells, strict=True):
                 out.append(" & ".join(lab + [val[i] for i in panel] + pad) + r" \\")
