@@ -63,7 +63,8 @@ def count(
     console.print(f"COCOS of {embeddings} ({results.data.n_images} images, {results.data.n_captions} captions; "
                   f"batch {batch_size}, seed {seed}, {batches}{', compat' if compat else ''})")
     for loss_name, by_direction in results.stats.items():
-        table = Table(title=f"{loss_name} {results.counting.params[loss_name]}", title_justify="left")
+        params = ", ".join(f"{k} {v:g}" for k, v in results.counting.params[loss_name].items())
+        table = Table(title=f"{loss_name} ({params})" if params else loss_name, title_justify="left")
         table.add_column("statistic")
         for d in by_direction:
             table.add_column(d, justify="right")

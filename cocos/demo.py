@@ -101,7 +101,7 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True, log: Callable[[str], Non
         make_synthetic(data, n_train=cfg.n_train, n_dev=cfg.n_dev, n_test=cfg.n_test, seed=cfg.seed,
                        overwrite=data.exists())
     fingerprint = data_fingerprint(data)
-    results_paths, timings, reused = [], {}, []
+    results_paths, timings, reused, analyses = [], {}, [], {}
     for loss in cfg.losses:
         train_cfg = _train_config(cfg, loss)
         t0 = time.perf_counter()
@@ -112,13 +112,20 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True, log: Callable[[str], Non
             log(f"[{loss}] training {cfg.model} for {cfg.epochs} epochs")
             Trainer(train_cfg, overwrite=True, progress=progress, log=lambda s, _l=loss: log(f"[{_l}] {s}")).fit()
         t1 = time.perf_counter()
-        analysis = analyze_checkpoint(Path(train_cfg.out) / "model_best.pt", data, batch_size=cfg.batch_size,
-                                      seed=cfg.seed, device=cfg.device, progress=False)
-        write_results_folder(analysis.results, analysis.run, out / loss, embeddings=analysis.embeddings)
-        results_paths.append(out / loss / "results.json")
+        analyses[loss] = analyze_checkpoint(Path(train_cfg.out) / "model_best.pt", data, batch_size=cfg.batch_size,
+                                            seed=cfg.seed, device=cfg.device, progress=False)
         timings[loss] = (t1 - t0, time.perf_counter() - t1)
-        log(f"[{loss}] test rsum {analysis.results.evaluation.metrics['rsum']:.1f}; "
+        log(f"[{loss}] test rsum {analyses[loss].results.evaluation.metrics['rsum']:.1f}; "
             f"analysis in {timings[loss][1]:.1f} s")
+    # one square for the triplet diagrams of all models, chosen by the triplets of all of them
+    from cocos.report.diagram import common_extent
+    from cocos.report.folder import diagram_points
+
+    extent = common_extent([diagram_points(a.results, a.embeddings) for a in analyses.values()])
+    for loss, analysis in analyses.items():
+        write_results_folder(analysis.results, analysis.run, out / loss, embeddings=analysis.embeddings,
+                             diagram_extent=extent)
+        results_paths.append(out / loss / "results.json")
     report = build_report(results_paths)
     write_report(report, out / "summary", readme=None)
     readme = demo_readme(cfg, report, timings, time.perf_counter() - start, reused)

@@ -100,7 +100,8 @@ def test_cocos_vs_rsum_points_equal_the_input(tmp_path):
     out = plot_cocos_vs_rsum(rows, tmp_path / "cocos_vs_rsum")
     check_files(out.paths, tmp_path)
     np.testing.assert_allclose(out.data["points"], [[6.79, 309.4], [1.0, 353.8], [9.88, 337.1]])
-    assert out.data["labels"] == list(rows.label)
+    assert out.data["labels"] == [f"{x} (i2t)" for x in rows.label]
+    assert out.data["panels"] == ["C_q"]
     empty = plot_cocos_vs_rsum(_rsum_rows([]), tmp_path / "empty" / "x")
     assert empty.data["points"].shape == (0, 2)
     assert empty.paths[0].read_bytes()[:8] == PNG

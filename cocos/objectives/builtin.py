@@ -50,24 +50,24 @@ NTXENT_WEIGHTS = Note(
 TRIPLET = register(Objective(
     name="triplet", label="Triplet loss", layout="pair",
     direction_loss=partial(triplet_direction, hardest=False), defaults={"margin": 0.2}, combine="sum",
-    counter=TripletCounter, stats=("C_q", "C_B", "C_0"), main_stat="C_q", table="2", color="#1f77b4",
+    counter=TripletCounter, stats=("C_q", "C_B", "C_0"), main_stat="C_q", table="2", color="#1f77b4", marker="o",
     notes=(TRIPLET_COMPAT,), description="hinge over all negatives (paper Eq. 3)",
 ))
 TRIPLET_SH = register(Objective(
     name="triplet_sh", label="Triplet loss SH", layout="pair",
     direction_loss=partial(triplet_direction, hardest=True), defaults={"margin": 0.2}, combine="sum",
-    counter=TripletSHCounter, stats=("C_q", "C_B", "C_0"), main_stat="C_q", table="2", color="#ff7f0e",
+    counter=TripletSHCounter, stats=("C_q", "C_B", "C_0"), main_stat="C_q", table="2", color="#ff7f0e", marker="s",
     description="hinge on the hardest negative only (VSE++ max violation)", warmup_loss="triplet",
 ))
 NTXENT = register(Objective(
     name="ntxent", label="NT-Xent", layout="pair",
     direction_loss=ntxent_direction, defaults={"tau": 0.1}, combine="mean",
     counter=NTXentCounter, stats=("C_qv-", "W_qv-", "W_qv+", "W_low"), main_stat="C_qv-", table="3",
-    color="#2ca02c", notes=(NTXENT_WEIGHTS,), description="softmax cross-entropy at temperature tau",
+    color="#2ca02c", marker="^", notes=(NTXENT_WEIGHTS,), description="softmax cross-entropy at temperature tau",
 ))
 SMOOTHAP = register(Objective(
     name="smoothap", label="SmoothAP", layout="ranking",
     direction_loss=smoothap_direction, defaults={"tau": 0.01}, combine="mean",
-    counter=SmoothAPCounter, stats=("C_q", "C_0"), main_stat="C_q", table="4", color="#d62728",
+    counter=SmoothAPCounter, stats=("C_q", "C_0"), main_stat="C_q", table="4", color="#d62728", marker="D",
     notes=(SMOOTHAP_ARTEFACT,), description="1 - smoothed average precision (ranking batches)",
 ))

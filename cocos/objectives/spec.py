@@ -58,6 +58,7 @@ class Objective:
     main_stat: str = "C_q"  # the per-query count shown in figures and summaries
     table: str | None = None  # the paper table ("2", "3", "4"); families with the same table share it
     color: str = "#7f7f7f"
+    marker: str = "o"  # matplotlib marker of the family in scatter plots
     notes: tuple[Note, ...] = ()
     description: str = ""  # one line for `cocos losses`
     warmup_loss: str | None = None  # a family to train with during --warmup-epochs (VSE-infinity practice)

@@ -35,14 +35,14 @@ import torch
 from cocos.data.layout import DIRECTIONS, BatchLayout
 from cocos.data.samplers import pair_batches
 from cocos.errors import CocosError
-from cocos.io import atomic_path
-from cocos.losses.goal import PAIR_WEIGHTS, hardest_triplets, parse_weight, triplet_part, weight_grid
+from cocos.losses.goal import PAIR_WEIGHTS, hardest_triplets, parse_weight, triplet_part, weight_grid, weight_params
 
 ACTIVE_THRESHOLD = 0.5
 DEFAULT_EXTENT = (0.0, 1.0)
 FULL_EXTENT = (-1.0, 1.0)
 DENSITY_LEVELS = (0.5, 0.9)  # contours enclosing these shares of the points
 DIRECTION_STYLE = {"i2t": ("#d62728", "solid"), "t2i": ("#ff9896", "dashed")}
+MAX_PANELS_PER_ROW = 3
 
 
 # -- points ------------------------------------------------------------------------------
@@ -149,24 +149,12 @@ def density_grid(sp, sn, extent: tuple[float, float], bins: int = 80, sigma: flo
     return centres, h, levels
 
 
-def _save(fig, path_stem: Path) -> list[Path]:
-    paths = []
-    for ext, meta in (("png", {"Software": None}), ("pdf", {"CreationDate": None, "ModDate": None})):
-        path = Path(f"{path_stem}.{ext}")
-        with atomic_path(path, suffix=f".{ext}") as tmp:
-            fig.savefig(tmp, format=ext, dpi=150, metadata=meta)
-        paths.append(path)
-    return paths
-
-
-def _new_figure(n_panels: int, panel_size: float = 3.6):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(panel_size * n_panels + 0.6, panel_size + 0.4))
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(1, n_panels, squeeze=False)[0]
-    return fig, axes
+def _bar_label(spec) -> str:
+    if spec.triplet is None:
+        return f"{spec.name} (pair weight)"
+    if spec.pair is None:
+        return f"{spec.triplet} (triplet weight)"
+    return f"{spec.name} (gradient scalar)"
 
 
 def _label(name: str, params: dict) -> str:
@@ -202,6 +190,15 @@ class DiagramResult:
     outside: dict[str, float] = field(default_factory=dict)  # points key -> share outside the square
 
 
+def common_extent(point_sets) -> tuple[float, float]:
+    """One square for the diagrams of several models: ``[0, 1]`` if every triplet of all of them lies there."""
+    merged: dict = {}
+    for i, pts in enumerate(point_sets):
+        for key, value in _as_point_dict(pts).items():
+            merged[f"{i}/{key}"] = value
+    return _choose_extent(None, merged)
+
+
 def _choose_extent(extent, pts: dict) -> tuple[float, float]:
     if extent is not None:
         lo, hi = float(extent[0]), float(extent[1])
@@ -222,7 +219,7 @@ def plot_triplet_diagram(
     points=None,
     path_stem: str | os.PathLike,
     extent: tuple[float, float] | None = None,
-    resolution: int = 201,
+    resolution: int = 401,
     title: str | None = None,
 ) -> DiagramResult:
     """Heat map(s) of weight(s) over ``(Sp, Sn)``, one panel per name, written as PNG and PDF.
@@ -255,45 +252,69 @@ def plot_triplet_diagram(
     for n in names:
         result.active[n] = {key: active_share(n, sp, sn, **params) for key, (sp, sn) in pts.items()}
 
-    fig, axes = _new_figure(len(names))
-    for ax, name in zip(axes, names, strict=True):
-        v = values[name]
-        vmin, vmax = float(min(v.min(), 0.0)), float(max(v.max(), 1.0))
-        im = ax.imshow(v, origin="lower", extent=(lo, hi, lo, hi), cmap="viridis", vmin=vmin, vmax=vmax,
-                       aspect="equal", interpolation="nearest")
-        binary = bool(np.isin(v, (0.0, 1.0)).all())
-        scale = 1.0 if v.max() <= 1.0 else float(v.max())
-        levels = [lv * scale for lv in ((0.5,) if binary else (0.1, 0.3, 0.5, 0.7, 0.9))]
-        levels = [lv for lv in levels if v.min() < lv < v.max()]
-        if levels:
-            cs = ax.contour(grid, grid, v, levels=levels, colors="white", linewidths=0.6, alpha=0.7)
-            if not binary:
-                ax.clabel(cs, fontsize=6, fmt="%.2g")
-        ax.plot([lo, hi], [lo, hi], color="0.85", linewidth=0.6, linestyle=":")
-        handles = []
-        for i, (key, (sp, sn)) in enumerate(pts.items()):
-            if sp.size < 2:
-                continue
-            color, style = DIRECTION_STYLE.get(key, (f"C{i}", "solid"))
-            centres, dens, dlevels = density_grid(sp, sn, (lo, hi))
-            if dlevels:
-                ax.contour(centres, centres, dens, levels=dlevels, colors=[color], linestyles=style,
-                           linewidths=1.2)
-            share = result.active[name].get(key)
-            label = key if share is None else f"{key}: {100 * share:.1f}% active"
-            handles.append(ax.plot([], [], color=color, linestyle=style, label=label)[0])
-        if handles:
-            ax.legend(handles=handles, loc="upper left", fontsize=7, framealpha=0.8)
-        ax.set_xlim(lo, hi)
-        ax.set_ylim(lo, hi)
-        ax.set_xlabel(r"$S_p$ (positive similarity)")
-        ax.set_ylabel(r"$S_n$ (hardest negative similarity)")
-        ax.set_title(_label(name, params), fontsize=9)
-        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    result.paths = _save(fig, Path(path_stem))
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    from cocos.report import style
+
+    with style.paper_style():
+        ncols = min(MAX_PANELS_PER_ROW, len(names))
+        nrows = -(-len(names) // ncols)
+        fig = style.figure(3.3 * ncols + 0.4, 3.1 * nrows + (0.5 if title else 0.1) + (0.45 if pts else 0.0))
+        axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+        for ax in axes[len(names):]:
+            ax.set_axis_off()
+        for ax, name, spec in zip(axes, names, specs, strict=False):
+            v = values[name]
+            vmin, vmax = float(min(v.min(), 0.0)), float(max(v.max(), 1.0))
+            im = ax.imshow(v, origin="lower", extent=(lo, hi, lo, hi), cmap="viridis", vmin=vmin, vmax=vmax,
+                           aspect="equal", interpolation="bilinear")
+            binary = bool(np.isin(v, (0.0, 1.0)).all())
+            if spec.triplet == "T_con" and spec.pair is None:  # the exact boundary: Sn = Sp - margin
+                m = float(weight_params("T_con", **params).get("margin", 0.2))
+                ax.plot([lo, hi], [lo - m, hi - m], color="white", linewidth=1.0)
+            else:
+                scale = 1.0 if v.max() <= 1.0 else float(v.max())
+                levels = [lv * scale for lv in ((0.5,) if binary else (0.1, 0.3, 0.5, 0.7, 0.9))]
+                levels = [lv for lv in levels if v.min() < lv < v.max()]
+                if levels:
+                    cs = ax.contour(grid, grid, v, levels=levels, colors="white", linewidths=0.6, alpha=0.8)
+                    if not binary:
+                        ax.clabel(cs, fontsize=6, fmt="%.2g")
+            ax.plot([lo, hi], [lo, hi], color="0.85", linewidth=0.6, linestyle=":")
+            for i, (key, (sp, sn)) in enumerate(pts.items()):
+                if sp.size < 2:
+                    continue
+                color, line_style = DIRECTION_STYLE.get(key, (f"C{i}", "solid"))
+                centres, dens, dlevels = density_grid(sp, sn, (lo, hi))
+                if dlevels:
+                    ax.contour(centres, centres, dens, levels=dlevels, colors=[color], linestyles=line_style,
+                               linewidths=1.2)
+                share = result.active[name].get(key)
+                if share is not None:
+                    ax.text(0.03, 0.97 - 0.09 * i, f"{key}: {100 * share:.1f}% active", transform=ax.transAxes,
+                            ha="left", va="top", fontsize="small", color="black",
+                            bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "alpha": 0.8, "linewidth": 0})
+            ax.set_xlim(lo, hi)
+            ax.set_ylim(lo, hi)
+            ax.set_xlabel(r"$S_p$ (positive similarity)")
+            ax.set_ylabel(r"$S_n$ (hardest negative)")
+            ax.set_title(_label(name, params))
+            ax.grid(False)
+            bar = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
+            bar.set_label(_bar_label(spec))
+        if pts:
+            held = " / ".join(f"{q:.0%}" for q in DENSITY_LEVELS)
+            handles = [Line2D([], [], color=DIRECTION_STYLE.get(k, ("C0", "solid"))[0],
+                              linestyle=DIRECTION_STYLE.get(k, ("C0", "solid"))[1],
+                              label=f"{k} training triplets (contours hold {held})")
+                       for k, (sp, _) in pts.items() if sp.size >= 2]
+            handles.append(Patch(facecolor="none", edgecolor="none",
+                                 label=f"% active: share of triplets where T > {ACTIVE_THRESHOLD:g}"))
+            fig.legend(handles=handles, loc="outside lower center", ncols=min(3, len(handles)), fontsize="small")
+        if title:
+            fig.suptitle(title)
+        result.paths = style.save(fig, Path(path_stem))
     return result
 
 
@@ -313,7 +334,7 @@ def plot_pair_weights(
     params: dict | None = None,
     path_stem: str | os.PathLike,
     extent: tuple[float, float] = DEFAULT_EXTENT,
-    resolution: int = 201,
+    resolution: int = 401,
 ) -> PairCurves:
     """Curves of pair weights (paper Figure 3): ``P+`` over ``Sp`` (left), ``P−`` over ``Sn`` (right).
 
@@ -333,18 +354,22 @@ def plot_pair_weights(
     st = torch.from_numpy(s)
     positive = {n: weight_grid(f"{n}+", st, st, **params).numpy().copy() for n in canon}
     negative = {n: weight_grid(f"{n}-", st, st, **params).numpy().copy() for n in canon}
-    fig, axes = _new_figure(2)
-    for ax, curves, xlabel, title in ((axes[0], positive, r"$S_p$", r"$P_+$ (positive pairs)"),
-                                      (axes[1], negative, r"$S_n$", r"$P_-$ (negative pairs)")):
-        for i, (n, y) in enumerate(curves.items()):
-            ax.plot(s, y, color=f"C{i}", label=n, linewidth=1.4)
-        ax.set_xlim(lo, hi)
-        ax.set_xlabel(xlabel)
-        ax.set_title(title, fontsize=9)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    return PairCurves(paths=_save(fig, Path(path_stem)), s=s, positive=positive, negative=negative)
+    from cocos.report import style
+
+    with style.paper_style():
+        fig = style.figure(7.0, 3.0)
+        axes = fig.subplots(1, 2)
+        for ax, curves, xlabel, title in ((axes[0], positive, r"$S_p$", r"$P_+$ (positive pairs)"),
+                                          (axes[1], negative, r"$S_n$", r"$P_-$ (negative pairs)")):
+            for i, (n, y) in enumerate(curves.items()):
+                ax.plot(s, y, color=f"C{i}", label=n, linewidth=1.4)
+            ax.set_xlim(lo, hi)
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel("pair weight")
+            ax.set_title(title)
+            ax.legend(fontsize="small")
+        paths = style.save(fig, Path(path_stem))
+    return PairCurves(paths=paths, s=s, positive=positive, negative=negative)
 
 
 def file_slug(name: str) -> str:

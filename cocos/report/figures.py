@@ -1,10 +1,10 @@
-"""Figures (PNG and PDF), written atomically and deterministically.
+"""Figures (PNG and PDF) in one seaborn style (:mod:`cocos.report.style`), written atomically and deterministically.
 
-Uses matplotlib's object API with the Agg canvas (no pyplot, no display, no
-global state). Each function writes ``<path_stem>.png`` and ``<path_stem>.pdf``
-(through :func:`cocos.io.atomic_path`) and returns a :class:`FigureOutput`: the
-paths, and the data read back from the drawn artists so a caller (or a test)
-can check what was plotted.
+Every function draws on its own :class:`~matplotlib.figure.Figure` (no pyplot
+state), names the model, data and counting mode in its title when given, takes a
+loss's colour, marker and label from its spec, and returns a :class:`FigureOutput`:
+the paths, and the data read back from the drawn artists so that a caller (or a
+test) can check what was plotted.
 """
 
 from __future__ import annotations
@@ -15,32 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
-from cocos.io import atomic_path
-from cocos.objectives.spec import DEFAULT_EPS  # noqa: E402
-from cocos.report.tables import DIRECTIONS, STAT_HEADERS
+from cocos.objectives.spec import DEFAULT_EPS
+from cocos.report import style
+from cocos.report.tables import DIRECTIONS
 
-DPI = 150
-# Fixed metadata: no creation dates, so the same input gives the same bytes.
-_META = {"png": {"Software": "cocos"}, "pdf": {"Creator": "cocos", "Producer": "cocos", "CreationDate": None}}
-
-
-def _spec(loss: str, labels: Mapping | None = None) -> tuple[str, str, str]:
-    """``(label, colour, main statistic)`` of a loss from its spec (a grey ``C_q`` for losses outside the registry)."""
-    from cocos.objectives import OBJECTIVES
-
-    spec = OBJECTIVES.get(loss)
-    if spec is None:
-        return (labels or {}).get(loss, loss), "#7f7f7f", "C_q"
-    return spec.label, spec.color, spec.main_stat
-
-
-def _order(losses) -> list[str]:
-    from cocos.objectives import order
-
-    return order(losses)
+LOG_TAIL_RATIO = 50.0  # a log y axis when the tallest bar is this many times the smallest non-empty one
 
 
 @dataclass
@@ -49,139 +29,192 @@ class FigureOutput:
     data: dict = field(default_factory=dict)
 
 
-def save_figure(fig: Figure, path_stem: str | os.PathLike) -> list[Path]:
+def save_figure(fig, path_stem: str | os.PathLike) -> list[Path]:
     """Write ``fig`` as ``<stem>.png`` and ``<stem>.pdf`` atomically; return both paths."""
-    stem = Path(path_stem)
-    FigureCanvasAgg(fig)
-    paths = []
-    for ext in ("png", "pdf"):
-        path = stem.with_name(stem.name + "." + ext)
-        with atomic_path(path) as tmp, open(tmp, "wb") as fh:
-            fig.savefig(fh, format=ext, dpi=DPI, metadata=_META[ext])
-        paths.append(path)
-    return paths
+    return style.save(fig, path_stem)
 
 
-def _stat_label(stat: str) -> str:
-    return STAT_HEADERS.get(stat, (stat,))[0]
+def _order(losses) -> list[str]:
+    from cocos.objectives import order
+
+    return order(losses)
 
 
-def _bins(values: np.ndarray) -> np.ndarray:
+def _bins(values: np.ndarray) -> tuple[np.ndarray, bool]:
+    """Histogram edges and whether the values are discrete counts (one bar per integer)."""
     if values.size == 0:
-        return np.linspace(0, 1, 11)
+        return np.linspace(0, 1, 11), False
     lo, hi = float(values.min()), float(values.max())
-    if np.allclose(values, np.round(values)) and hi - lo <= 60:
-        return np.arange(np.floor(lo) - 0.5, np.ceil(hi) + 1.5)
+    if np.allclose(values, np.round(values)) and hi - lo <= 80:
+        return np.arange(np.floor(lo) - 0.5, np.ceil(hi) + 1.5), True
     if hi == lo:
-        return np.linspace(lo - 0.5, hi + 0.5, 11)
-    return np.linspace(lo, hi, 31)
+        return np.linspace(lo - 0.5, hi + 0.5, 11), False
+    return np.linspace(lo, hi, 31), False
 
 
 def plot_count_distributions(per_query: Mapping, path_stem: str | os.PathLike, labels: Mapping | None = None,
                              title: str | None = None) -> FigureOutput:
-    """Histograms of the main per-query count, a grid of losses (rows) × directions (columns).
+    """How many candidates contribute per query: a grid of losses (rows) × directions (columns).
 
     ``per_query[loss][direction][stat]`` is a 1-D array (one value per query, all
-    batches); the count shown is ``C_q`` (``C_qv-`` for NT-Xent) and its mean over
-    all queries is drawn as a dashed line (for ``C_q`` also, dotted, the mean over
-    queries with a gradient, as in the tables). ``data[(loss, direction)]`` holds
-    the bar heights, bin edges and the lines' positions read back from the axes.
+    batches); the count shown is each loss's main statistic (``C_q``; ``C_qv-`` for
+    NT-Xent). Discrete counts are bars at integers (Triplet SH shows its 0/1 shares),
+    the y axis is the share of queries, logarithmic where a long tail would be
+    invisible. The mean over all queries is a dashed line, for ``C_q`` also the mean
+    over queries with a gradient (dotted; the tables' ``C^q``); the legend sits below
+    the panels. ``data[(loss, direction)]`` holds the bar heights (numbers of queries),
+    bin edges, whether y is logarithmic and the lines' positions, read back from the axes.
     """
+    import seaborn as sns
+
     losses = _order(per_query)
-    fig = Figure(figsize=(4.2 * len(DIRECTIONS), 2.8 * max(1, len(losses))), layout="constrained")
-    if title:
-        fig.suptitle(title, fontsize=10)
-    axes = fig.subplots(max(1, len(losses)), len(DIRECTIONS), squeeze=False)
-    data = {}
-    for i, loss in enumerate(losses):
-        name, color, stat = _spec(loss, labels)
-        for j, d in enumerate(DIRECTIONS):
-            ax = axes[i][j]
-            raw = per_query.get(loss, {}).get(d, {}).get(stat)
-            ax.set_title(f"{name}, {d}", fontsize=10)
-            ax.set_xlabel(f"{_stat_label(stat)} per query")
-            ax.set_ylabel("queries")
-            if raw is None:
-                ax.text(0.5, 0.5, "n/a", ha="center", va="center", transform=ax.transAxes)
-                continue
-            values = np.asarray(raw, dtype=np.float64).ravel()
-            values = values[np.isfinite(values)]
-            heights, edges, _ = ax.hist(values, bins=_bins(values), color=color)
-            mean = float(values.mean()) if values.size else float("nan")
-            line = ax.axvline(mean, color="black", linestyle="--", linewidth=1,
-                              label=f"mean {mean:.2f} (all queries)")
-            entry = {"heights": np.array([p.get_height() for p in ax.patches]), "edges": np.asarray(edges),
-                     "mean": float(line.get_xdata()[0]), "stat": stat}
-            if stat == "C_q" and (values > 0).any():
-                # The tables' C^q averages over queries that have a gradient only.
-                grad_mean = float(values[values > 0].mean())
-                gline = ax.axvline(grad_mean, color="black", linestyle=":", linewidth=1,
-                                   label=f"mean {grad_mean:.2f} (queries with a gradient)")
-                entry["mean_with_gradient"] = float(gline.get_xdata()[0])
-            ax.legend(fontsize=7, frameon=False)
-            data[(loss, d)] = entry
-    if not losses:
-        axes[0][0].text(0.5, 0.5, "no per-query counts", ha="center", va="center")
-    return FigureOutput(save_figure(fig, path_stem), data)
+    data: dict = {}
+    with style.paper_style():
+        fig = style.figure(3.4 * len(DIRECTIONS), 2.3 * max(1, len(losses)) + 0.7)
+        axes = fig.subplots(max(1, len(losses)), len(DIRECTIONS), squeeze=False)
+        for i, loss in enumerate(losses):
+            name, color, _, stat = style.loss_style(loss, labels)
+            for j, d in enumerate(DIRECTIONS):
+                ax = axes[i][j]
+                ax.set_title(f"{name}, {d}")
+                raw = per_query.get(loss, {}).get(d, {}).get(stat)
+                if raw is None:
+                    ax.text(0.5, 0.5, "not counted", ha="center", va="center", transform=ax.transAxes)
+                    ax.set_axis_off()
+                    continue
+                values = np.asarray(raw, dtype=np.float64).ravel()
+                values = values[np.isfinite(values)]
+                edges, discrete = _bins(values)
+                sns.histplot(x=values, bins=edges, stat="proportion", ax=ax, color=color, alpha=0.85,
+                             edgecolor="white", linewidth=0.4)
+                total = max(values.size, 1)
+                heights = np.rint(np.array([p.get_height() for p in ax.patches]) * total)  # queries per bar
+                nonzero = heights[heights > 0]
+                log = bool(nonzero.size and nonzero.max() / nonzero.min() > LOG_TAIL_RATIO)
+                if log:
+                    ax.set_yscale("log")
+                ax.yaxis.set_major_formatter(_share_formatter())
+                ax.set_xlabel(f"{style.stat_math(stat)} per query")
+                ax.set_ylabel(("share of queries" + (" (log)" if log else "")) if j == 0 else "")
+                if discrete and edges.size <= 12:
+                    ax.set_xticks(np.arange(edges[0] + 0.5, edges[-1]))
+                mean = float(values.mean()) if values.size else float("nan")
+                line = ax.axvline(mean, color="black", linestyle="--", linewidth=1)
+                entry = {"heights": heights, "edges": np.asarray(edges), "mean": float(line.get_xdata()[0]),
+                         "stat": stat, "log": log, "discrete": discrete}
+                if stat == "C_q" and (values > 0).any():
+                    gline = ax.axvline(float(values[values > 0].mean()), color="black", linestyle=":", linewidth=1)
+                    entry["mean_with_gradient"] = float(gline.get_xdata()[0])
+                data[(loss, d)] = entry
+        if not losses:
+            axes[0][0].text(0.5, 0.5, "no per-query counts", ha="center", va="center")
+        from matplotlib.lines import Line2D
+
+        handles = [Line2D([], [], color="black", linestyle="--", linewidth=1, label="mean over all queries"),
+                   Line2D([], [], color="black", linestyle=":", linewidth=1,
+                          label=r"mean over queries with a gradient ($C^{q}$ of the tables)")]
+        fig.legend(handles=handles, loc="outside lower center", ncols=2)
+        if title:
+            fig.suptitle(title)
+        paths = save_figure(fig, path_stem)
+    return FigureOutput(paths, data)
+
+
+def _share_formatter():
+    from matplotlib.ticker import FuncFormatter
+
+    def share(value, _pos):
+        return f"{100 * value:.3g}%"
+
+    return FuncFormatter(share)
 
 
 def plot_eps_sweep(sweep: Mapping, path_stem: str | os.PathLike, labels: Mapping | None = None,
                    title: str | None = None) -> FigureOutput:
-    """Count vs ε (log x), one line per loss × direction; the default ε = 0.01 marked.
+    """Count vs threshold ε (log x), one panel per loss (each with its own y scale), i2t solid, t2i dashed.
 
     ``sweep[loss][direction][eps][stat] = {"mean", "std", "n", "n_skipped"}`` (the
-    results.json shape, eps as strings). ``data[(loss, direction)] = (eps, mean count)``
-    read back from the drawn line.
+    results.json shape, eps as strings). The default ε = 0.01 is marked. ``data[(loss,
+    direction)] = (eps, mean count)`` read back from the drawn line.
     """
-    fig = Figure(figsize=(6, 4), layout="constrained")
-    ax = fig.add_subplot()
-    data = {}
-    for loss in _order(sweep):
-        name, color, stat = _spec(loss, labels)
-        for d, style in zip(DIRECTIONS, ("-", "--"), strict=False):
-            points = sweep[loss].get(d) or {}
-            xy = sorted((float(eps), (entry.get(stat) or {}).get("mean")) for eps, entry in points.items())
-            xy = [(x, y) for x, y in xy if y is not None]
-            if not xy:
-                continue
-            x, y = (np.array(v, dtype=np.float64) for v in zip(*xy, strict=True))
-            (line,) = ax.plot(x, y, style, marker="o", markersize=3, color=color,
-                              label=f"{name} {d} ({_stat_label(stat)})")
-            data[(loss, d)] = (np.asarray(line.get_xdata(), dtype=np.float64),
-                               np.asarray(line.get_ydata(), dtype=np.float64))
-    ax.axvline(DEFAULT_EPS, color="black", linestyle=":", linewidth=1, label=f"default ε = {DEFAULT_EPS}")
-    ax.set_xscale("log")
-    ax.set_xlabel("threshold ε")
-    ax.set_ylabel("contributing candidates per query")
-    ax.set_title(title or "COCOS vs threshold ε")
-    ax.legend(fontsize=8, frameon=False)
-    data["default_eps"] = DEFAULT_EPS
-    return FigureOutput(save_figure(fig, path_stem), data)
+    losses = [x for x in _order(sweep) if sweep[x]]
+    data: dict = {}
+    with style.paper_style():
+        n = max(1, len(losses))
+        fig = style.figure(3.3 * n, 2.9)
+        axes = fig.subplots(1, n, squeeze=False)[0]
+        for ax, loss in zip(axes, losses, strict=False):
+            name, color, marker, stat = style.loss_style(loss, labels)
+            for d in DIRECTIONS:
+                points = sweep[loss].get(d) or {}
+                xy = sorted((float(eps), (entry.get(stat) or {}).get("mean")) for eps, entry in points.items())
+                xy = [(x, y) for x, y in xy if y is not None]
+                if not xy:
+                    continue
+                x, y = (np.array(v, dtype=np.float64) for v in zip(*xy, strict=True))
+                (line,) = ax.plot(x, y, style.DIRECTION_DASHES[d], marker=marker, markersize=4, color=color,
+                                  label=d)
+                data[(loss, d)] = (np.asarray(line.get_xdata(), dtype=np.float64),
+                                   np.asarray(line.get_ydata(), dtype=np.float64))
+            ax.axvline(DEFAULT_EPS, color="0.4", linestyle=":", linewidth=1)
+            ax.set_xscale("log")
+            ax.set_xlabel(r"threshold $\varepsilon$")
+            ax.set_ylabel(f"{style.stat_math(stat)} (mean over batches)")
+            ax.set_title(name)
+            ax.legend(title=f"default ε = {DEFAULT_EPS:g} (dotted)", fontsize="small", title_fontsize="small")
+        if not losses:
+            axes[0].text(0.5, 0.5, "no counter with a threshold", ha="center", va="center",
+                         transform=axes[0].transAxes)
+        if title:
+            fig.suptitle(title)
+        data["default_eps"] = DEFAULT_EPS
+        paths = save_figure(fig, path_stem)
+    return FigureOutput(paths, data)
 
 
-def plot_cocos_vs_rsum(rows, path_stem: str | os.PathLike, direction: str = "i2t") -> FigureOutput:
-    """Scatter of each model's COCOS (main count of its own loss) against its rsum, a colour per loss.
+def plot_cocos_vs_rsum(rows, path_stem: str | os.PathLike, title: str | None = None) -> FigureOutput:
+    """Each model's COCOS (the main count of its own training loss) against its rsum.
 
-    ``rows``: the tidy frame of :func:`cocos.report.merge.cocos_vs_rsum_rows` (label, loss, direction,
-    stat, rsum, cocos). ``data["points"]`` is the ``(n, 2)`` array ``(cocos, rsum)`` read back from the
-    scatter, ``data["labels"]`` the annotations.
+    One panel per statistic family (triplet-style ``C^q``; NT-Xent ``C^{qv-}``), both
+    directions (i2t filled, t2i open markers), a colour and marker per loss with a
+    legend, and error bars over seeds in both axes where there are seeds (sample std).
+    ``rows``: the tidy frame of :func:`cocos.report.merge.cocos_vs_rsum_rows` (label,
+    loss, direction, stat, rsum, cocos, and optionally rsum_std, cocos_std, n).
+    ``data["points"]`` is the ``(n, 2)`` array ``(cocos, rsum)`` read back from the
+    markers in row order, ``data["labels"]`` their labels, ``data["panels"]`` the statistics.
     """
-    fig = Figure(figsize=(6, 4.5), layout="constrained")
-    ax = fig.add_subplot()
-    rows = rows[rows["direction"] == direction] if len(rows) else rows
-    points, labels = [], []
-    for _, r in rows.iterrows():
-        name, color, stat = _spec(r["loss"])
-        coll = ax.scatter([r["cocos"]], [r["rsum"]], color=color, zorder=3)
-        points.append(np.asarray(coll.get_offsets(), dtype=np.float64)[0])
-        ax.annotate(r["label"], (float(r["cocos"]), float(r["rsum"])), textcoords="offset points", xytext=(4, 4),
-                    fontsize=7)
-        labels.append(r["label"])
-    if not len(rows):
-        ax.text(0.5, 0.5, "no results with both rsum and COCOS", ha="center", va="center", transform=ax.transAxes)
-    ax.set_xlabel(f"COCOS ({direction}, main count of the training loss)")
-    ax.set_ylabel("rsum (test)")
-    ax.set_title("COCOS at the selected checkpoint vs retrieval")
-    ax.grid(True, linewidth=0.3)
-    data = {"points": np.array(points).reshape(-1, 2), "labels": labels}
-    return FigureOutput(save_figure(fig, path_stem), data)
+    from matplotlib.lines import Line2D
+
+    stats = list(dict.fromkeys(rows["stat"])) if len(rows) else []
+    points, labels, legend = [], [], {}
+    with style.paper_style():
+        n = max(1, len(stats))
+        fig = style.figure(3.4 * n + 1.6, 3.2)
+        axes = fig.subplots(1, n, squeeze=False, sharey=True)[0]
+        for ax, stat in zip(axes, stats, strict=False):
+            for _, r in rows[rows["stat"] == stat].iterrows():
+                name, color, marker, _ = style.loss_style(r["loss"])
+                xerr = r.get("cocos_std") if "cocos_std" in r and np.isfinite(r.get("cocos_std", np.nan)) else None
+                yerr = r.get("rsum_std") if "rsum_std" in r and np.isfinite(r.get("rsum_std", np.nan)) else None
+                filled = r["direction"] == "i2t"
+                container = ax.errorbar([r["cocos"]], [r["rsum"]], xerr=xerr, yerr=yerr, fmt=marker, color=color,
+                                        markersize=7, markerfacecolor=color if filled else "white",
+                                        markeredgewidth=1.3, elinewidth=1, capsize=2, zorder=3)
+                xs, ys = container.lines[0].get_data()
+                points.append((float(xs[0]), float(ys[0])))
+                labels.append(f"{r['label']} ({r['direction']})")
+                legend.setdefault(name, Line2D([], [], color=color, marker=marker, linestyle="", markersize=7))
+            ax.set_xlabel(f"{style.stat_math(stat)} of the training loss (COCOS)")
+            ax.set_ylabel("rsum (test)")
+        if not stats:
+            axes[0].text(0.5, 0.5, "no results with both rsum and COCOS", ha="center", va="center",
+                         transform=axes[0].transAxes)
+        handles = list(legend.values()) + [
+            Line2D([], [], color="0.3", marker="o", linestyle="", label="i2t (filled)"),
+            Line2D([], [], color="0.3", marker="o", markerfacecolor="white", linestyle="", label="t2i (open)")]
+        names = list(legend) + ["i2t (filled)", "t2i (open)"]
+        fig.legend(handles, names, loc="outside right center")
+        fig.suptitle(title or "COCOS at the selected checkpoint vs retrieval")
+        paths = save_figure(fig, path_stem)
+    return FigureOutput(paths, {"points": np.array(points, dtype=np.float64).reshape(-1, 2), "labels": labels,
+                                "panels": stats})

@@ -45,13 +45,13 @@ def _params(params: dict) -> str:
 
 def main_per_query(run: CountRun, mode: str) -> dict:
     """``{loss: {direction: {main stat: values}}}`` of one mode, for the count distributions."""
-    from cocos.report.figures import _spec
+    from cocos.report.style import loss_style
 
     q = run.to_frame("query")
     q = q[q["mode"] == mode]
     out: dict = {}
     for (loss, d), part in q.groupby(["loss", "direction"], sort=False):
-        stat = _spec(loss, run.labels)[2]
+        stat = loss_style(loss, run.labels)[3]
         out.setdefault(loss, {})[d] = {stat: part[stat].to_numpy()}
     return out
 
@@ -66,6 +66,7 @@ def write_results_folder(
     per_query: bool = False,
     embeddings: EmbeddingSet | None = None,
     latex_width: str = "column",
+    diagram_extent: tuple[float, float] | None = None,
 ) -> list[Path]:
     """Write the folder (see the module docstring); ``out`` is replaced only if cocos wrote it (or ``overwrite``)."""
     from cocos.io import atomic_dir
@@ -96,20 +97,30 @@ def write_results_folder(
             plot_eps_sweep(results.sweep, tmp / "eps_sweep", labels=run.labels,
                            title=f"{name}: COCOS vs threshold ε ({shown} counting)")
         if embeddings is not None:
-            _diagram(results, embeddings, tmp / "triplet_diagram")
+            _diagram(results, embeddings, tmp / "triplet_diagram", diagram_extent)
     return sorted(p for p in out.iterdir() if not p.name.startswith("."))
 
 
-def _diagram(results: Results, embeddings: EmbeddingSet, stem: Path) -> None:
-    from cocos.report.diagram import plot_triplet_diagram, triplet_points
+def diagram_points(results: Results, embeddings: EmbeddingSet) -> dict:
+    """The run's (s+, hardest s-) training triplets, from the same seeded pair batches as the counts."""
+    from cocos.report.diagram import triplet_points
 
     c = results.counting
-    points = triplet_points(embeddings, batch_size=c.batch_size, seed=c.seed, compat=c.compat)
+    return triplet_points(embeddings, batch_size=c.batch_size, seed=c.seed, compat=c.compat)
+
+
+def _diagram(results: Results, embeddings: EmbeddingSet, stem: Path, extent=None) -> None:
+    from cocos.report.diagram import plot_triplet_diagram
+    from cocos.report.merge import loss_label, mode_name
+
+    c = results.counting
     margin = (results.training.params if results.training else {}).get("margin", 0.2)
     tau = c.params.get("ntxent", {}).get("tau", 0.1)
-    trained = f" / {results.training.loss}" if results.training else ""
-    plot_triplet_diagram(["T_con", "T_nca"], params={"margin": margin, "tau": 1.0 / tau}, points=points,
-                         path_stem=stem, title=f"{results.model.label}{trained}: training triplets")
+    trained = f" trained with the {loss_label(results.training.loss)}" if results.training else ""
+    title = (f"{results.model.label}{trained} on {results.data.name}: training triplets "
+             f"({mode_name(c.compat)} counting)")
+    plot_triplet_diagram(["T_con", "T_nca"], params={"margin": margin, "tau": 1.0 / tau},
+                         points=diagram_points(results, embeddings), path_stem=stem, extent=extent, title=title)
 
 
 def summary_lines(results: Results) -> list[str]:

@@ -515,8 +515,8 @@ def build_tables(groups: Sequence[Group], compat: bool | None = None, counters: 
 
 
 def cocos_vs_rsum_rows(groups: Sequence[Group], compat: bool | None = None) -> pd.DataFrame:
-    """Tidy rows (label, loss, direction, stat, rsum, cocos) per group with a training loss and an evaluation:
-    the main count of the group's own loss, means over seeds."""
+    """Tidy rows per group with a training loss and an evaluation, both directions: the main count of the
+    group's own loss and the test rsum, means over seeds with their sample std over seeds (NaN for one seed)."""
     from cocos.objectives import OBJECTIVES
 
     rows = []
@@ -524,14 +524,17 @@ def cocos_vs_rsum_rows(groups: Sequence[Group], compat: bool | None = None) -> p
         if g.loss is None or any(r.evaluation is None for r in g.results):
             continue
         stat = OBJECTIVES[g.loss].main_stat if g.loss in OBJECTIVES else "C_q"
-        rsum = np.mean([r.evaluation.metrics.get("rsum", np.nan) for r in g.results])
+        rsum = np.array([r.evaluation.metrics.get("rsum", np.nan) for r in g.results], dtype=float)
         for d in DIRECTIONS:
             vals = [select_stats(r, compat)[0].get(g.loss, {}).get(d, {}).get(stat, {}).get("mean") for r in g.results]
-            vals = [v for v in vals if v is not None]
-            if vals:
+            vals = np.array([v for v in vals if v is not None], dtype=float)
+            if vals.size:
                 rows.append({"label": " ".join(g.labels), "loss": g.loss, "direction": d, "stat": stat,
-                             "rsum": float(rsum), "cocos": float(np.mean(vals))})
-    return pd.DataFrame(rows, columns=["label", "loss", "direction", "stat", "rsum", "cocos"])
+                             "rsum": float(np.nanmean(rsum)), "cocos": float(vals.mean()),
+                             "rsum_std": float(np.nanstd(rsum, ddof=1)) if g.n > 1 else np.nan,
+                             "cocos_std": float(vals.std(ddof=1)) if vals.size > 1 else np.nan, "n": g.n})
+    return pd.DataFrame(rows, columns=["label", "loss", "direction", "stat", "rsum", "cocos", "rsum_std", "cocos_std",
+                                       "n"])
 
 
 # -- a whole report: build once, write atomically ---------------------------------------------
@@ -557,6 +560,15 @@ def build_report(paths: Iterable[str | os.PathLike], compat: bool | None = None,
     loaded = load_results(paths)
     groups, warnings = group_results(loaded)
     return Report(loaded, groups, warnings, build_tables(groups, compat, counters), compat)
+
+
+def report_title(report: Report) -> str:
+    """What a report's figure shows: models, data and the counting mode."""
+    models = ", ".join(dict.fromkeys(g.model for g in report.groups))
+    data = ", ".join(dict.fromkeys(dataset_name(g.dataset) for g in report.groups))
+    modes = {select_stats(r, report.compat)[2] for r in report.results}
+    mode = mode_name(next(iter(modes))) if len(modes) == 1 else "mixed modes"
+    return f"COCOS vs retrieval: {models} on {data} ({mode} counting)"
 
 
 def render_report(report: Report, latex_width: str = "column") -> tuple[str, str]:
@@ -587,7 +599,8 @@ def write_report(report: Report, out: str | os.PathLike, readme: str | None = No
     with atomic_dir(out, report.sources, overwrite) as tmp:
         (tmp / "tables.md").write_text(md, encoding="utf-8")
         (tmp / "tables.tex").write_text(tex, encoding="utf-8")
-        plot_cocos_vs_rsum(cocos_vs_rsum_rows(report.groups, compat=report.compat), tmp / "cocos_vs_rsum")
+        plot_cocos_vs_rsum(cocos_vs_rsum_rows(report.groups, compat=report.compat), tmp / "cocos_vs_rsum",
+                           title=report_title(report))
         if readme is not None:
             (tmp / "README.md").write_text(readme, encoding="utf-8")
     return sorted(p for p in out.iterdir() if not p.name.startswith("."))
