@@ -135,8 +135,9 @@ def test_per_query_table_traces_queries_to_items(analyses):
 def test_report_mixes_analyze_and_count_results_of_the_same_data(analyses, tmp_path):
     folder, results, _ = analyses["triplet_sh"]
     emb = folder.parent / "sh_emb.npz"
-    res = runner.invoke(app, ["count", str(emb), "--out", str(tmp_path / "c"), "--batch-size", str(BATCH),
-                              "--seed", "4", "--name", results["data"]["name"], "--label", "frozen VSE++",
+    (tmp_path / "c").mkdir()
+    res = runner.invoke(app, ["count", str(emb), "--json", str(tmp_path / "c" / "results.json"), "--batch-size",
+                              str(BATCH), "--seed", "4", "--name", results["data"]["name"], "--label", "frozen VSE++",
                               "--no-progress"])
     assert res.exit_code == 0, res.output
     counted = json.loads((tmp_path / "c" / "results.json").read_text())

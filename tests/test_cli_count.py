@@ -107,6 +107,7 @@ def test_count_out_writes_the_same_folder_as_analyze_and_report_merges_two_seeds
         out = tmp_path / f"s{seed}"
         res = runner.invoke(app, ["count", str(tmp_path / "e.npz"), "--out", str(out), "--seed", str(seed),
                                   "--batch-size", "8", "--name", "toy", "--label", "my encoder", "--no-progress",
+                                  "--loss", "triplet,ntxent,smoothap",
                                   *(["--per-query"] if seed == 0 else [])])
         assert res.exit_code == 0, res.output
         folders.append(out)

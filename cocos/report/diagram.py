@@ -219,7 +219,7 @@ def plot_triplet_diagram(
     points=None,
     path_stem: str | os.PathLike,
     extent: tuple[float, float] | None = None,
-    resolution: int = 401,
+    resolution: int = 301,
     title: str | None = None,
 ) -> DiagramResult:
     """Heat map(s) of weight(s) over ``(Sp, Sn)``, one panel per name, written as PNG and PDF.

@@ -45,8 +45,10 @@ def _bins(values: np.ndarray) -> tuple[np.ndarray, bool]:
     if values.size == 0:
         return np.linspace(0, 1, 11), False
     lo, hi = float(values.min()), float(values.max())
-    if np.allclose(values, np.round(values)) and hi - lo <= 80:
-        return np.arange(np.floor(lo) - 0.5, np.ceil(hi) + 1.5), True
+    for k in range(1, 11):  # counts, or means of k counts (SmoothAP i2t: k positives): a bar per value
+        if np.allclose(values * k, np.round(values * k)) and (hi - lo) * k <= 80:
+            step = 1.0 / k
+            return np.arange(np.round(lo * k) / k - step / 2, np.round(hi * k) / k + step, step), True
     if hi == lo:
         return np.linspace(lo - 0.5, hi + 0.5, 11), False
     return np.linspace(lo, hi, 31), False

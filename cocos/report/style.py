@@ -16,7 +16,7 @@ import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-DPI = 200
+DPI = 150
 FONT_SCALE = 1.1
 # Fixed metadata: no creation dates, so the same input gives the same bytes.
 _META = {"png": {"Software": "cocos"}, "pdf": {"Creator": "cocos", "Producer": "cocos", "CreationDate": None}}
@@ -70,6 +70,7 @@ def save(fig, path_stem: str | os.PathLike) -> list[Path]:
         with atomic_path(path) as tmp, open(tmp, "wb") as fh:
             fig.savefig(fh, format=ext, dpi=DPI, metadata=_META[ext])
         paths.append(path)
+        fig.set_layout_engine("none")  # the first save laid the figure out; the second keeps that layout
     return paths
 
 
