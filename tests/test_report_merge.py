@@ -192,11 +192,12 @@ def test_each_group_shows_the_counter_of_its_own_training_loss():
     tables = tables_by_number(report_tables(groups))
     assert set(tables) == {"Table 1", "Table 3", "Table 4", "Companions"}  # no triplet-trained group
     t4 = to_markdown(tables["Table 4"])
-    _, rows, _ = parse_markdown(t4)
-    assert [r[2] for r in rows] == ["SmoothAP"]
+    header, rows, _ = parse_markdown(t4)
+    assert header[0] == "Loss" and [r[0] for r in rows] == ["SmoothAP"]  # one dataset and model: in the caption
+    assert ": VSE++ on Flickr30k;" in tables["Table 4"].title
     assert md_cell(t4, "SmoothAP", "i2t C^q") == "1.27 ± 0.06"
     t3 = to_markdown(tables["Table 3"])
-    assert [r[2] for r in parse_markdown(t3)[1]] == ["NT-Xent"]
+    assert [r[0] for r in parse_markdown(t3)[1]] == ["NT-Xent"]
     assert md_cell(t3, "NT-Xent", "i2t C^qv-") == "9.88 ± 0.51"
     assert check_latex("\n".join(to_latex(t) for t in tables.values())) == 4
 

@@ -215,7 +215,7 @@ def test_only_tables_of_present_losses_and_captions_name_model_data_and_spread()
     assert [t.title.split(":")[0] for t in tables] == ["Table 4", "Companions"]
     for t in tables:
         assert ": VSE++ trained with the SmoothAP on Flickr30k" in t.title
-        assert "mean ± std over the training-set batches (48 batches)" in t.title
+        assert "mean ± std over the training-set batches of 128" in t.title
         assert t.footnotes[0].text == "Counting: corrected."  # one note says the mode
     r = make_results(losses=("ntxent",), compat=True)
     t3 = cocos_tables(r)[0]

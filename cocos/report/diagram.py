@@ -260,7 +260,7 @@ def plot_triplet_diagram(
     with style.paper_style():
         ncols = min(MAX_PANELS_PER_ROW, len(names))
         nrows = -(-len(names) // ncols)
-        fig = style.figure(3.3 * ncols + 0.4, 3.1 * nrows + (0.5 if title else 0.1) + (0.45 if pts else 0.0))
+        fig = style.figure(3.3 * ncols + 0.4, 3.1 * nrows + (0.7 if title else 0.1) + (0.8 if pts else 0.0))
         axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
         for ax in axes[len(names):]:
             ax.set_axis_off()
@@ -311,9 +311,11 @@ def plot_triplet_diagram(
                        for k, (sp, _) in pts.items() if sp.size >= 2]
             handles.append(Patch(facecolor="none", edgecolor="none",
                                  label=f"% active: share of triplets where T > {ACTIVE_THRESHOLD:g}"))
-            fig.legend(handles=handles, loc="outside lower center", ncols=min(3, len(handles)), fontsize="small")
+            fig.legend(handles=handles, loc="outside lower center", ncols=1 if ncols < 3 else min(3, len(handles)),
+                       fontsize="small")
         if title:
-            fig.suptitle(title)
+            fig.suptitle("\n".join(textwrap.wrap(title, int(12 * (3.3 * ncols + 0.4))))
+                         if len(title) > 12 * (3.3 * ncols + 0.4) else title)
         result.paths = style.save(fig, Path(path_stem))
     return result
 

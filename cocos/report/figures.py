@@ -200,8 +200,8 @@ def plot_cocos_vs_rsum(rows, path_stem: str | os.PathLike, title: str | None = N
                 yerr = r.get("rsum_std") if "rsum_std" in r and np.isfinite(r.get("rsum_std", np.nan)) else None
                 filled = r["direction"] == "i2t"
                 container = ax.errorbar([r["cocos"]], [r["rsum"]], xerr=xerr, yerr=yerr, fmt=marker, color=color,
-                                        markersize=7, markerfacecolor=color if filled else "white",
-                                        markeredgewidth=1.3, elinewidth=1, capsize=2, zorder=3)
+                                        markersize=7, markerfacecolor=color if filled else "none",
+                                        markeredgewidth=1.3, elinewidth=1, capsize=2, zorder=3 if filled else 4)
                 xs, ys = container.lines[0].get_data()
                 points.append((float(xs[0]), float(ys[0])))
                 labels.append(f"{r['label']} ({r['direction']})")
@@ -213,7 +213,7 @@ def plot_cocos_vs_rsum(rows, path_stem: str | os.PathLike, title: str | None = N
                          transform=axes[0].transAxes)
         handles = list(legend.values()) + [
             Line2D([], [], color="0.3", marker="o", linestyle="", label="i2t (filled)"),
-            Line2D([], [], color="0.3", marker="o", markerfacecolor="white", linestyle="", label="t2i (open)")]
+            Line2D([], [], color="0.3", marker="o", markerfacecolor="none", linestyle="", label="t2i (open)")]
         names = list(legend) + ["i2t (filled)", "t2i (open)"]
         fig.legend(handles, names, loc="outside right center")
         fig.suptitle(title or "COCOS at the selected checkpoint vs retrieval")

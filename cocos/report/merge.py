@@ -268,8 +268,8 @@ def _spread_phrase(groups: Sequence[Group]) -> str:
     """How the ± of a table is meant, said once in its caption (a table never mixes kinds of spread)."""
     ns = sorted({g.n for g in groups})
     if ns == [1]:
-        sizes = sorted({sum(r.counting.n_batches.values()) for g in groups for r in g.results})
-        return "mean ± std over the training-set batches" + (f" ({sizes[0]} batches)" if len(sizes) == 1 else "")
+        sizes = sorted({r.counting.batch_size for g in groups for r in g.results})
+        return "mean ± std over the training-set batches" + (f" of {sizes[0]}" if len(sizes) == 1 else "")
     seeds = ", ".join(str(n) for n in ns if n > 1)
     single = " (rows of one seed: the mean alone)" if 1 in ns else ""
     return f"mean ± sample std over {seeds} seeds{single}"
@@ -390,13 +390,16 @@ def cocos_tables(groups: Sequence[Group], compat: bool | None = None, counters: 
     labels = {c: loss_label(c, groups[gi].results[0]) for gi, c in pairs}
     single = len(groups) == 1
     extra_counter = not single and any(groups[gi].loss != c for gi, c in pairs)
-    label_columns = ("Counter",) if single else ("Dataset", "Model", "Loss", *(("Counter",) if extra_counter else ()))
+    contexts = {(groups[gi].dataset, groups[gi].model) for gi, _ in pairs}
+    one_context = not single and len(contexts) == 1  # dataset and model go to the caption
+    label_columns = ("Counter",) if single else (*(() if one_context else ("Dataset", "Model")), "Loss",
+                                                  *(("Counter",) if extra_counter else ()))
 
     def row_labels(gi: int, c: str) -> tuple[str, ...]:
         if single:
             return (labels[c],)
         g = groups[gi]
-        return (dataset_name(g.dataset), g.model, loss_label(g.loss, g.results[0]),
+        return (*(() if one_context else (dataset_name(g.dataset), g.model)), loss_label(g.loss, g.results[0]),
                 *((labels[c],) if extra_counter else ()))
 
     def cell(gi, c, d, s, which):
@@ -407,6 +410,9 @@ def cocos_tables(groups: Sequence[Group], compat: bool | None = None, counters: 
         return set().union(*(modes.get(gi, set()) for gi in gis))
 
     about = f": {_describe(groups[0])}" if single else ""
+    if one_context:
+        dataset, model = next(iter(contexts))
+        about = f": {model} on {dataset_name(dataset)}"
     tables = []
     for spec in table_specs([c for _, c in pairs], labels):
         chosen = [(gi, c) for gi, c in pairs if c in spec.counters]
