@@ -257,3 +257,29 @@ def test_analyze_refuses_a_foreign_out_before_encoding_and_saves_embeddings_last
     res = runner.invoke(app, ["count", str(emb), "--batch-size", str(BATCH), "--json", str(tmp_path / "c.json"),
                               "--seed", "0", "--no-progress"])
     assert res.exit_code == 0, res.output
+
+
+def test_defaults_batch_size_from_checkpoint_label_and_folder_of_a_last_checkpoint(world, analyses, tmp_path,
+                                                                                    monkeypatch):
+    """No --batch-size: the training batch size; last.pt gets its own folder; --label keeps it apart in reports."""
+    root, _ = world
+    monkeypatch.chdir(tmp_path)
+    res = runner.invoke(app, ["analyze", str(root / "triplet_sh" / "last.pt"), "--label", "last", "--seed", "4",
+                              "--loss", "triplet_sh", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    folder = tmp_path / "reports" / "triplet_sh_last"  # never the folder of model_best.pt
+    results = json.loads((folder / "results.json").read_text())
+    assert results["counting"]["batch_size"] == BATCH  # the model was trained at BATCH, not the paper's 128
+    assert results["model"]["label"] == "VSE++ (last)"
+    best = analyses["triplet_sh"][0]
+    res = runner.invoke(app, ["report", str(best), str(folder), "--out", str(tmp_path / "r")])
+    assert res.exit_code == 0, res.output  # one run, two checkpoints, two rows (not two seeds)
+    md = (tmp_path / "r" / "tables.md").read_text()
+    assert "VSE++ (last)" in md and "sample std" not in md
+    # without the label the two checkpoints of one seed are refused as replicates
+    unlabelled = tmp_path / "u"
+    res = runner.invoke(app, ["analyze", str(root / "triplet_sh" / "last.pt"), "--out", str(unlabelled), "--seed", "4",
+                              "--batch-size", str(BATCH), "--loss", "triplet_sh", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["report", str(best), str(unlabelled), "--out", str(tmp_path / "r2")])
+    assert res.exit_code == 2 and "--label" in res.output and not (tmp_path / "r2").exists()

@@ -403,3 +403,16 @@ def test_page_width_tables_are_table_star_and_fit_a_page(tmp_path):
     assert body.count(r"\begin{table*}") == len(tables)
     log = _lncs_compile(tmp_path, body.replace("table*", "table"), width="16cm")
     assert "Overfull \\hbox" not in log
+
+
+def test_committed_demo_tables_fit_one_lncs_column(tmp_path):
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "reports" / "demo"
+    files = sorted(root.rglob("tables.tex"))
+    assert len(files) == 5  # four analyses and the summary
+    body = "\n".join(f.read_text() for f in files)
+    assert body.isascii() and "\\resizebox" not in body
+    check_latex(body)
+    log = _lncs_compile(tmp_path, body)
+    assert "Overfull \\hbox" not in log

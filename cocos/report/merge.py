@@ -141,9 +141,11 @@ class Group:
         return ({"Flickr30k": 0, "MS-COCO": 1}.get(shown, 2), self.dataset, self.model, rank, self.loss or "")
 
 
-def _counting_settings(r: Results) -> str:
+def _counting_settings(r: Results, losses=None) -> str:
+    """Batch size and counter parameters (of ``losses``, default all counted ones): equal for replicates."""
     c = r.counting
-    return f"batch {c.batch_size}, params {json.dumps(c.params, sort_keys=True)}"
+    params = c.params if losses is None else {k: v for k, v in c.params.items() if k in losses}
+    return f"batch {c.batch_size}, params {json.dumps(params, sort_keys=True)}"
 
 
 def group_results(results: Sequence[Results]) -> tuple[list[Group], list[str]]:
@@ -163,7 +165,8 @@ def group_results(results: Sequence[Results]) -> tuple[list[Group], list[str]]:
     groups = sorted(by_key.values(), key=Group.sort_key)
     warnings: list[str] = []
     for g in groups:
-        settings = {_counting_settings(r) for r in g.results}
+        shared = set.intersection(*(set(r.counting.losses) for r in g.results))
+        settings = {_counting_settings(r, shared) for r in g.results}
         if len(settings) > 1:
             which = " vs ".join(sorted(settings))
             raise CocosError(f"{g.name}: results were counted with different settings ({which}); "
