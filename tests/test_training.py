@@ -179,3 +179,13 @@ def test_resume_refuses_changed_flags(tiny, tmp_path):
         Trainer(_cfg(tiny, tmp_path / "f", epochs=2, lr=0.5), resume=True, **QUIET)
     with pytest.raises(CocosError, match="--embed-size 32, not 64"):
         Trainer(_cfg(tiny, tmp_path / "f", epochs=2, embed_size=64), resume=True, **QUIET)
+
+
+def test_warm_up_epochs_use_the_specs_warm_up_loss_and_are_marked_in_the_log(tiny, tmp_path):
+    lines = []
+    trainer = Trainer(_cfg(tiny, tmp_path / "w", epochs=2, loss="triplet_sh", warmup_epochs=1), progress=False,
+                      log=lines.append)
+    assert trainer.warmup_fn.name == "triplet" and trainer.loss_fn.name == "triplet_sh"
+    trainer.fit()
+    epochs = [line for line in lines if line.startswith("epoch")]
+    assert "(warm-up: triplet loss)" in epochs[0] and "warm-up" not in epochs[1]
