@@ -332,7 +332,8 @@ def to_latex(table: Table, collapse_labels: bool = True, width: str = "column") 
     env = "table*" if width == "page" else "table"
     caption = _sentence(re.sub(r"^Table \d+:\s*", "", table.title))  # LaTeX numbers the table itself
     out = [rf"\begin{{{env}}}[t]", r"\centering", _FONT, rf"\setlength{{\tabcolsep}}{{{_TABCOLSEP_PT:g}pt}}",
-           rf"\caption{{{latex_escape(caption)}}}", rf"\label{{tab:{_latex_key(table.key)}}}"]
+           rf"\caption{{{latex_escape(caption).replace('query q,', 'query $q$,')}}}",
+           rf"\label{{tab:{_latex_key(table.key)}}}"]
     if not stacked:
         out += [rf"\begin{{tabular}}{{{'l' * n_labels + 'r' * len(table.columns)}}}", r"\toprule"]
         if grouped:
