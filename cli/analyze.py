@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from cocos.objectives.spec import DEFAULT_EPS
+
 from .common import check_latex_width, handle_errors
 from .main import app
 
@@ -25,7 +27,7 @@ def analyze(
                                          "as 'VSE++ (last)'); needed to report two checkpoints of one run."),
     seed: int = typer.Option(0, help="Seed of the counting batches."),
     compat: bool = typer.Option(False, "--compat/--no-compat", help="Show the published counter's values."),
-    eps: float = typer.Option(0.01, help="Threshold eps for NT-Xent and SmoothAP."),
+    eps: float = typer.Option(DEFAULT_EPS, help="Threshold eps for NT-Xent and SmoothAP."),
     split: str = typer.Option("test", help="Split to evaluate retrieval on."),
     save_embeddings: Path = typer.Option(None, help="Also save the training embeddings (.npz, count format)."),
     per_query: bool = typer.Option(False, "--per-query", help="Also write queries.csv (one row per query)."),

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from cocos.objectives.spec import DEFAULT_EPS
+
 from .common import check_latex_width, handle_errors, parse_params
 from .main import app
 
@@ -28,7 +30,7 @@ def count(
     param: list[str] = typer.Option([], "--param", "-p", metavar="[LOSS.]NAME=VALUE",
                                     help="A loss parameter, LOSS.NAME=VALUE or NAME=VALUE for every loss that "
                                          "has it, e.g. -p margin=0.3 -p ntxent.tau=0.05 (see `cocos losses`)."),
-    eps: float = typer.Option(0.01, help="Threshold eps of the counters that use one (NT-Xent, SmoothAP)."),
+    eps: float = typer.Option(DEFAULT_EPS, help="Threshold eps of the counters that use one (NT-Xent, SmoothAP)."),
     per_query: bool = typer.Option(False, "--per-query", help="Also write queries.csv (one row per query)."),
     json_path: Path = typer.Option(None, "--json", help="Also write results.json to this path."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),

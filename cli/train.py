@@ -25,6 +25,8 @@ def train(
     word_dim: int = typer.Option(300, help="Word embedding size."),
     margin: float = typer.Option(None, help="Triplet margin (default 0.2)."),
     tau: float = typer.Option(None, help="Temperature (NT-Xent 0.1, SmoothAP 0.01)."),
+    param: list[str] = typer.Option([], "--param", "-p", metavar="NAME=VALUE",
+                                    help="Any other parameter of the loss (see `cocos losses`)."),
     warmup_epochs: int = typer.Option(0, help="triplet_sh only: epochs of all-triplet loss first (VSE-inf)."),
     k: int = typer.Option(5, help="Captions per image."),
     vocab: Path = typer.Option(None, help="A SCAN-style vocab JSON (default: built from the training captions)."),
@@ -38,9 +40,12 @@ def train(
     """Train VSE++ or VSRN with one loss; keeps model_best.pt (best validation rsum) and last.pt."""
     from cocos.training.trainer import TrainConfig, Trainer
 
+    from .common import parse_params
+
+    extra = parse_params(param, [loss]).get(loss) if param else None
     cfg = TrainConfig(data=str(data), model=model, loss=loss, out=str(out), epochs=epochs, lr=lr,
                       lr_update=lr_update, batch_size=batch_size, embed_size=embed_size,
-                      word_dim=word_dim, margin=margin, tau=tau, k=k, seed=seed, device=device,
+                      word_dim=word_dim, margin=margin, tau=tau, params=extra, k=k, seed=seed, device=device,
                       warmup_epochs=warmup_epochs, vocab=str(vocab) if vocab else None)
     trainer = Trainer(cfg, resume=resume, overwrite=overwrite, progress=progress, log=typer.echo)
     try:

@@ -169,3 +169,33 @@ def test_callables_and_specs_are_accepted_by_count_batch():
     for d in ("i2t", "t2i"):
         assert a[d]["C_B"] == b[d]["C_B"] and a[d]["C_0"] == b[d]["C_0"]
     assert "my_sh" not in OBJECTIVES  # counting a spec does not register it
+
+
+def test_a_loss_that_is_not_finite_or_takes_a_registered_name_is_refused():
+    images, captions = _world(n=16)
+    emb = EmbeddingSet.from_arrays(images, captions)
+
+    def broken(im, ca, caption_image=None):
+        return torch.sqrt(im @ ca.T - 2).sum()  # NaN everywhere
+
+    with pytest.raises(CocosError, match="not finite") as err:
+        count_embeddings(emb, [broken], batch_size=8)
+    assert "\n" not in str(err.value)
+
+    def triplet(im, ca, caption_image=None):
+        return get_loss("triplet")(im, ca, caption_image)
+
+    with pytest.raises(CocosError, match="name of a registered loss"):
+        count_embeddings(emb, [triplet], batch_size=8)
+
+
+def test_compat_triplet_t2i_rows_are_per_negative_image_with_matching_companions():
+    images, captions = _world(n=32)
+    run = count_embeddings(EmbeddingSet.from_arrays(images, captions), ["triplet"], batch_size=8,
+                           modes=["compat"])
+    q = run.to_frame("query")
+    t2i = q[q.direction == "t2i"]
+    assert (t2i.item_kind == "image").all()
+    has = t2i.C_q > 0  # for 0/1 violations the effective number is the count itself
+    np.testing.assert_allclose(t2i.N_eff[has], t2i.C_q[has], rtol=1e-12)
+    assert t2i.N_eff[~has].isna().all()

@@ -209,13 +209,14 @@ def test_merged_footnotes_for_alt_values_and_mode_choice():
     groups, _ = group_results(results)
     t4 = tables_by_number(report_tables(groups))["Table 4"]
     note = t4.footnotes[0].text
-    assert note == "Counting: corrected. † differs in compat (published counter) counting: SmoothAP t2i C^0 637.00."
+    # two seeds: the other mode's value carries the same kind of spread as the cells (sample std over seeds)
+    assert note == "Counting: corrected. † differs in compat (published counter) counting: SmoothAP t2i C^0 637.00±1.41."
     assert any("C^0 ≈ 637 of 640" in f.text for f in t4.footnotes)
     # the same files shown in compat mode: the corrected value in the footnote
     t4c = tables_by_number(report_tables(groups, compat=True))["Table 4"]
     assert t4c.footnotes[0].text.startswith("Counting: compat (published counter). †")
     assert md_cell(to_markdown(t4c), "SmoothAP", "t2i C^0") == "637.00 ± 1.41<sup>†</sup>"
-    assert "differs in corrected counting: SmoothAP t2i C^0 2.15." in t4c.footnotes[0].text
+    assert "differs in corrected counting: SmoothAP t2i C^0 2.15±.00." in t4c.footnotes[0].text
     # no difference, corrected: no mark and no artefact note
     groups, _ = group_results([make_results("smoothap", 0)])
     t4 = tables_by_number(report_tables(groups))["Table 4"]
@@ -346,3 +347,39 @@ def test_report_never_replaces_what_cocos_did_not_write(tmp_path):
     assert runner.invoke(app, ["report", str(a), "--out", str(out)]).exit_code == 0
     assert runner.invoke(app, ["report", str(a), "--out", str(mine), "--overwrite"]).exit_code == 0
     assert (mine / "tables.md").exists() and not (mine / "chapter.tex").exists()
+
+
+def test_count_results_of_one_file_with_other_labels_or_parameters_are_not_duplicates(tmp_path):
+    import numpy as np
+
+    g = np.random.default_rng(0)
+    images = g.normal(size=(40, 6))
+    np.savez(tmp_path / "e.npz", images=images, captions=np.repeat(images, 5, 0) + g.normal(size=(200, 6)))
+    base = ["count", str(tmp_path / "e.npz"), "--batch-size", "8", "--no-progress", "--loss", "ntxent"]
+    assert runner.invoke(app, [*base, "--json", str(tmp_path / "a.json")]).exit_code == 0
+    res = runner.invoke(app, [*base, "-p", "tau=0.05", "--label", "Modèle τ 0.05", "--json", str(tmp_path / "b.json")])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["report", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--out", str(tmp_path / "r")])
+    assert res.exit_code == 0, res.output
+    tex = (tmp_path / "r" / "tables.tex").read_text()
+    assert tex.isascii() and "Modele $\\tau$ 0.05" in tex  # a user's non-ASCII label still compiles
+    # the same file counted the same way twice is refused, with a hint that works for count results too
+    assert runner.invoke(app, [*base, "--json", str(tmp_path / "c.json")]).exit_code == 0
+    res = runner.invoke(app, ["report", str(tmp_path / "a.json"), str(tmp_path / "c.json"), "--out", str(tmp_path / "r2")])
+    assert res.exit_code == 2 and "in the same way" in res.output
+
+
+@pytest.mark.parametrize("patch, message", [
+    (lambda d: d["stats"]["triplet"]["i2t"]["C_q"].update(n="abc"), "must be a count"),
+    (lambda d: d["counting"]["params"].update(ntxent=3), "counting.params.ntxent"),
+    (lambda d: d["counting"].update(losses=[1, 2]), "counting.losses must be names"),
+    (lambda d: d["evaluation"]["metrics"].update(rsum="high"), "evaluation.metrics must hold numbers"),
+])
+def test_nested_values_of_a_results_file_are_checked_in_one_line(tmp_path, patch, message):
+    data = copy.deepcopy(V2)
+    patch(data)
+    path = write(tmp_path / "bad.json", data)
+    with pytest.raises(CocosError) as err:
+        load_result(path)
+    text = str(err.value)
+    assert message in text and "\n" not in text and text.count("not a cocos results file") == 1

@@ -389,7 +389,12 @@ def test_every_table_fits_one_lncs_column_without_an_overfull_box(tmp_path):
     single = make_results("triplet_sh", 0, stats={("triplet", "i2t", "C_B"): (1000.66, 124.23)},
                           alt={("smoothap", "t2i", "C_0"): (637.5, 0.5), ("triplet", "t2i", "C_q"): (2.89, 0.01),
                                ("ntxent", "i2t", "W_qv-"): (0.34, 0.01)})
-    tables = [retrieval_table(single), *cocos_tables(single), *_report_tables_two_seeds()]
+    from cocos.report.merge import build_tables
+
+    two_datasets = [as_results(make_results(loss, seed, dataset=ds, rsum=400.0 + seed))
+                    for ds in ("f30k", "coco") for loss in ("triplet", "triplet_sh") for seed in (0, 1)]
+    tables = [retrieval_table(single), *cocos_tables(single), *_report_tables_two_seeds(),
+              *build_tables(group_results(two_datasets)[0])]
     body = "\n".join(to_latex(t) for t in tables)
     assert body.isascii() and check_latex(body) == len(tables)
     log = _lncs_compile(tmp_path, body)

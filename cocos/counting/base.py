@@ -71,7 +71,7 @@ def companions(weights: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str
     Simpson ``1 / sum u_n^2`` and the largest share ``max u_n``. Queries whose
     negatives carry no weight get NaN; the batch value is the mean over the others.
     """
-    w = weights if weights.is_floating_point() else weights.to(torch.float32)
+    w = weights if weights.is_floating_point() else weights.to(torch.float64)  # counts: exact sums
     total = w.sum(-1, keepdim=True)
     has = total.squeeze(-1) > 0
     tiny = torch.finfo(w.dtype).tiny

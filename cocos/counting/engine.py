@@ -265,9 +265,15 @@ class _Collector:
         return batches, queries
 
 
-def _check_defined(batches: pd.DataFrame) -> None:
-    """Any other NaN is a numerical failure, not a skipped batch: say so instead of averaging it away."""
-    bad = batches[batches["value"].isna() & ~batches["stat"].isin(MAY_BE_UNDEFINED)]
+def _check_defined(batches: pd.DataFrame, allowed: dict[str, tuple[str, ...]]) -> None:
+    """Any other NaN is a numerical failure, not a skipped batch: say so instead of averaging it away.
+
+    ``allowed`` maps a loss to the statistics its spec declares may be undefined in a batch.
+    """
+    ok = batches["stat"].isin(MAY_BE_UNDEFINED) | pd.Series(
+        [s in allowed.get(loss, ()) for loss, s in zip(batches["loss"], batches["stat"], strict=True)],
+        index=batches.index, dtype=bool)
+    bad = batches[batches["value"].isna() & ~ok]
     if len(bad):
         row = bad.iloc[0]
         raise CocosError(f"{row['loss']} {row['direction']} {row['stat']} is not a number in batch {row['batch']}")
@@ -310,6 +316,12 @@ def count_embeddings(
     seen = [o.name for o in objectives]
     if len(set(seen)) != len(seen):
         raise CocosError(f"two losses share a name ({', '.join(seen)}); give each its own name")
+    from cocos.objectives import OBJECTIVES
+
+    for o in objectives:
+        if o.name in OBJECTIVES and OBJECTIVES[o.name] is not o:
+            raise CocosError(f"'{o.name}' is the name of a registered loss; give your loss another name "
+                             "(Objective(name=...) or the function's name)")
     modes = [mode_of(compat)] if modes is None else list(dict.fromkeys(modes))
     for m in modes:
         if m not in MODES:
@@ -363,7 +375,7 @@ def count_embeddings(
                                         collect.add_batch((*key, e), res.batch)
                 advance(len(cap))
     batches, queries = collect.frames()
-    _check_defined(batches)
+    _check_defined(batches, {o.name: o.undefined_ok for o in objectives})
     return CountRun(batches=batches, queries=queries, plans=plans,
                     params={n: c.params() for n, c in counters.items()},
                     layouts={o.name: o.layout for o in objectives}, labels={o.name: o.label for o in objectives},

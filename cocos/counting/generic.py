@@ -46,6 +46,8 @@ def negative_gradients(view: QueryView, loss_fn: Callable[[QueryView], torch.Ten
         (grad,) = torch.autograd.grad(loss, scores, allow_unused=True)
     if grad is None:
         grad = torch.zeros_like(scores)
+    if not bool(torch.isfinite(loss).all()) or not bool(torch.isfinite(grad).all()):
+        raise CocosError("the loss or its gradient is not finite (NaN or Inf); nothing can be counted")
     return torch.where(view.neg, grad.abs(), 0.0).detach()
 
 
@@ -130,6 +132,9 @@ class BatchLossCounter(GenericCounter):
                 if not torch.is_tensor(loss) or loss.numel() != 1:
                     raise CocosError(f"loss '{self.objective.name}' must return a scalar tensor")
                 (grad,) = torch.autograd.grad(loss.reshape(()), probe, allow_unused=True)
+            if not bool(torch.isfinite(loss).all()) or (grad is not None and not bool(torch.isfinite(grad).all())):
+                raise CocosError(f"loss '{self.objective.name}' or its gradient is not finite (NaN or Inf); "
+                                 "nothing can be counted")
             out.append(torch.zeros_like(probe) if grad is None else grad / PROBE_T2)
         return torch.stack(out).reshape(*lead, b, m).detach()
 

@@ -50,11 +50,12 @@ class TripletCounter(Counter):
         per_query_counts = v.sum(-1)
         if self.hardest:  # 1 if the hardest negative violates for any positive (0 or 1 per query)
             per_query_counts = (per_query_counts > 0).to(per_query_counts.dtype)
-        grouped, item_kind = per_query_counts, None
+        grouped, item_kind, weights = per_query_counts, None, v
         if view.compat and not self.hardest and view.direction == "t2i":
-            grouped, item_kind = v.sum(-2), "image"  # by negative image
+            # by negative image: image i's entry collects the caption queries it violates for
+            grouped, item_kind, weights = v.sum(-2), "image", v.transpose(-1, -2)
         batch = batch_counts(grouped)
-        comp_q, comp_b = companions(v)
+        comp_q, comp_b = companions(weights)
         batch.update(comp_b)
         return Count(
             per_query={"C_q": grouped.to(torch.float64), **comp_q},

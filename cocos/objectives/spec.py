@@ -62,6 +62,7 @@ class Objective:
     notes: tuple[Note, ...] = ()
     description: str = ""  # one line for `cocos losses`
     warmup_loss: str | None = None  # a family to train with during --warmup-epochs (VSE-infinity practice)
+    undefined_ok: tuple[str, ...] = ()  # its own statistics that may be NaN in a batch (besides C_q, companions)
     # A whole-batch loss ``(images, captions, caption_image=None) -> scalar`` instead of direction maths
     # (a user's own callable): counted from dL/dS of the whole loss, rows for i2t, columns for t2i.
     batch_loss: Callable[..., Any] | None = None

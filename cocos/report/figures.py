@@ -132,11 +132,11 @@ def _share_formatter():
 
 
 def plot_eps_sweep(sweep: Mapping, path_stem: str | os.PathLike, labels: Mapping | None = None,
-                   title: str | None = None) -> FigureOutput:
+                   title: str | None = None, eps: float = DEFAULT_EPS) -> FigureOutput:
     """Count vs threshold ε (log x), one panel per loss (each with its own y scale), i2t solid, t2i dashed.
 
     ``sweep[loss][direction][eps][stat] = {"mean", "std", "n", "n_skipped"}`` (the
-    results.json shape, eps as strings). The default ε = 0.01 is marked. ``data[(loss,
+    results.json shape, eps as strings). The threshold the run counted with (``eps``) is marked. ``data[(loss,
     direction)] = (eps, mean count)`` read back from the drawn line.
     """
     losses = [x for x in _order(sweep) if sweep[x]]
@@ -158,18 +158,18 @@ def plot_eps_sweep(sweep: Mapping, path_stem: str | os.PathLike, labels: Mapping
                                   label=d)
                 data[(loss, d)] = (np.asarray(line.get_xdata(), dtype=np.float64),
                                    np.asarray(line.get_ydata(), dtype=np.float64))
-            ax.axvline(DEFAULT_EPS, color="0.4", linestyle=":", linewidth=1)
+            ax.axvline(eps, color="0.4", linestyle=":", linewidth=1)
             ax.set_xscale("log")
             ax.set_xlabel(r"threshold $\varepsilon$")
             ax.set_ylabel(f"{style.stat_math(stat)} (mean over batches)")
             ax.set_title(name)
-            ax.legend(title=f"default ε = {DEFAULT_EPS:g} (dotted)", fontsize="small", title_fontsize="small")
+            ax.legend(title=f"counted at ε = {eps:g} (dotted)", fontsize="small", title_fontsize="small")
         if not losses:
             axes[0].text(0.5, 0.5, "no counter with a threshold", ha="center", va="center",
                          transform=axes[0].transAxes)
         if title:
             fig.suptitle(title)
-        data["default_eps"] = DEFAULT_EPS
+        data["default_eps"] = eps
         paths = save_figure(fig, path_stem)
     return FigureOutput(paths, data)
 

@@ -94,7 +94,8 @@ def write_results_folder(
             plot_count_distributions(main_per_query(run, shown), tmp / "counts", labels=run.labels,
                                      title=f"{name}: contributing candidates per query ({shown} counting)")
         if results.sweep:
-            plot_eps_sweep(results.sweep, tmp / "eps_sweep", labels=run.labels,
+            used = [p["eps"] for p in results.counting.params.values() if "eps" in p]
+            plot_eps_sweep(results.sweep, tmp / "eps_sweep", labels=run.labels, eps=used[0] if used else 0.01,
                            title=f"{name}: COCOS vs threshold ε ({shown} counting)")
         if embeddings is not None:
             _diagram(results, embeddings, tmp / "triplet_diagram", diagram_extent)

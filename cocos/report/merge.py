@@ -55,15 +55,12 @@ from cocos.report.tables import (
     differs,
     fmt_compact,
     latex_escape,
+    mode_name,
 )
 
 DATASET_NAMES = {"f30k": "Flickr30k", "f30k_precomp": "Flickr30k", "flickr30k": "Flickr30k",
                  "coco": "MS-COCO", "coco_precomp": "MS-COCO", "mscoco": "MS-COCO"}
 NO_LOSS = "-"  # the training-loss label of a result without one (cocos count)
-
-
-def mode_name(compat: bool) -> str:
-    return "compat (published counter)" if compat else "corrected"
 
 
 def dataset_name(name: str) -> str:
@@ -152,10 +149,11 @@ def group_results(results: Sequence[Results]) -> tuple[list[Group], list[str]]:
     """Group by (dataset, model label, training loss); returns the sorted groups and warnings."""
     seen: dict[tuple, str] = {}
     for r in results:  # the same analysis twice would pose as two replicates
-        key = (r.source.sha256, r.counting.seed, r.counting.batch_size)
+        key = (r.source.sha256, r.model.label, r.counting.seed, _counting_settings(r),
+               tuple(r.counting.losses), r.counting.compat)
         if r.source.sha256 and key in seen:
             raise CocosError(f"{r.where}: counts the same {'checkpoint' if r.source.kind == 'analyze' else 'file'} "
-                             f"with the same seed as {seen[key]}; give each once")
+                             f"in the same way as {seen[key]}; give each once")
         seen[key] = r.where
     by_key: dict[tuple, Group] = {}
     for r in results:
@@ -177,11 +175,12 @@ def group_results(results: Sequence[Results]) -> tuple[list[Group], list[str]]:
                 files = " and ".join(r.where for r in g.results if r.replicate == seed)
                 raise CocosError(f"{g.name}: {files} have the same seed ({seed}) and configuration, so they are not "
                                  "replicates; keep them apart with a label (cocos analyze CKPT --label last, "
-                                 "or --label 'epoch 5')")
+                                 "cocos count EMB --label 'tau 0.05')")
     fingerprints: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
     for g in groups:
         for r in g.results:
-            fingerprints[g.dataset][r.data.fingerprint].append(f"{g.model}/{g.loss or NO_LOSS}")
+            if r.source.kind == "analyze":  # a count result's fingerprint is its embeddings file, not the data
+                fingerprints[g.dataset][r.data.fingerprint].append(f"{g.model}/{g.loss or NO_LOSS}")
     for dataset, fps in fingerprints.items():
         if len(fps) > 1:
             parts = "; ".join(f"{fp[:12]} in {', '.join(sorted(set(who)))}" for fp, who in sorted(fps.items()))
@@ -432,7 +431,8 @@ def cocos_tables(groups: Sequence[Group], compat: bool | None = None, counters: 
                         mark = DAGGER
                         differs_in.add(c)
                         head_plain, head_tex = STAT_HEADERS.get(s, (s, latex_escape(s)))
-                        value = fmt_compact(_num(alt["mean"]), _num(alt["std"]) if groups[gi].n == 1 else None)
+                        keep = groups[gi].n > 1 or not any(groups[i].n > 1 for i in gis)
+                        value = fmt_compact(_num(alt["mean"]), _num(alt["std"]) if keep else None)
                         who = " / ".join(row_labels(gi, c))
                         other_values.append((f"{who} {d} {head_plain} {value}",
                                              f"{latex_escape(who)} {d} {head_tex} {latex_escape(value)}"))
@@ -485,8 +485,8 @@ def cocos_tables(groups: Sequence[Group], compat: bool | None = None, counters: 
 
 def _mode_note(modes: set, other_values: list[tuple[str, str]], marks: Marks) -> None:
     """One note per table: the counting mode shown and, where the other mode differs (†), its values."""
-    if len(modes) == 1:
-        shown = next(iter(modes))
+    if len(modes) <= 1:
+        shown = next(iter(modes), False)
         head = f"Counting: {mode_name(shown)}."
         other = mode_name(not shown)
     else:

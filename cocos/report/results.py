@@ -156,7 +156,7 @@ class Results:
             raise CocosError(f"results format version {version!r} is not supported (this cocos reads up to "
                              f"{FORMAT_VERSION}; update cocos)")
         try:
-            return cls(
+            results = cls(
                 source=_typed(Source, data, "source"),
                 data=_typed(DataInfo, data, "data"),
                 model=_typed(ModelInfo, data, "model"),
@@ -169,8 +169,12 @@ class Results:
                 cocos_version=str(data.get("cocos_version", "")),
                 format_version=FORMAT_VERSION,  # read in any supported version, held (and written) in the current one
             )
+        except CocosError:
+            raise
         except (TypeError, ValueError, AttributeError) as exc:
             raise CocosError(f"not a cocos results file ({str(exc).splitlines()[0]})") from None
+        _check_contents(results)
+        return results
 
 
 # -- validation -------------------------------------------------------------------------------
@@ -210,6 +214,26 @@ def _typed(cls, data: dict, key: str):
     return cls(**kwargs)
 
 
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _check_contents(r: Results) -> None:
+    """The nested values the reports read: counter names and parameters, batch counts, metrics."""
+    c = r.counting
+    if not all(isinstance(x, str) for x in c.losses):
+        raise CocosError("not a cocos results file (counting.losses must be names)")
+    for name, params in c.params.items():
+        if not isinstance(params, dict) or not all(_is_number(v) or isinstance(v, str) for v in params.values()):
+            raise CocosError(f"not a cocos results file (counting.params.{name} must map names to numbers)")
+    if not all(_is_number(v) for v in c.n_batches.values()):
+        raise CocosError("not a cocos results file (counting.n_batches must hold numbers)")
+    if not all(isinstance(v, str) for v in c.labels.values()):
+        raise CocosError("not a cocos results file (counting.labels must hold text)")
+    if r.evaluation is not None and not all(_is_number(v) for v in r.evaluation.metrics.values()):
+        raise CocosError("not a cocos results file (evaluation.metrics must hold numbers)")
+
+
 def _stats(data: dict, key: str) -> dict:
     tree = data.get(key)
     if not isinstance(tree, dict):
@@ -227,6 +251,11 @@ def _stats(data: dict, key: str) -> dict:
                     if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
                         raise CocosError(f"not a cocos results file ({key}.{loss}.{d}.{stat}.{part} "
                                          "must be a number or null)")
+                for part in ("n", "n_skipped"):
+                    v = e.get(part, 0)
+                    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                        raise CocosError(f"not a cocos results file ({key}.{loss}.{d}.{stat}.{part} "
+                                         "must be a count)")
     return tree
 
 

@@ -23,10 +23,6 @@ _META = {"png": {"Software": "cocos"}, "pdf": {"Creator": "cocos", "Producer": "
 GREY = "#7f7f7f"
 DIRECTION_NAMES = {"i2t": "image → text (i2t)", "t2i": "text → image (t2i)"}
 DIRECTION_DASHES = {"i2t": "-", "t2i": "--"}
-STAT_MATH = {
-    "C_q": r"$C^{q}$", "C_B": r"$C^{\mathcal{B}}$", "C_0": r"$C^{0}$", "C_qv-": r"$C^{qv^-}$",
-    "W_qv-": r"$W^{qv^-}$", "W_qv+": r"$W^{qv^+}$", "W_low": r"$W_{\mathrm{low}}$", "N_eff": r"$N_{\mathrm{eff}}$",
-}
 
 
 def rc() -> dict:
@@ -85,8 +81,7 @@ def loss_style(loss: str, labels: Mapping | None = None) -> tuple[str, str, str,
 
 
 def stat_math(stat: str) -> str:
-    return STAT_MATH.get(stat, stat)
+    """A statistic's symbol in math, as the LaTeX tables write it."""
+    from cocos.report.tables import STAT_HEADERS
 
-
-def mode_name(compat: bool) -> str:
-    return "compat (published counter)" if compat else "corrected"
+    return STAT_HEADERS.get(stat, (stat, stat))[1]

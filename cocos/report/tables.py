@@ -161,6 +161,10 @@ def fmt_entry(entry: dict | None, digits: int = 2) -> str:
     return fmt(entry.get("mean"), entry.get("std"), digits)
 
 
+def mode_name(compat: bool) -> str:
+    return "compat (published counter)" if compat else "corrected"
+
+
 def differs(a: dict | None, b: dict | None, tol: float = ALT_TOLERANCE) -> bool:
     """Whether two ``{"mean", "std"}`` entries differ by more than ``tol`` in mean or std."""
     if not a or not b:
@@ -193,9 +197,22 @@ def _check_latex_ascii(text: str) -> str:
     return text
 
 
+def _ascii(ch: str) -> str:
+    """A character without a LaTeX form: its ASCII base letter (é -> e), else '?'."""
+    import unicodedata
+
+    base = "".join(c for c in unicodedata.normalize("NFKD", ch) if not unicodedata.combining(c))
+    return base if base.isascii() and base else "?"
+
+
 def latex_escape(text: str) -> str:
-    """Escape plain text for LaTeX (``_ % & # $ { } ~ ^ \\``; ``±`` becomes ``$\\pm$``)."""
-    return _check_latex_ascii("".join(_LATEX_SPECIAL.get(ch, ch) for ch in str(text)))
+    """Escape plain text for LaTeX (``_ % & # $ { } ~ ^ \\``; ``±`` becomes ``$\\pm$``).
+
+    Other non-ASCII characters (a user's ``--label``) become their ASCII base letter, so the
+    tables always compile with plain pdflatex.
+    """
+    return _check_latex_ascii("".join(_LATEX_SPECIAL.get(ch, ch if ch.isascii() else _ascii(ch))
+                                      for ch in str(text)))
 
 
 def _md_escape(text: str) -> str:
@@ -286,15 +303,8 @@ def _estimate_pt(rows: Sequence[Sequence[str]]) -> float:
 
 
 def _panels(table: Table) -> list[list[int]]:
-    """Column indices of each stacked panel: a group (i2t, t2i) with the ungrouped columns after it."""
-    panels: list[list[int]] = []
-    for group, first, last in _groups(table.columns):
-        cols = list(range(first, last + 1))
-        if group or not panels:
-            panels.append(cols)
-        else:
-            panels[-1] += cols
-    return panels
+    """Column indices of each stacked panel: one per run of a group (i2t, t2i, and the ungrouped columns)."""
+    return [list(range(first, last + 1)) for _, first, last in _groups(table.columns)]
 
 
 def to_latex(table: Table, collapse_labels: bool = True, width: str = "column") -> str:
@@ -328,7 +338,7 @@ def to_latex(table: Table, collapse_labels: bool = True, width: str = "column") 
     runs = _groups(table.columns)
     grouped = any(g for g, _, _ in runs)
     wide_rows = [heads + value_heads] + [lab + val for lab, val in zip(label_rows, cells, strict=True)]
-    stacked = grouped and _estimate_pt(wide_rows) > WIDTHS_PT[width]
+    stacked = grouped and _estimate_pt(wide_rows) > 0.95 * WIDTHS_PT[width]  # 5% for the estimate's error
     env = "table*" if width == "page" else "table"
     caption = _sentence(re.sub(r"^Table \d+:\s*", "", table.title))  # LaTeX numbers the table itself
     out = [rf"\begin{{{env}}}[t]", r"\centering", _FONT, rf"\setlength{{\tabcolsep}}{{{_TABCOLSEP_PT:g}pt}}",
@@ -357,7 +367,8 @@ def to_latex(table: Table, collapse_labels: bool = True, width: str = "column") 
             pad = [""] * (n_values - len(panel))
             if k:
                 out.append(r"\midrule")
-            out.append(rf"\multicolumn{{{n_labels + n_values}}}{{l}}{{\emph{{{latex_escape(group)}}}}} \\")
+            if group:
+                out.append(rf"\multicolumn{{{n_labels + n_values}}}{{l}}{{\emph{{{latex_escape(group)}}}}} \\")
             out.append(" & ".join(heads + [value_heads[i] for i in panel] + pad) + r" \\")
             out.append(rf"\cmidrule(lr){{{n_labels + 1}-{n_labels + len(panel)}}}")
             for lab, val in zip(label_rows, cells, strict=True):

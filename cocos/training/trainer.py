@@ -45,6 +45,7 @@ class TrainConfig:
     word_dim: int = 300
     margin: float | None = None
     tau: float | None = None
+    params: dict | None = None  # any other parameters of the loss's spec (cocos train -p NAME=VALUE)
     grad_clip: float = 2.0
     warmup_epochs: int = 0  # triplet_sh only: epochs of summed violations first (VSE-infinity practice)
     vocab_threshold: int = 4
@@ -78,11 +79,8 @@ class TrainConfig:
         get_loss(self.loss, **self.loss_params())  # the loss's own checks
 
     def loss_params(self) -> dict:
-        from cocos.objectives import get_objective
-
-        params = {"margin": self.margin, "tau": self.tau}
-        accepted = get_objective(self.loss).defaults
-        return {k: v for k, v in params.items() if v is not None and k in accepted}
+        params = {**(self.params or {}), "margin": self.margin, "tau": self.tau}
+        return {k: v for k, v in params.items() if v is not None}  # the spec refuses what the loss does not take
 
 
 def epoch_seed(seed: int, epoch: int) -> int:
@@ -138,7 +136,13 @@ class Trainer:
                                  embed_size=cfg.embed_size).to(self.device)
         self.loss_fn = get_loss(cfg.loss, **cfg.loss_params(), compat=cfg.compat)
         warmup = self.loss_fn.objective.warmup_loss
-        self.warmup_fn = get_loss(warmup, **cfg.loss_params(), compat=cfg.compat) if cfg.warmup_epochs else None
+        if cfg.warmup_epochs:  # the warm-up loss takes the parameters it shares with the loss (the margin)
+            from cocos.objectives import get_objective
+
+            shared = {k: v for k, v in self.loss_fn.params().items() if k in get_objective(warmup).defaults}
+            self.warmup_fn = get_loss(warmup, **shared, compat=cfg.compat)
+        else:
+            self.warmup_fn = None
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr)
         self.scheduler = torch.optim.lr_scheduler.StepLR(self.optimizer, step_size=cfg.lr_update, gamma=0.1)
         self.epoch, self.best_rsum, self.history = 0, -math.inf, []
@@ -161,7 +165,7 @@ class Trainer:
             raise CocosError(f"{self.last_path}: checkpoint was trained on other data than {cfg.data}")
         # a resumed run equals an uninterrupted one only with the same flags (epochs may grow)
         recorded = ckpt.get("train", {})
-        for name in ("lr", "lr_update", "batch_size", "embed_size", "word_dim", "margin", "tau", "seed", "k",
+        for name in ("lr", "lr_update", "batch_size", "embed_size", "word_dim", "margin", "tau", "params", "seed", "k",
                      "warmup_epochs", "compat", "grad_clip"):
             if name in recorded and recorded[name] != getattr(cfg, name):
                 raise CocosError(f"{self.last_path}: was trained with --{name.replace('_', '-')} {recorded[name]}, "
