@@ -45,6 +45,8 @@ def parse_params(items: list[str], losses: list[str]) -> dict[str, dict[str, flo
             takes = "; ".join(f"{n}: {', '.join(s.defaults) or 'none'}" for n, s in specs.items())
             raise CocosError(f"--param {key}: no counted loss takes '{name}' ({takes})")
         for t in targets:
+            if name in out.get(t, {}):
+                raise CocosError(f"--param {key}: {t}.{name} is given twice")
             out.setdefault(t, {})[name] = value
     return out
 

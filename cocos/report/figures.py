@@ -97,7 +97,7 @@ def plot_count_distributions(per_query: Mapping, path_stem: str | os.PathLike, l
                     ax.set_yscale("log")
                 ax.yaxis.set_major_formatter(_share_formatter())
                 ax.set_xlabel(f"{style.stat_math(stat)} per query")
-                ax.set_ylabel(("share of queries" + (" (log)" if log else "")) if j == 0 else "")
+                ax.set_ylabel(("share of queries" + (" (log)" if log else "")) if j == 0 or log else "")
                 if discrete and edges.size <= 12:
                     ax.set_xticks(np.arange(edges[0] + 0.5, edges[-1]))
                 mean = float(values.mean()) if values.size else float("nan")

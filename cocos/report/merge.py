@@ -271,7 +271,8 @@ def _spread_phrase(groups: Sequence[Group]) -> str:
     ns = sorted({g.n for g in groups})
     if ns == [1]:
         sizes = sorted({r.counting.batch_size for g in groups for r in g.results})
-        return "mean ± std over the training-set batches" + (f" of {sizes[0]}" if len(sizes) == 1 else "")
+        where = "training-set " if all(r.source.kind == "analyze" for g in groups for r in g.results) else ""
+        return f"mean ± std over the {where}batches" + (f" of {sizes[0]}" if len(sizes) == 1 else "")
     seeds = ", ".join(str(n) for n in ns if n > 1)
     single = " (rows of one seed: the mean alone)" if 1 in ns else ""
     return f"mean ± sample std over {seeds} seeds{single}"
