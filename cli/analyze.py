@@ -19,8 +19,9 @@ def analyze(
     data: Path = typer.Option(None, help="Data folder (default: the one recorded in the checkpoint)."),
     out: Path = typer.Option(None, help="Output folder (default: reports/<run>/ for <run>/model_best.pt, "
                                         "reports/<run>_<file>/ for other checkpoints)."),
-    loss: list[str] = typer.Option(["all"], "--loss", "-l", metavar="NAMES",
-                                   help="Losses to count: all, or registered names (see `cocos losses`)."),
+    loss: list[str] = typer.Option(["paper"], "--loss", "-l", metavar="NAMES",
+                                   help="Losses to count: paper (the COCOS paper's four), all, or registered names "
+                                        "(see `cocos losses`)."),
     batch_size: int = typer.Option(None, help="Images per counting batch (default: the batch size the checkpoint "
                                               "was trained with, as the paper counts)."),
     label: str = typer.Option(None, help="Tell this checkpoint apart in reports, e.g. 'last' or 'epoch 5' (shown "
@@ -47,7 +48,8 @@ def analyze(
     inputs = [checkpoint] + ([data] if data else []) + ([save_embeddings] if save_embeddings else [])
     check_latex_width(latex_width)
     check_output_dir(target, inputs, overwrite)  # before minutes of encoding, not after
-    analysis = analyze_checkpoint(checkpoint, data, losses=parse_names(loss), batch_size=batch_size, seed=seed,
+    losses = None if loss == ["paper"] else parse_names(loss)  # default: the paper's four and the model's own
+    analysis = analyze_checkpoint(checkpoint, data, losses=losses, batch_size=batch_size, seed=seed,
                                   compat=compat, split=split, device=device, eps=eps, label=label,
                                   save_embeddings_to=save_embeddings, progress=progress)
     files = write_results_folder(analysis.results, analysis.run, target, inputs, overwrite, per_query=per_query,

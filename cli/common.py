@@ -19,7 +19,7 @@ def fail(message: str) -> None:
     raise typer.Exit(code=2)
 
 
-def parse_params(items: list[str], losses: list[str]) -> dict[str, dict[str, float]]:
+def parse_params(items: list[str], losses: list[str]) -> dict[str, dict]:
     """``-p margin=0.3 -p ntxent.tau=0.05`` as ``{loss: {name: value}}`` for the given losses.
 
     ``NAME=VALUE`` applies to every given loss that has the parameter; ``LOSS.NAME=VALUE``
@@ -33,10 +33,7 @@ def parse_params(items: list[str], losses: list[str]) -> dict[str, dict[str, flo
         key, sep, text = item.partition("=")
         if not sep or not key.strip() or not text.strip():
             raise CocosError(f"--param wants NAME=VALUE or LOSS.NAME=VALUE, got '{item}'")
-        try:
-            value = float(text)
-        except ValueError:
-            raise CocosError(f"--param {key}: '{text}' is not a number") from None
+        value = text.strip()  # typed by the loss's spec (a number, a name or a switch)
         loss, dot, name = key.strip().rpartition(".")
         targets = [loss] if dot else [n for n, s in specs.items() if name in s.defaults]
         if dot and loss not in specs:
@@ -47,7 +44,15 @@ def parse_params(items: list[str], losses: list[str]) -> dict[str, dict[str, flo
         for t in targets:
             if name in out.get(t, {}):
                 raise CocosError(f"--param {key}: {t}.{name} is given twice")
-            out.setdefault(t, {})[name] = value
+            default = specs[t].defaults[name]
+            if not isinstance(default, (str, bool)):
+                try:
+                    typed = float(value)
+                except ValueError:
+                    raise CocosError(f"--param {key}: '{value}' is not a number") from None
+            else:
+                typed = value
+            out.setdefault(t, {})[name] = typed
     return out
 
 

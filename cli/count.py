@@ -19,8 +19,9 @@ def count(
                                       "and optionally 'caption_image' (N*k,)."),
     out: Path = typer.Option(None, "--out", "-o", help="Write a report folder here (results.json, batches.csv, "
                                                        "tables.md/.tex, figures), as cocos analyze does."),
-    loss: list[str] = typer.Option(["all"], "--loss", "-l", metavar="NAMES",
-                                   help="Losses to count: all, or registered names (see `cocos losses`)."),
+    loss: list[str] = typer.Option(["paper"], "--loss", "-l", metavar="NAMES",
+                                   help="Losses to count: paper (the COCOS paper's four), all, or registered names "
+                                        "(see `cocos losses`)."),
     name: str = typer.Option(None, help="Dataset name of the embeddings (default: the file name)."),
     label: str = typer.Option("embeddings", help="What made the embeddings, e.g. 'CLIP ViT-B/32' (the model "
                                                  "column of reports)."),
@@ -46,6 +47,7 @@ def count(
     from cocos.errors import CocosError
     from cocos.io import check_output_dir
     from cocos.objectives import parse_names
+    from cocos.objectives.spec import format_value
     from cocos.report.count import count_file
     from cocos.report.tables import count_rows
 
@@ -65,7 +67,7 @@ def count(
     console.print(f"COCOS of {embeddings} ({results.data.n_images} images, {results.data.n_captions} captions; "
                   f"batch {batch_size}, seed {seed}, {batches}{', compat' if compat else ''})")
     for loss_name, by_direction in results.stats.items():
-        params = ", ".join(f"{k} {v:g}" for k, v in results.counting.params[loss_name].items())
+        params = ", ".join(f"{k} {format_value(v)}" for k, v in results.counting.params[loss_name].items())
         table = Table(title=f"{loss_name} ({params})" if params else loss_name, title_justify="left")
         table.add_column("statistic")
         for d in by_direction:

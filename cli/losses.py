@@ -13,9 +13,10 @@ from .main import app
 def losses() -> None:
     """List the registered losses: layout, parameters and defaults, counter, paper statistics and table."""
     from cocos.objectives import OBJECTIVES
+    from cocos.objectives.spec import format_value
 
     for name, spec in OBJECTIVES.items():
-        params = ", ".join(f"{k}={v:g}" for k, v in spec.defaults.items()) or "none"
+        params = ", ".join(f"{k}={format_value(v)}" for k, v in spec.defaults.items()) or "none"
         counter = spec.counter.__name__ if spec.counter is not None else "generic (autograd)"
         eps = " + eps" if spec.uses_eps else ""
         table = f"Table {spec.table}" if spec.table else "own table"

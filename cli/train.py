@@ -25,6 +25,8 @@ def train(
     word_dim: int = typer.Option(300, help="Word embedding size."),
     margin: float = typer.Option(None, help="Triplet margin (default 0.2)."),
     tau: float = typer.Option(None, help="Temperature (NT-Xent 0.1, SmoothAP 0.01)."),
+    triplet_weight: str = typer.Option(None, help="goal: triplet weight con, nca or cir (default con)."),
+    pair_weight: str = typer.Option(None, help="goal: pair weight con, lin, sig, lin_ms or sig_ms (default con)."),
     param: list[str] = typer.Option([], "--param", "-p", metavar="NAME=VALUE",
                                     help="Any other parameter of the loss (see `cocos losses`)."),
     warmup_epochs: int = typer.Option(0, help="triplet_sh only: epochs of all-triplet loss first (VSE-inf)."),
@@ -42,7 +44,11 @@ def train(
 
     from .common import parse_params
 
-    extra = parse_params(param, [loss]).get(loss) if param else None
+    extra = parse_params(param, [loss]).get(loss, {}) if param else {}
+    for name, value in (("triplet_weight", triplet_weight), ("pair_weight", pair_weight)):
+        if value is not None:
+            extra[name] = value
+    extra = extra or None
     cfg = TrainConfig(data=str(data), model=model, loss=loss, out=str(out), epochs=epochs, lr=lr,
                       lr_update=lr_update, batch_size=batch_size, embed_size=embed_size,
                       word_dim=word_dim, margin=margin, tau=tau, params=extra, k=k, seed=seed, device=device,

@@ -22,9 +22,9 @@ from cocos.errors import CocosError
 
 def paper_losses() -> list[str]:
     """The registered families that belong to a table of the COCOS paper (its four losses)."""
-    from cocos.objectives import OBJECTIVES
+    from cocos.objectives import paper_names
 
-    return [name for name, spec in OBJECTIVES.items() if spec.table]
+    return paper_names()
 
 
 @dataclass

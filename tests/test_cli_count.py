@@ -103,12 +103,13 @@ def test_count_out_writes_the_same_folder_as_analyze_and_report_merges_two_seeds
 
     _write(tmp_path / "e.npz", n=48)
     folders = []
-    for seed in (0, 1):
+    for seed in (0, 1):  # the first as a report folder, the second as a results.json alone
         out = tmp_path / f"s{seed}"
-        res = runner.invoke(app, ["count", str(tmp_path / "e.npz"), "--out", str(out), "--seed", str(seed),
+        where = ["--out", str(out), "--per-query"] if seed == 0 else ["--json", str(out / "results.json")]
+        out.mkdir() if seed else None
+        res = runner.invoke(app, ["count", str(tmp_path / "e.npz"), "--seed", str(seed), *where,
                                   "--batch-size", "8", "--name", "toy", "--label", "my encoder", "--no-progress",
-                                  "--loss", "triplet,ntxent,smoothap",
-                                  *(["--per-query"] if seed == 0 else [])])
+                                  "--loss", "triplet,ntxent,smoothap"])
         assert res.exit_code == 0, res.output
         folders.append(out)
     names = sorted(p.name for p in folders[0].iterdir() if p.name != MARKER)

@@ -301,7 +301,7 @@ def count_embeddings(
 ) -> CountRun:
     """Count every loss in ``losses`` on seeded batches of ``emb``, both directions.
 
-    ``losses``: registered names (default: all), :class:`~cocos.objectives.Objective`
+    ``losses``: registered names (default: the paper's four), :class:`~cocos.objectives.Objective`
     specs, or callables ``(images, captions, caption_image=None) -> scalar`` (counted
     by the generic autograd counter). ``params`` maps a loss name to its parameters
     (e.g. ``{"ntxent": {"tau": 0.05}}``); ``eps`` is the threshold of every counter
@@ -309,10 +309,10 @@ def count_embeddings(
     ``"compat"``), default the one ``compat`` says. ``sweep_eps``: thresholds of the
     eps sweep. Returns a :class:`CountRun`.
     """
-    from cocos.objectives import names, resolve
+    from cocos.objectives import paper_names, resolve
 
     params = params or {}
-    objectives = [resolve(x) for x in (names() if losses is None else list(losses))]
+    objectives = [resolve(x) for x in (paper_names() if losses is None else list(losses))]
     seen = [o.name for o in objectives]
     if len(set(seen)) != len(seen):
         raise CocosError(f"two losses share a name ({', '.join(seen)}); give each its own name")

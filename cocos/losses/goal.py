@@ -469,10 +469,12 @@ def _others(view: QueryView, t: Triplets) -> tuple[torch.Tensor, ...]:
     return rows, rows, pos_mask, neg_mask
 
 
-def direction_score_gradient(view: QueryView, triplet_weight, pair_weight="P_con", **params) -> torch.Tensor:
-    """``dl/dscores`` of one direction, oriented like ``view.scores`` (``(..., Q, K)``).
+def triplet_weights(view: QueryView, triplet_weight, pair_weight="P_con", **params):
+    """Every hardest-negative triplet of a view with its weights: ``(triplets, T, P+, P−)``, each ``(..., Q, A)``.
 
-    Triplet ``(q, p, n*)`` adds ``−T·P+`` at ``[q, p]`` and ``+T·P−`` at ``[q, n*]``.
+    ``T`` is the triplet weight, ``P±`` the pair weights (multi-similarity forms from the
+    anchor's other positives and negatives in the batch). Entries that are no triplet
+    (``triplets.valid`` false) hold values to be ignored.
     """
     t_fn = _resolve(triplet_weight, TRIPLET_WEIGHTS, "triplet")
     p_fn = _resolve(pair_weight, PAIR_WEIGHTS, "pair")
@@ -487,6 +489,16 @@ def direction_score_gradient(view: QueryView, triplet_weight, pair_weight="P_con
                                 **p_params)
         else:
             p_pos, p_neg = p_fn(t.sp, t.sn, **p_params)
+    return t, tw, p_pos, p_neg
+
+
+def direction_score_gradient(view: QueryView, triplet_weight, pair_weight="P_con", **params) -> torch.Tensor:
+    """``dl/dscores`` of one direction, oriented like ``view.scores`` (``(..., Q, K)``).
+
+    Triplet ``(q, p, n*)`` adds ``−T·P+`` at ``[q, p]`` and ``+T·P−`` at ``[q, n*]``.
+    """
+    t, tw, p_pos, p_neg = triplet_weights(view, triplet_weight, pair_weight, **params)
+    with torch.no_grad():
         zero = torch.zeros((), dtype=view.scores.dtype, device=view.scores.device)
         g_pos = torch.where(t.valid, -tw * p_pos, zero).to(view.scores.dtype)
         g_neg = torch.where(t.valid, tw * p_neg, zero).to(view.scores.dtype)
@@ -553,5 +565,5 @@ __all__ = [
     "CIR_OFFSET", "MS_EPS", "MS_FIGURE_M", "PAIR_WEIGHTS", "TRIPLET_WEIGHTS", "Triplets", "WeightSpec",
     "direction_score_gradient", "goal_gradient", "hardest_triplets", "known_params", "ms_relative_terms",
     "p_con", "p_lin", "p_lin_ms", "p_sig", "p_sig_ms", "parse_weight", "score_gradient", "t_cir", "t_con",
-    "t_nca", "triplet_part", "view_triplets", "weight_choices", "weight_grid", "weight_params",
+    "t_nca", "triplet_part", "triplet_weights", "view_triplets", "weight_choices", "weight_grid", "weight_params",
 ]

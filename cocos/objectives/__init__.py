@@ -52,6 +52,11 @@ def names() -> list[str]:
     return list(_registry())
 
 
+def paper_names() -> list[str]:
+    """The families of the COCOS paper's tables (Triplet, Triplet SH, NT-Xent, SmoothAP): the default counters."""
+    return [n for n, o in _registry().items() if o.table]
+
+
 def get_objective(name: str) -> Objective:
     if isinstance(name, Objective):
         return name
@@ -92,13 +97,15 @@ def parse_names(requested) -> list[str]:
             name = name.strip()
             if name == "all":
                 out.extend(registry)
+            elif name == "paper":
+                out.extend(paper_names())
             elif name in registry:
                 out.append(name)
             elif name:
-                raise CocosError(f"unknown loss '{name}' (choose from all, {', '.join(registry)})")
+                raise CocosError(f"unknown loss '{name}' (choose from paper, all, {', '.join(registry)})")
     if not out:
         raise CocosError("no loss given")
     return list(dict.fromkeys(out))
 
 __all__ = ["DEFAULT_EPS", "OBJECTIVES", "Note", "Objective", "from_callable", "get_objective", "label",
-           "names", "order", "parse_names", "register", "resolve", "unregister"]
+           "names", "order", "paper_names", "parse_names", "register", "resolve", "unregister"]

@@ -71,3 +71,8 @@ SMOOTHAP = register(Objective(
     counter=SmoothAPCounter, stats=("C_q", "C_0"), main_stat="C_q", table="4", color="#d62728", marker="D",
     notes=(SMOOTHAP_ARTEFACT,), description="1 - smoothed average precision (ranking batches)",
 ))
+
+
+from cocos.objectives.goal import GOAL  # noqa: E402  (GOAL: designed gradients, a family of its own)
+
+register(GOAL)

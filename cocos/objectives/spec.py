@@ -63,6 +63,7 @@ class Objective:
     description: str = ""  # one line for `cocos losses`
     warmup_loss: str | None = None  # a family to train with during --warmup-epochs (VSE-infinity practice)
     undefined_ok: tuple[str, ...] = ()  # its own statistics that may be NaN in a batch (besides C_q, companions)
+    check: Callable[[dict], None] | None = None  # validates the family's parameters (names, ranges): CocosError
     # A whole-batch loss ``(images, captions, caption_image=None) -> scalar`` instead of direction maths
     # (a user's own callable): counted from dL/dS of the whole loss, rows for i2t, columns for t2i.
     batch_loss: Callable[..., Any] | None = None
@@ -86,14 +87,21 @@ class Objective:
         """Whether the count depends on an absolute or relative threshold ``eps``."""
         return True if self.counter is None else bool(getattr(self.counter, "uses_eps", False))
 
-    def params(self, **given) -> dict[str, float]:
-        """The loss's hyper-parameters: defaults, overridden by ``given`` (``None`` = default); checked."""
+    def params(self, **given) -> dict[str, Any]:
+        """The loss's hyper-parameters: defaults, overridden by ``given`` (``None`` = default); checked.
+
+        A parameter keeps the type of its default: numbers (float), names (str, e.g. GOAL's
+        ``triplet_weight``) or switches (bool). The family's ``check`` then validates the whole set.
+        """
         unknown = [k for k, v in given.items() if v is not None and k not in self.defaults]
         if unknown:
             takes = ", ".join(self.defaults) or "no parameters"
             raise CocosError(f"loss '{self.name}' takes no parameter {', '.join(unknown)} (it takes {takes})")
-        out = {k: float(given[k]) if given.get(k) is not None else float(v) for k, v in self.defaults.items()}
-        check_params(**out)
+        out = {k: _typed(k, default if given.get(k) is None else given[k], default)
+               for k, default in self.defaults.items()}
+        check_params(**{k: v for k, v in out.items() if isinstance(v, float)})
+        if self.check is not None:
+            self.check(out)
         return out
 
     def counter_params(self, eps: float | None = None, **given) -> dict[str, float]:
@@ -124,6 +132,31 @@ class Objective:
     def combine_directions(self, i2t, t2i):
         total = i2t + t2i
         return total / 2 if self.combine == "mean" else total
+
+
+def format_value(value) -> str:
+    """A parameter for people: numbers without trailing zeros (``0.2``, ``10``), names and switches as they are."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value).lower() if isinstance(value, bool) else str(value)
+    return f"{value:g}"
+
+
+def _typed(name: str, value, default):
+    """``value`` as the type of ``default`` (bool, str or float); one CocosError line otherwise."""
+    if isinstance(default, bool):
+        if isinstance(value, str):
+            if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise CocosError(f"{name} must be true or false, got '{value}'")
+            return value.lower() in ("true", "1", "yes")
+        return bool(value)
+    if isinstance(default, str):
+        return str(value)
+    if isinstance(value, bool):
+        raise CocosError(f"{name} must be a number, got {value}")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise CocosError(f"{name} must be a number, got {value!r}") from None
 
 
 def from_callable(fn: Callable[..., Any], name: str | None = None, label: str | None = None,

@@ -96,13 +96,16 @@ def analyze_checkpoint(
     practice). ``label`` (e.g. ``"last"``, ``"epoch 5"``) keeps checkpoints of one run apart in
     reports: the model is shown as ``VSE++ (last)``.
     """
-    from cocos.objectives import names
+    from cocos.objectives import OBJECTIVES, paper_names
 
-    losses = names() if losses is None else list(losses)
     clock = time.perf_counter()
     timings = {}
     frozen = FrozenModel.load(checkpoint, data, device)
     ckpt = frozen.checkpoint
+    if losses is None:  # the paper's four counters and the checkpoint's own training loss
+        own = ckpt["loss"]["name"]
+        losses = paper_names() + ([own] if own in OBJECTIVES and own not in paper_names() else [])
+    losses = list(losses)
     train = frozen.open_split("train")
     if batch_size is None:
         batch_size = int(ckpt.get("train", {}).get("batch_size", 128))

@@ -40,7 +40,9 @@ def describe(results: Results) -> list[str]:
 
 
 def _params(params: dict) -> str:
-    return "(" + ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in params.items()) + ")"
+    from cocos.objectives.spec import format_value
+
+    return "(" + ", ".join(f"{k} {format_value(v)}" for k, v in params.items()) + ")"
 
 
 def main_per_query(run: CountRun, mode: str) -> dict:

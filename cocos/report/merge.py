@@ -286,9 +286,11 @@ def _stat_columns(stats: Sequence[str]) -> tuple[Column, ...]:
 def _params_text(params: dict) -> tuple[str, str]:
     plain, tex = [], []
     for k, v in params.items():
+        from cocos.objectives.spec import format_value
+
         sym, sym_tex = PARAM_SYMBOLS.get(k, (k, latex_escape(k)))
-        plain.append(f"{sym}={v:g}")
-        tex.append(f"${sym_tex}={v:g}$")
+        plain.append(f"{sym}={format_value(v)}")
+        tex.append(f"${sym_tex}={latex_escape(format_value(v))}$")
     return ", ".join(plain) or "-", ", ".join(tex) or "-"
 
 

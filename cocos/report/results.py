@@ -224,7 +224,7 @@ def _check_contents(r: Results) -> None:
     if not all(isinstance(x, str) for x in c.losses):
         raise CocosError("not a cocos results file (counting.losses must be names)")
     for name, params in c.params.items():
-        if not isinstance(params, dict) or not all(_is_number(v) or isinstance(v, str) for v in params.values()):
+        if not isinstance(params, dict) or not all(isinstance(v, (int, float, str)) for v in params.values()):
             raise CocosError(f"not a cocos results file (counting.params.{name} must map names to numbers)")
     if not all(_is_number(v) for v in c.n_batches.values()):
         raise CocosError("not a cocos results file (counting.n_batches must hold numbers)")

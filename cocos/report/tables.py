@@ -35,6 +35,9 @@ STAT_HEADERS = {
     "N_eff": ("N_eff", r"$N_{\mathrm{eff}}$"),
     "N_invsimpson": ("inv. Simpson", r"inv.\ Simpson"),
     "top1_share": ("top-1 share", r"top-1 share"),
+    "T": ("T", r"$T$"),
+    "P_pos": ("P+", r"$P^{+}$"),
+    "P_neg": ("P-", r"$P^{-}$"),
 }
 COMPANION_STATS = ("N_eff", "N_invsimpson", "top1_share")
 RETRIEVAL_KEYS = (("i2t", "R@1", "i2t_R@1"), ("i2t", "R@5", "i2t_R@5"), ("i2t", "R@10", "i2t_R@10"),
