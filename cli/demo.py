@@ -19,6 +19,8 @@ def demo(
     loss: list[str] = typer.Option(["paper"], "--loss", "-l", metavar="NAMES",
                                    help="Losses to train and analyse: paper (the COCOS paper's four), all, or "
                                         "registered names."),
+    all_losses: bool = typer.Option(False, "--all-losses",
+                                    help="Also train GOAL (cir x sig_ms and con x con) and IMC models."),
     model: str = typer.Option("vsepp", help="vsepp or vsrn."),
     epochs: int = typer.Option(8, help="Training epochs per model."),
     lr: float = typer.Option(1e-3, help="Adam learning rate (the demo's shorter schedule)."),
@@ -34,14 +36,15 @@ def demo(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
 ) -> None:
     """Synthetic data -> VSE++ with the four losses -> cocos analyze each -> combined report (reports/demo/)."""
-    from cocos.demo import DemoConfig, paper_losses, run_demo
+    from cocos.demo import ALL_LOSSES_EXTRA, DemoConfig, paper_losses, run_demo
     from cocos.objectives import parse_names
 
     cfg = DemoConfig(
         out=str(out),
         data=str(data),
         checkpoints=str(checkpoints),
-        losses=paper_losses() if loss == ["paper"] else parse_names(loss),
+        losses=(paper_losses() if loss == ["paper"] else parse_names(loss))
+        + (list(ALL_LOSSES_EXTRA) if all_losses else []),
         model=model,
         epochs=epochs,
         lr=lr,

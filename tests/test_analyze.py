@@ -209,7 +209,7 @@ def test_bad_input(world, tmp_path):
     assert "--data" in _one_line_exit_2([str(tmp_path / "orphan.pt")], tmp_path, out)
     # ... with --data it works
     res = runner.invoke(app, ["analyze", str(tmp_path / "orphan.pt"), "--data", str(moved), "--out",
-                              str(tmp_path / "ok"), "--batch-size", str(BATCH), "--no-progress"])
+                              str(tmp_path / "ok"), "--batch-size", str(BATCH), "--no-progress", "--loss", "triplet_sh"])
     assert res.exit_code == 0, res.output
     # data whose dimensions do not fit the model
     wide = make_synthetic(tmp_path / "wide", n_train=32, n_dev=16, n_test=16, feature_dim=24, seed=1)
@@ -252,10 +252,11 @@ def test_analyze_refuses_a_foreign_out_before_encoding_and_saves_embeddings_last
     assert res.exit_code == 2 and "larger than the training split" in res.output
     assert not emb.exists() and not (tmp_path / "o").exists()
     res = runner.invoke(app, ["analyze", str(root / "triplet_sh" / "model_best.pt"), "--out", str(tmp_path / "o"),
-                              "--batch-size", str(BATCH), "--save-embeddings", str(emb), "--no-progress"])
+                              "--batch-size", str(BATCH), "--save-embeddings", str(emb), "--no-progress",
+                              "--loss", "triplet_sh"])
     assert res.exit_code == 0, res.output
     res = runner.invoke(app, ["count", str(emb), "--batch-size", str(BATCH), "--json", str(tmp_path / "c.json"),
-                              "--seed", "0", "--no-progress"])
+                              "--seed", "0", "--no-progress", "--loss", "triplet_sh"])
     assert res.exit_code == 0, res.output
 
 

@@ -123,7 +123,7 @@ def test_rows_sorted_dataset_model_then_paper_loss_order():
     t1 = report_tables(groups)[0]
     assert [row.labels for row in t1.rows][:2] == [("Flickr30k", "VSE++", "1", "Triplet loss", "α=0.2"),
                                                    ("Flickr30k", "VSE++", "2", "Triplet loss SH", "α=0.2")]
-    assert t1.rows[-1].labels == ("MS-COCO", "VSRN", "16", "SmoothAP", "α=0.2")
+    assert t1.rows[-1].labels == ("MS-COCO", "VSRN", "16", "SmoothAP", "τ=0.01")
 
 
 def test_warnings_for_duplicate_seed_and_fingerprints():

@@ -42,7 +42,12 @@ def count_queries(
         images = torch.nn.functional.normalize(torch.as_tensor(images).to(scores.dtype), dim=-1)
         captions = torch.nn.functional.normalize(torch.as_tensor(captions).to(scores.dtype), dim=-1)
         scores = counter.gradients(images, captions, caption_image)
-    return {d: counter.count(layout.view(scores, d, compat)) for d in DIRECTIONS}
+    intra = {}
+    if getattr(counter, "needs_intra", False):  # e.g. IMC: the queries' intra-modal similarities
+        from cocos.losses.base import intra_similarities
+
+        intra = intra_similarities(torch.as_tensor(images).to(scores.dtype), torch.as_tensor(captions).to(scores.dtype))
+    return {d: counter.count(layout.view(scores, d, compat, intra=intra.get(d))) for d in DIRECTIONS}
 
 
 def count_batch(

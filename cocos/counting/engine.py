@@ -359,9 +359,13 @@ def count_embeddings(
                     if getattr(counter, "needs_embeddings", False):
                         s = counter.gradients(emb.images[i], emb.captions[c], layout.caption_image)
                     main_eps = counter.params().get("eps", np.nan) if o.uses_eps else np.nan
+                    intra = {}
+                    if getattr(counter, "needs_intra", False):  # the queries' intra-modal similarities (IMC)
+                        ims, caps = emb.images[i], emb.captions[c]
+                        intra = {"i2t": ims @ ims.transpose(-1, -2), "t2i": caps @ caps.transpose(-1, -2)}
                     for mode in modes:
                         for d in DIRECTIONS:
-                            view = layout.view(s, d, mode == "compat")
+                            view = layout.view(s, d, mode == "compat", intra=intra.get(d))
                             result = counter.count(view)
                             key = (o.name, d, mode)
                             collect.add_batch((*key, main_eps), {**result.batch, "n_excluded": result.n_excluded})

@@ -130,8 +130,13 @@ class BatchLayout:
             self._cache[key] = (pos.contiguous(), neg.contiguous())
         return self._cache[key]
 
-    def view(self, scores: torch.Tensor, direction: str, compat: bool = False) -> QueryView:
-        """Orient a ``(..., B, M)`` similarity matrix as queries x candidates for one direction."""
+    def view(self, scores: torch.Tensor, direction: str, compat: bool = False,
+             intra: torch.Tensor | None = None) -> QueryView:
+        """Orient a ``(..., B, M)`` similarity matrix as queries x candidates for one direction.
+
+        ``intra`` (optional) is the queries' own intra-modal similarity matrix (``(..., Q, Q)``:
+        images for i2t, captions for t2i), for losses with intra-modal terms (IMC).
+        """
         pos, neg = self.masks(direction, compat)
         if direction == "t2i":
             scores = scores.transpose(-1, -2)
@@ -139,7 +144,7 @@ class BatchLayout:
         if pos.shape != shape:
             pos, neg = pos.expand(shape).contiguous(), neg.expand(shape).contiguous()
         return QueryView(scores=scores.expand(shape).contiguous(), pos=pos, neg=neg, direction=direction,
-                         group_size=self.group_size, compat=compat)
+                         group_size=self.group_size, compat=compat, intra=intra)
 
 
 @dataclass(frozen=True)
@@ -159,6 +164,7 @@ class QueryView:
     direction: str
     group_size: int
     compat: bool = False
+    intra: torch.Tensor | None = None  # (..., Q, Q) similarities among the queries (one modality), when needed
 
     @property
     def candidates(self) -> torch.Tensor:

@@ -14,6 +14,13 @@ from torch import nn
 from cocos.data.layout import DIRECTIONS, batch_similarity
 
 
+def intra_similarities(images, captions) -> dict[str, torch.Tensor]:
+    """The queries' intra-modal cosine similarities per direction: i2t images ``I Iᵀ``, t2i captions ``C Cᵀ``."""
+    x = torch.nn.functional.normalize(torch.as_tensor(images), dim=-1)
+    y = torch.nn.functional.normalize(torch.as_tensor(captions).to(x.dtype), dim=-1)
+    return {"i2t": x @ x.transpose(-1, -2), "t2i": y @ y.transpose(-1, -2)}
+
+
 class ContrastiveLoss(nn.Module):
     """Maps ``(images, captions, caption_image=None, image_ids=None)`` to a scalar loss.
 
@@ -45,7 +52,8 @@ class ContrastiveLoss(nn.Module):
         if self.objective.direction_loss is None:
             return self.objective.batch_loss(images, captions, caption_image)
         scores, layout = batch_similarity(images, captions, caption_image, image_ids, check=False)
-        i2t, t2i = (self.direction_loss(layout.view(scores, d, self.compat)) for d in DIRECTIONS)
+        intra = intra_similarities(images, captions) if self.objective.needs_intra else {}
+        i2t, t2i = (self.direction_loss(layout.view(scores, d, self.compat, intra=intra.get(d))) for d in DIRECTIONS)
         return self.objective.combine_directions(i2t, t2i)
 
     def extra_repr(self) -> str:

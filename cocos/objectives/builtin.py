@@ -76,3 +76,7 @@ SMOOTHAP = register(Objective(
 from cocos.objectives.goal import GOAL  # noqa: E402  (GOAL: designed gradients, a family of its own)
 
 register(GOAL)
+
+from cocos.objectives.imc import IMC  # noqa: E402  (IMC: Triplet SH with intra-modal constraints)
+
+register(IMC)

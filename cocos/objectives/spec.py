@@ -64,6 +64,7 @@ class Objective:
     warmup_loss: str | None = None  # a family to train with during --warmup-epochs (VSE-infinity practice)
     undefined_ok: tuple[str, ...] = ()  # its own statistics that may be NaN in a batch (besides C_q, companions)
     check: Callable[[dict], None] | None = None  # validates the family's parameters (names, ranges): CocosError
+    needs_intra: bool = False  # its loss and counter read the queries' intra-modal similarities (QueryView.intra)
     # A whole-batch loss ``(images, captions, caption_image=None) -> scalar`` instead of direction maths
     # (a user's own callable): counted from dL/dS of the whole loss, rows for i2t, columns for t2i.
     batch_loss: Callable[..., Any] | None = None

@@ -256,7 +256,8 @@ def aggregate(frame: pd.DataFrame, groups: Sequence[Group]) -> pd.DataFrame:
 
 # --------------------------------------------------------------------------- tables
 
-PARAM_SYMBOLS = {"margin": ("α", r"\alpha"), "tau": ("τ", r"\tau"), "eps": ("ε", r"\varepsilon")}
+PARAM_SYMBOLS = {"margin": ("α", r"\alpha"), "tau": ("τ", r"\tau"), "eps": ("ε", r"\varepsilon"),
+                 "lam": ("λ", r"\lambda"), "triplet_weight": ("T", "T"), "pair_weight": ("P", "P")}
 
 
 def _describe(g: Group) -> str:
@@ -283,6 +284,21 @@ def _stat_columns(stats: Sequence[str]) -> tuple[Column, ...]:
                  for d in DIRECTIONS for s in stats)
 
 
+def _shown_params(loss: str | None, params: dict) -> dict:
+    """The hyper-parameters Table 1 shows: those that differ from the spec's defaults, else the first one
+    (the paper's α or τ); a loss outside the registry shows them all."""
+    from cocos.objectives import OBJECTIVES
+
+    spec = OBJECTIVES.get(loss) if loss else None
+    if spec is None:
+        return dict(params)
+    changed = {k: v for k, v in params.items() if k in spec.defaults and v != spec.defaults[k]}
+    if changed:
+        return changed
+    first = next(iter(spec.defaults), None)
+    return {first: params.get(first, spec.defaults[first])} if first else {}
+
+
 def _params_text(params: dict) -> tuple[str, str]:
     plain, tex = [], []
     for k, v in params.items():
@@ -305,8 +321,10 @@ def retrieval_table(groups: Sequence[Group]) -> Table | None:
     evaluated = [g for g in groups if all(r.evaluation is not None for r in g.results)]
     if not evaluated:
         return None
-    contexts = {(g.dataset, g.model) for g in evaluated}
-    labels = (("Dataset", "Model") if len(contexts) > 1 else ()) + ("#", "Loss", "Hyper-param.")
+    datasets = {g.dataset for g in evaluated}
+    models = {g.model for g in evaluated}
+    labels = (("Dataset",) if len(datasets) > 1 else ()) + (("Model",) if len(models) > 1 else ()) \
+        + ("#", "Loss", "Hyper-param.")
     rows = []
     for i, g in enumerate(evaluated, start=1):
         cells = []
@@ -315,12 +333,13 @@ def retrieval_table(groups: Sequence[Group]) -> Table | None:
             ok = values[~np.isnan(values)]
             mean = float(ok.mean()) if ok.size else None
             cells.append(Cell(mean, float(ok.std(ddof=1)) if ok.size > 1 else None, digits=digits))
-        params = g.results[0].training.params if g.results[0].training else {}
-        context = (dataset_name(g.dataset), g.model) if len(contexts) > 1 else ()
+        params = _shown_params(g.loss, g.results[0].training.params if g.results[0].training else {})
+        context = ((dataset_name(g.dataset),) if len(datasets) > 1 else ()) + ((g.model,) if len(models) > 1 else ())
         rows.append(Row((*context, str(i), loss_label(g.loss, g.results[0]), _params_text(params)[0]),
                         tuple(cells)))
     split = "/".join(sorted({r.evaluation.split for g in evaluated for r in g.results}))
-    where = "" if len(contexts) > 1 else f" of {next(iter(contexts))[1]} on {dataset_name(next(iter(contexts))[0])}"
+    where = (f" of {next(iter(models))}" if len(models) == 1 else "") + \
+        (f" on {dataset_name(next(iter(datasets)))}" if len(datasets) == 1 else "")
     notes = [Footnote("Recalls in percent; rsum is the sum of the six recalls; mAP@5 (image to text) on a 0-1 scale.")]
     ns = sorted({g.n for g in evaluated})
     if ns == [1]:

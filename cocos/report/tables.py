@@ -38,6 +38,7 @@ STAT_HEADERS = {
     "T": ("T", r"$T$"),
     "P_pos": ("P+", r"$P^{+}$"),
     "P_neg": ("P-", r"$P^{-}$"),
+    "C_intra": ("C^intra", r"$C^{\mathrm{intra}}$"),
 }
 COMPANION_STATS = ("N_eff", "N_invsimpson", "top1_share")
 RETRIEVAL_KEYS = (("i2t", "R@1", "i2t_R@1"), ("i2t", "R@5", "i2t_R@5"), ("i2t", "R@10", "i2t_R@10"),
@@ -341,10 +342,18 @@ def to_latex(table: Table, collapse_labels: bool = True, width: str = "column") 
     runs = _groups(table.columns)
     grouped = any(g for g, _, _ in runs)
     wide_rows = [heads + value_heads] + [lab + val for lab, val in zip(label_rows, cells, strict=True)]
-    stacked = grouped and _estimate_pt(wide_rows) > 0.95 * WIDTHS_PT[width]  # 5% for the estimate's error
+    budget = 0.95 * WIDTHS_PT[width]  # 5% for the estimate's error
+    stacked = grouped and _estimate_pt(wide_rows) > budget
+    font = _FONT
+    if stacked:  # still too wide stacked (long labels): one size smaller
+        panel_width = max(len(p) for p in _panels(table))
+        narrow = [heads + value_heads[:panel_width]] + [lab + val[:panel_width]
+                                                        for lab, val in zip(label_rows, cells, strict=True)]
+        if _estimate_pt(narrow) > budget:
+            font = r"\scriptsize"
     env = "table*" if width == "page" else "table"
     caption = _sentence(re.sub(r"^Table \d+:\s*", "", table.title))  # LaTeX numbers the table itself
-    out = [rf"\begin{{{env}}}[t]", r"\centering", _FONT, rf"\setlength{{\tabcolsep}}{{{_TABCOLSEP_PT:g}pt}}",
+    out = [rf"\begin{{{env}}}[t]", r"\centering", font, rf"\setlength{{\tabcolsep}}{{{_TABCOLSEP_PT:g}pt}}",
            rf"\caption{{{latex_escape(caption).replace('query q,', 'query $q$,')}}}",
            rf"\label{{tab:{_latex_key(table.key)}}}"]
     if not stacked:
