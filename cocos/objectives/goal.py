@@ -131,10 +131,17 @@ class GoalCounter(Counter):
         return {float(e): self._count(view, parts, float(e), extras=False) for e in eps_values}
 
 
+def diagram_weights(params: dict) -> list[str]:
+    """The diagram of a GOAL model: its own triplet weight and the two gradient scalars T*P+ and T*P-."""
+    t, p = TRIPLET[params["triplet_weight"]], PAIR[params["pair_weight"]]
+    return [t, f"{t}*{p}+", f"{t}*{p}-"]
+
+
 GOAL = Objective(
     name="goal", label="GOAL", layout="pair", direction_loss=goal_direction, defaults=DEFAULTS, combine="sum",
     counter=GoalCounter, stats=("C_q", "C_0", "T", "P_neg"), main_stat="C_q", table=None, color="#9467bd",
-    marker="v", undefined_ok=("T", "P_pos", "P_neg"), check=check,
+    marker="v", undefined_ok=("T", "P_pos", "P_neg"), check=check, distributions=("T", "P_pos", "P_neg"),
+    diagram=diagram_weights,
     description="designed gradients T x P on the hardest triplets (Xuan & Chen); triplet_weight con|nca|cir, "
                 "pair_weight con|lin|sig|lin_ms|sig_ms",
 )

@@ -88,6 +88,6 @@ class IMCCounter(Counter):
 IMC = Objective(
     name="imc", label="IMC", layout="pair", direction_loss=imc_direction, defaults=DEFAULTS, combine="sum",
     counter=IMCCounter, stats=("C_q", "C_B", "C_0", "C_intra"), main_stat="C_q", table=None, color="#8c564b",
-    marker="P", check=check, needs_intra=True,
+    marker="P", check=check, needs_intra=True, distributions=("C_intra",),
     description="Triplet SH plus lam x in-band intra-modal similarities (Chen et al.)",
 )

@@ -65,6 +65,8 @@ class Objective:
     undefined_ok: tuple[str, ...] = ()  # its own statistics that may be NaN in a batch (besides C_q, companions)
     check: Callable[[dict], None] | None = None  # validates the family's parameters (names, ranges): CocosError
     needs_intra: bool = False  # its loss and counter read the queries' intra-modal similarities (QueryView.intra)
+    distributions: tuple[str, ...] = ()  # per-query statistics whose distributions reports plot (GOAL's T, P+, P-)
+    diagram: Callable[[dict], list[str]] | None = None  # triplet-diagram weights of a model trained with it
     # A whole-batch loss ``(images, captions, caption_image=None) -> scalar`` instead of direction maths
     # (a user's own callable): counted from dL/dS of the whole loss, rows for i2t, columns for t2i.
     batch_loss: Callable[..., Any] | None = None

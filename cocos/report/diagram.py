@@ -166,7 +166,7 @@ def _label(name: str, params: dict) -> str:
     if not shown.get("offset", True):
         shown.pop("offset")
     args = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items())
-    return name + ("\n" + "\n".join(textwrap.wrap(args, 48)) if args else "")
+    return name + ("\n" + "\n".join(textwrap.wrap(args, 34)) if args else "")
 
 
 # -- the diagram -------------------------------------------------------------------------------

@@ -122,6 +122,44 @@ def plot_count_distributions(per_query: Mapping, path_stem: str | os.PathLike, l
     return FigureOutput(paths, data)
 
 
+def plot_query_distributions(queries, stats, path_stem: str | os.PathLike, title: str | None = None,
+                             color: str = style.GREY) -> FigureOutput:
+    """Histograms of per-query statistics (e.g. GOAL's ``T``, ``P+``, ``P−``): statistics (columns) × directions (rows).
+
+    ``queries``: rows of the tidy per-query frame of one loss and mode. ``data[(stat, direction)]``
+    holds the bar heights (numbers of queries) and bin edges read back from the axes.
+    """
+    import seaborn as sns
+
+    data: dict = {}
+    with style.paper_style():
+        fig = style.figure(2.8 * len(stats) + 0.3, 2.3 * len(DIRECTIONS) + 0.5)
+        axes = fig.subplots(len(DIRECTIONS), len(stats), squeeze=False)
+        for i, d in enumerate(DIRECTIONS):
+            part = queries[queries["direction"] == d]
+            for j, stat in enumerate(stats):
+                ax = axes[i][j]
+                values = part[stat].to_numpy(dtype=np.float64) if stat in part else np.array([])
+                values = values[np.isfinite(values)]
+                ax.set_title(f"{style.stat_math(stat)}, {d}")
+                if not values.size:
+                    ax.text(0.5, 0.5, "no values", ha="center", va="center", transform=ax.transAxes)
+                    ax.set_axis_off()
+                    continue
+                edges, _ = _bins(values)
+                sns.histplot(x=values, bins=edges, stat="proportion", ax=ax, color=color, alpha=0.85,
+                             edgecolor="white", linewidth=0.4)
+                ax.yaxis.set_major_formatter(_share_formatter())
+                ax.set_xlabel(f"{style.stat_math(stat)} per query")
+                ax.set_ylabel("share of queries" if j == 0 else "")
+                data[(stat, d)] = {"heights": np.rint(np.array([p.get_height() for p in ax.patches]) * values.size),
+                                   "edges": np.asarray(edges)}
+        if title:
+            fig.suptitle(title)
+        paths = save_figure(fig, path_stem)
+    return FigureOutput(paths, data)
+
+
 def _share_formatter():
     from matplotlib.ticker import FuncFormatter
 

@@ -99,6 +99,8 @@ def write_results_folder(
             used = [p["eps"] for p in results.counting.params.values() if "eps" in p]
             plot_eps_sweep(results.sweep, tmp / "eps_sweep", labels=run.labels, eps=used[0] if used else 0.01,
                            title=f"{name}: COCOS vs threshold ε ({shown} counting)")
+        if run.queries is not None:
+            _distributions(results, run, shown, tmp, name)
         if embeddings is not None:
             _diagram(results, embeddings, tmp / "triplet_diagram", diagram_extent)
     return sorted(p for p in out.iterdir() if not p.name.startswith("."))
@@ -112,18 +114,44 @@ def diagram_points(results: Results, embeddings: EmbeddingSet) -> dict:
     return triplet_points(embeddings, batch_size=c.batch_size, seed=c.seed, compat=c.compat)
 
 
+def _distributions(results: Results, run: CountRun, mode: str, folder: Path, name: str) -> None:
+    """``<loss>_distributions.png``: the per-query statistics a family's spec asks to see (GOAL's T, P+, P-)."""
+    from cocos.objectives import OBJECTIVES
+    from cocos.report.figures import plot_query_distributions
+
+    q = run.to_frame("query")
+    for loss in run.losses:
+        spec = OBJECTIVES.get(loss)
+        if spec is None or not spec.distributions:
+            continue
+        part = q[(q["loss"] == loss) & (q["mode"] == mode)]
+        plot_query_distributions(part, spec.distributions, folder / f"{loss}_distributions",
+                                 title=f"{name}: per-query {spec.label} statistics ({mode} counting)",
+                                 color=spec.color)
+
+
 def _diagram(results: Results, embeddings: EmbeddingSet, stem: Path, extent=None) -> None:
+    """The triplet diagram with the run's training triplets: the model's own weights when its loss has a diagram
+    (GOAL: its T and T*P+-), else T_con and T_nca (the paper's Figure 2)."""
+    from cocos.objectives import OBJECTIVES
     from cocos.report.diagram import plot_triplet_diagram
     from cocos.report.merge import loss_label, mode_name
 
     c = results.counting
-    margin = (results.training.params if results.training else {}).get("margin", 0.2)
-    tau = c.params.get("ntxent", {}).get("tau", 0.1)
-    trained = f" trained with the {loss_label(results.training.loss)}" if results.training else ""
-    title = (f"{results.model.label}{trained} on {results.data.name}: training triplets "
+    trained = results.training.params if results.training else {}
+    spec = OBJECTIVES.get(results.training.loss) if results.training else None
+    if spec is not None and spec.diagram is not None:
+        own = spec.params(**trained)
+        weights = spec.diagram(own)
+        params = {k: v for k, v in own.items() if k not in ("triplet_weight", "pair_weight")}
+    else:
+        tau = c.params.get("ntxent", {}).get("tau", 0.1)
+        weights, params = ["T_con", "T_nca"], {"margin": trained.get("margin", 0.2), "tau": 1.0 / tau}
+    by = f" trained with the {loss_label(results.training.loss)}" if results.training else ""
+    title = (f"{results.model.label}{by} on {results.data.name}: training triplets "
              f"({mode_name(c.compat)} counting)")
-    plot_triplet_diagram(["T_con", "T_nca"], params={"margin": margin, "tau": 1.0 / tau},
-                         points=diagram_points(results, embeddings), path_stem=stem, extent=extent, title=title)
+    plot_triplet_diagram(weights, params=params, points=diagram_points(results, embeddings), path_stem=stem,
+                         extent=extent, title=title)
 
 
 def summary_lines(results: Results) -> list[str]:
