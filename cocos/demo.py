@@ -155,10 +155,11 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True, log: Callable[[str], Non
     from cocos.report.diagram import common_extent
     from cocos.report.folder import diagram_points
 
-    extent = common_extent([diagram_points(a.results, a.embeddings) for a in analyses.values()])
+    triplets = {loss: diagram_points(a.results, a.embeddings) for loss, a in analyses.items()}
+    extent = common_extent(list(triplets.values()))
     for loss, analysis in analyses.items():
         write_results_folder(analysis.results, analysis.run, out / loss, embeddings=analysis.embeddings,
-                             diagram_extent=extent)
+                             diagram_extent=extent, triplets=triplets[loss])
         results_paths.append(out / loss / "results.json")
     report = build_report(results_paths)
     write_report(report, out / "summary", readme=None)

@@ -33,6 +33,7 @@ import torch
 from cocos.data.layout import DIRECTIONS, BatchLayout, _check_embeddings
 from cocos.data.samplers import pair_batches, ranking_batches
 from cocos.errors import CocosError, check_params
+from cocos.losses.base import intra_similarities
 from cocos.progress import progress_bar
 
 DEFAULT_SWEEP = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
@@ -141,7 +142,6 @@ class CountRun:
     queries: pd.DataFrame | None  # per query; None unless kept
     plans: dict[str, BatchPlan] = field(default_factory=dict)  # layout -> the batches that were counted
     params: dict = field(default_factory=dict)  # loss -> counter parameters
-    layouts: dict = field(default_factory=dict)  # loss -> "pair" / "ranking"
     labels: dict = field(default_factory=dict)  # loss -> label (for losses outside the registry)
     batch_size: int = 128
     seed: int = 0
@@ -168,6 +168,10 @@ class CountRun:
             return self.queries
         raise CocosError(f"unknown level '{level}' (use batch or query)")
 
+    def _eps(self) -> dict:
+        """Each counter's own threshold (NaN for counters without one)."""
+        return {name: p.get("eps", np.nan) for name, p in self.params.items()}
+
     def summary(self) -> pd.DataFrame:
         """Per (loss, direction, mode, eps, stat): ``mean``, ``std`` (population), ``n``, ``n_skipped``."""
         return summarise(self.batches)
@@ -175,7 +179,7 @@ class CountRun:
     def main(self, mode: str) -> pd.DataFrame:
         """Batch rows of one mode at each counter's own threshold (no sweep rows)."""
         b = self.batches
-        own = b["eps"].isna() | (b["eps"] == b["loss"].map(lambda x: self.params[x].get("eps", np.nan)))
+        own = b["eps"].isna() | (b["eps"] == b["loss"].map(self._eps()))
         return b[own & (b["mode"] == mode)]
 
     def stats(self, mode: str = "corrected") -> dict:
@@ -186,7 +190,7 @@ class CountRun:
         """``{loss: {direction: {eps: {stat: {...}}}}}`` for the counters with a threshold (eps as text)."""
         b = self.batches
         b = b[(b["mode"] == mode) & b["eps"].notna()]
-        swept = set(b.loc[b["eps"] != b["loss"].map(lambda x: self.params[x].get("eps")), "stat"])
+        swept = set(b.loc[b["eps"] != b["loss"].map(self._eps()), "stat"])
         b = b[b["stat"].isin(swept)].sort_values("eps", kind="stable")
         b = b.assign(eps=b["eps"].map(lambda e: f"{e:g}"))
         return nest(summarise(b), ["loss", "direction", "eps", "stat"])
@@ -270,18 +274,13 @@ def _check_defined(batches: pd.DataFrame, allowed: dict[str, tuple[str, ...]]) -
 
     ``allowed`` maps a loss to the statistics its spec declares may be undefined in a batch.
     """
-    ok = batches["stat"].isin(MAY_BE_UNDEFINED) | pd.Series(
-        [s in allowed.get(loss, ()) for loss, s in zip(batches["loss"], batches["stat"], strict=True)],
-        index=batches.index, dtype=bool)
+    ok = batches["stat"].isin(MAY_BE_UNDEFINED)
+    for loss, stats in allowed.items():
+        ok |= (batches["loss"] == loss) & batches["stat"].isin(stats)
     bad = batches[batches["value"].isna() & ~ok]
     if len(bad):
         row = bad.iloc[0]
         raise CocosError(f"{row['loss']} {row['direction']} {row['stat']} is not a number in batch {row['batch']}")
-
-
-def _items(plan: BatchPlan, direction: str, kind: str, cap: np.ndarray, img: np.ndarray) -> np.ndarray:
-    """Dataset rows of the per-query entries of a chunk: images (i2t or grouped by image) or captions."""
-    return img if (direction == "i2t" or kind == "image") else cap
 
 
 def count_embeddings(
@@ -361,8 +360,7 @@ def count_embeddings(
                     main_eps = counter.params().get("eps", np.nan) if o.uses_eps else np.nan
                     intra = {}
                     if getattr(counter, "needs_intra", False):  # the queries' intra-modal similarities (IMC)
-                        ims, caps = emb.images[i], emb.captions[c]
-                        intra = {"i2t": ims @ ims.transpose(-1, -2), "t2i": caps @ caps.transpose(-1, -2)}
+                        intra = intra_similarities(emb.images[i], emb.captions[c])
                     for mode in modes:
                         for d in DIRECTIONS:
                             view = layout.view(s, d, mode == "compat", intra=intra.get(d))
@@ -371,8 +369,8 @@ def count_embeddings(
                             collect.add_batch((*key, main_eps), {**result.batch, "n_excluded": result.n_excluded})
                             if keep_per_query:
                                 kind = result.item_kind or ("image" if d == "i2t" else "caption")
-                                collect.add_queries((*key, kind), result.per_query,
-                                                    _items(plan, d, kind, cap, img))
+                                # the dataset rows of the entries: images (i2t, or regrouped by image), else captions
+                                collect.add_queries((*key, kind), result.per_query, img if kind == "image" else cap)
                             if sweep_eps is not None and o.uses_eps:
                                 for e, res in counter.sweep(view, sweep_eps).items():
                                     if e != main_eps:
@@ -382,5 +380,5 @@ def count_embeddings(
     _check_defined(batches, {o.name: o.undefined_ok for o in objectives})
     return CountRun(batches=batches, queries=queries, plans=plans,
                     params={n: c.params() for n, c in counters.items()},
-                    layouts={o.name: o.layout for o in objectives}, labels={o.name: o.label for o in objectives},
+                    labels={o.name: o.label for o in objectives},
                     batch_size=int(batch_size), seed=int(seed))

@@ -107,11 +107,6 @@ class BatchLossCounter(GenericCounter):
 
     needs_embeddings = True
 
-    def __init__(self, objective, eps: float = 0.01, relative: bool = True, **params) -> None:
-        check_params(eps=eps)
-        self.objective, self.eps, self.relative = objective, float(eps), relative
-        self.loss_params = {}
-
     def gradients(self, images: torch.Tensor, captions: torch.Tensor, caption_image) -> torch.Tensor:
         """``dL/dS`` of each batch, ``(..., B, M)``, from unit-norm ``images (..., B, d)``, ``captions (..., M, d)``."""
         lead = images.shape[:-2]
@@ -138,9 +133,5 @@ class BatchLossCounter(GenericCounter):
             out.append(torch.zeros_like(probe) if grad is None else grad / PROBE_T2)
         return torch.stack(out).reshape(*lead, b, m).detach()
 
-    def count(self, view: QueryView) -> Count:
-        return count_from_gradients(torch.where(view.neg, view.scores.abs(), 0.0), view, self.eps, self.relative)
-
-    def sweep(self, view: QueryView, eps_values) -> dict[float, Count]:
-        g = torch.where(view.neg, view.scores.abs(), 0.0)
-        return {float(e): count_from_gradients(g, view, float(e), self.relative, extras=False) for e in eps_values}
+    def _gradients(self, view: QueryView) -> torch.Tensor:
+        return torch.where(view.neg, view.scores.abs(), 0.0)  # the view holds dL/dS already

@@ -29,11 +29,6 @@ class FigureOutput:
     data: dict = field(default_factory=dict)
 
 
-def save_figure(fig, path_stem: str | os.PathLike) -> list[Path]:
-    """Write ``fig`` as ``<stem>.png`` and ``<stem>.pdf`` atomically; return both paths."""
-    return style.save(fig, path_stem)
-
-
 def _order(losses) -> list[str]:
     from cocos.objectives import order
 
@@ -118,7 +113,7 @@ def plot_count_distributions(per_query: Mapping, path_stem: str | os.PathLike, l
         fig.legend(handles=handles, loc="outside lower center", ncols=2)
         if title:
             fig.suptitle(title)
-        paths = save_figure(fig, path_stem)
+        paths = style.save(fig, path_stem)
     return FigureOutput(paths, data)
 
 
@@ -156,7 +151,7 @@ def plot_query_distributions(queries, stats, path_stem: str | os.PathLike, title
                                    "edges": np.asarray(edges)}
         if title:
             fig.suptitle(title)
-        paths = save_figure(fig, path_stem)
+        paths = style.save(fig, path_stem)
     return FigureOutput(paths, data)
 
 
@@ -208,7 +203,7 @@ def plot_eps_sweep(sweep: Mapping, path_stem: str | os.PathLike, labels: Mapping
         if title:
             fig.suptitle(title)
         data["default_eps"] = eps
-        paths = save_figure(fig, path_stem)
+        paths = style.save(fig, path_stem)
     return FigureOutput(paths, data)
 
 
@@ -255,6 +250,6 @@ def plot_cocos_vs_rsum(rows, path_stem: str | os.PathLike, title: str | None = N
         names = list(legend) + ["i2t (filled)", "t2i (open)"]
         fig.legend(handles, names, loc="outside right center")
         fig.suptitle(title or "COCOS at the selected checkpoint vs retrieval")
-        paths = save_figure(fig, path_stem)
+        paths = style.save(fig, path_stem)
     return FigureOutput(paths, {"points": np.array(points, dtype=np.float64).reshape(-1, 2), "labels": labels,
                                 "panels": stats})

@@ -69,8 +69,13 @@ def write_results_folder(
     embeddings: EmbeddingSet | None = None,
     latex_width: str = "column",
     diagram_extent: tuple[float, float] | None = None,
+    triplets: dict | None = None,
 ) -> list[Path]:
-    """Write the folder (see the module docstring); ``out`` is replaced only if cocos wrote it (or ``overwrite``)."""
+    """Write the folder (see the module docstring); ``out`` is replaced only if cocos wrote it (or ``overwrite``).
+
+    ``diagram_extent`` and ``triplets`` (the run's training triplets, if already computed) are for callers that
+    draw several models on one square, as the demo does.
+    """
     from cocos.io import atomic_dir
     from cocos.report.figures import plot_count_distributions, plot_eps_sweep
     from cocos.report.merge import build_tables, group_results
@@ -102,7 +107,7 @@ def write_results_folder(
         if run.queries is not None:
             _distributions(results, run, shown, tmp, name)
         if embeddings is not None:
-            _diagram(results, embeddings, tmp / "triplet_diagram", diagram_extent)
+            _diagram(results, embeddings, tmp / "triplet_diagram", diagram_extent, triplets)
     return sorted(p for p in out.iterdir() if not p.name.startswith("."))
 
 
@@ -130,7 +135,7 @@ def _distributions(results: Results, run: CountRun, mode: str, folder: Path, nam
                                  color=spec.color)
 
 
-def _diagram(results: Results, embeddings: EmbeddingSet, stem: Path, extent=None) -> None:
+def _diagram(results: Results, embeddings: EmbeddingSet, stem: Path, extent=None, triplets=None) -> None:
     """The triplet diagram with the run's training triplets: the model's own weights when its loss has a diagram
     (GOAL: its T and T*P+-), else T_con and T_nca (the paper's Figure 2)."""
     from cocos.objectives import OBJECTIVES
@@ -150,7 +155,8 @@ def _diagram(results: Results, embeddings: EmbeddingSet, stem: Path, extent=None
     by = f" trained with the {loss_label(results.training.loss)}" if results.training else ""
     title = (f"{results.model.label}{by} on {results.data.name}: training triplets "
              f"({mode_name(c.compat)} counting)")
-    plot_triplet_diagram(weights, params=params, points=diagram_points(results, embeddings), path_stem=stem,
+    points = triplets if triplets is not None else diagram_points(results, embeddings)
+    plot_triplet_diagram(weights, params=params, points=points, path_stem=stem,
                          extent=extent, title=title)
 
 

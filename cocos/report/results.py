@@ -220,6 +220,8 @@ def _is_number(x) -> bool:
 
 def _check_contents(r: Results) -> None:
     """The nested values the reports read: counter names and parameters, batch counts, metrics."""
+    if r.source.kind not in KINDS:
+        raise CocosError(f"not a cocos results file (source.kind must be one of {', '.join(KINDS)})")
     c = r.counting
     if not all(isinstance(x, str) for x in c.losses):
         raise CocosError("not a cocos results file (counting.losses must be names)")

@@ -21,7 +21,6 @@ FONT_SCALE = 1.1
 # Fixed metadata: no creation dates, so the same input gives the same bytes.
 _META = {"png": {"Software": "cocos"}, "pdf": {"Creator": "cocos", "Producer": "cocos", "CreationDate": None}}
 GREY = "#7f7f7f"
-DIRECTION_NAMES = {"i2t": "image → text (i2t)", "t2i": "text → image (t2i)"}
 DIRECTION_DASHES = {"i2t": "-", "t2i": "--"}
 
 

@@ -41,10 +41,6 @@ STAT_HEADERS = {
     "C_intra": ("C^intra", r"$C^{\mathrm{intra}}$"),
 }
 COMPANION_STATS = ("N_eff", "N_invsimpson", "top1_share")
-RETRIEVAL_KEYS = (("i2t", "R@1", "i2t_R@1"), ("i2t", "R@5", "i2t_R@5"), ("i2t", "R@10", "i2t_R@10"),
-                  ("i2t", "mAP@5", "mAP@5"), ("t2i", "R@1", "t2i_R@1"), ("t2i", "R@5", "t2i_R@5"),
-                  ("t2i", "R@10", "t2i_R@10"), ("", "rsum", "rsum"))
-
 # --------------------------------------------------------------------------- model
 
 
@@ -122,24 +118,14 @@ class Table:
 
 
 class Marks:
-    """Hands out footnote marks a, b, c, ... and collects their footnotes, in order."""
+    """Collects a table's notes, in order, each once."""
 
     def __init__(self) -> None:
         self.footnotes: list[Footnote] = []
 
-    def add(self, text: str, latex: str | None = None) -> str:
-        mark = _mark_name(sum(1 for f in self.footnotes if f.mark))
-        self.footnotes.append(Footnote(text, mark, latex))
-        return mark
-
     def note(self, text: str, latex: str | None = None) -> None:
         if all(f.text != text for f in self.footnotes):
             self.footnotes.append(Footnote(text, "", latex))
-
-
-def _mark_name(i: int) -> str:
-    letters = "abcdefghijklmnopqrstuvwxyz"
-    return letters[i] if i < 26 else letters[i // 26 - 1] + letters[i % 26]
 
 
 # --------------------------------------------------------------------------- formatting
