@@ -15,10 +15,13 @@ from .main import app
 @app.command("analyze")
 @handle_errors
 def analyze(
-    checkpoint: Path = typer.Argument(..., help="A checkpoint written by cocos train (model_best.pt)."),
+    checkpoints: list[Path] = typer.Argument(..., metavar="CHECKPOINT...",
+                                             help="Checkpoints written by cocos train (model_best.pt; several, "
+                                                  "e.g. epoch_*.pt of --save-every, are analysed one by one)."),
     data: Path = typer.Option(None, help="Data folder (default: the one recorded in the checkpoint)."),
     out: Path = typer.Option(None, help="Output folder (default: reports/<run>/ for <run>/model_best.pt, "
-                                        "reports/<run>_<file>/ for other checkpoints)."),
+                                        "reports/<run>_<file>/ for other checkpoints; with several checkpoints, "
+                                        "the folder that holds those)."),
     loss: list[str] = typer.Option(["paper"], "--loss", "-l", metavar="NAMES",
                                    help="Losses to count: paper (the COCOS paper's four), all, or registered names "
                                         "(see `cocos losses`)."),
@@ -39,21 +42,41 @@ def analyze(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
 ) -> None:
     """Encode the training set with the frozen model, count every loss both ways, write tables and figures."""
+    from cocos.errors import CocosError
     from cocos.io import check_output_dir
     from cocos.objectives import parse_names
     from cocos.report.analyze import analyze_checkpoint
     from cocos.report.folder import default_out, summary_lines, write_results_folder
 
-    target = out or default_out(checkpoint)
-    inputs = [checkpoint] + ([data] if data else []) + ([save_embeddings] if save_embeddings else [])
+    if len(checkpoints) > 1 and label is not None:
+        raise CocosError("--label names one checkpoint; analyse several without it (cocos report --label epoch "
+                         "tells epochs apart)")
+    if len(set(checkpoints)) < len(checkpoints):
+        raise CocosError("a checkpoint is given twice")
+    several = len(checkpoints) > 1
+    targets = [(out / default_out(c).name if out else default_out(c)) if several else (out or default_out(c))
+               for c in checkpoints]
+    if len(set(targets)) < len(targets):
+        raise CocosError("two checkpoints would write the same report folder; analyse them with their own --out")
     check_latex_width(latex_width)
-    check_output_dir(target, inputs, overwrite)  # before minutes of encoding, not after
     losses = None if loss == ["paper"] else parse_names(loss)  # default: the paper's four and the model's own
-    analysis = analyze_checkpoint(checkpoint, data, losses=losses, batch_size=batch_size, seed=seed,
-                                  compat=compat, split=split, device=device, eps=eps, label=label,
-                                  save_embeddings_to=save_embeddings, progress=progress)
-    files = write_results_folder(analysis.results, analysis.run, target, inputs, overwrite, per_query=per_query,
-                                 embeddings=analysis.embeddings, latex_width=latex_width)
-    for line in summary_lines(analysis.results):
-        typer.echo(line)
-    typer.echo(f"wrote {target}/: {', '.join(f.name for f in files)}")
+    for checkpoint, target in zip(checkpoints, targets, strict=True):  # all before minutes of encoding
+        if not checkpoint.exists():
+            raise CocosError(f"{checkpoint}: no such checkpoint")
+        check_output_dir(target, _inputs(checkpoint, data, save_embeddings), overwrite)
+    if several and save_embeddings is not None:
+        raise CocosError("--save-embeddings takes one checkpoint")
+    for checkpoint, target in zip(checkpoints, targets, strict=True):
+        inputs = _inputs(checkpoint, data, save_embeddings)
+        analysis = analyze_checkpoint(checkpoint, data, losses=losses, batch_size=batch_size, seed=seed,
+                                      compat=compat, split=split, device=device, eps=eps, label=label,
+                                      save_embeddings_to=save_embeddings, progress=progress)
+        files = write_results_folder(analysis.results, analysis.run, target, inputs, overwrite, per_query=per_query,
+                                     embeddings=analysis.embeddings, latex_width=latex_width, logs=analysis.logs)
+        for line in summary_lines(analysis.results):
+            typer.echo(line)
+        typer.echo(f"wrote {target}/: {', '.join(f.name for f in files)}")
+
+
+def _inputs(checkpoint: Path, data: Path | None, save_embeddings: Path | None) -> list[Path]:
+    return [checkpoint] + ([data] if data else []) + ([save_embeddings] if save_embeddings else [])

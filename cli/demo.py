@@ -33,6 +33,7 @@ def demo(
     seed: int = typer.Option(0, help="Seed of data, training and counting."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     retrain: bool = typer.Option(False, "--retrain", help="Train even if matching checkpoints exist."),
+    track_cocos: int = typer.Option(10, metavar="N", help="Count COCOS on the training batches every N steps."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
 ) -> None:
     """Synthetic data -> VSE++ with the four losses -> cocos analyze each -> combined report (reports/demo/)."""
@@ -57,5 +58,6 @@ def demo(
         seed=seed,
         device=device,
         retrain=retrain,
+        track_cocos=track_cocos,
     )
     run_demo(cfg, progress=progress, log=typer.echo)

@@ -24,6 +24,8 @@ def report(
                                              "a cocos count result) or all."),
     latex_width: str = typer.Option("column", "--latex-width", metavar="column|page",
                                     help="LaTeX tables fit one LNCS column (12.2 cm, table) or a page (table*)."),
+    label: str = typer.Option(None, metavar="epoch", help="epoch: tell checkpoints of one run apart by their epoch "
+                                                         "(cocos train --save-every), with a figure over epochs."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an --out folder that cocos did not write."),
 ) -> None:
     """Tables 1-4 of the COCOS paper (mean ± std over seeds) and COCOS vs rsum, from results.json files."""
@@ -36,7 +38,7 @@ def report(
     if counters not in ("own", "all"):
         raise CocosError(f"unknown --counters '{counters}' (choose from own, all)")
     check_latex_width(latex_width)
-    report = build_report(results, compat=COUNTING[counting], counters=counters)
+    report = build_report(results, compat=COUNTING[counting], counters=counters, label=label)
     files = write_report(report, out, overwrite=overwrite, latex_width=latex_width)
     for w in report.warnings:
         typer.echo(f"warning: {w}", err=True)

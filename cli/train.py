@@ -30,6 +30,17 @@ def train(
     param: list[str] = typer.Option([], "--param", "-p", metavar="NAME=VALUE",
                                     help="Any other parameter of the loss (see `cocos losses`)."),
     warmup_epochs: int = typer.Option(0, help="triplet_sh only: epochs of all-triplet loss first (VSE-inf)."),
+    ltd: bool = typer.Option(False, "--ltd", help="Add latent target decoding (LTD, Bleeker et al. 2023) to the loss."),
+    ltd_mode: str = typer.Option("constraint", metavar="constraint|dual",
+                                 help="LTD as a constraint (Lagrange multiplier) or a dual loss (fixed weight beta)."),
+    ltd_eta: float = typer.Option(0.2, help="LTD constraint bound eta on the reconstruction loss."),
+    ltd_beta: float = typer.Option(1.0, help="LTD dual-loss weight beta."),
+    ltd_targets: Path = typer.Option(None, metavar="FILE.npy",
+                                     help="Your own LTD targets, one row per training caption (default: "
+                                          "all-MiniLM-L6-v2 embeddings, needs cocos[ltd])."),
+    track_cocos: int = typer.Option(None, metavar="N", help="Count COCOS on the training batch every N steps "
+                                                            "(cocos_track.csv)."),
+    save_every: int = typer.Option(None, metavar="K", help="Keep a checkpoint epoch_NNN.pt every K epochs."),
     k: int = typer.Option(5, help="Captions per image."),
     vocab: Path = typer.Option(None, help="A SCAN-style vocab JSON (default: built from the training captions)."),
     seed: int = typer.Option(0, help="Seed of initialisation and batch order."),
@@ -52,7 +63,9 @@ def train(
     cfg = TrainConfig(data=str(data), model=model, loss=loss, out=str(out), epochs=epochs, lr=lr,
                       lr_update=lr_update, batch_size=batch_size, embed_size=embed_size,
                       word_dim=word_dim, margin=margin, tau=tau, params=extra, k=k, seed=seed, device=device,
-                      warmup_epochs=warmup_epochs, vocab=str(vocab) if vocab else None)
+                      warmup_epochs=warmup_epochs, vocab=str(vocab) if vocab else None, ltd=ltd, ltd_mode=ltd_mode,
+                      ltd_eta=ltd_eta, ltd_beta=ltd_beta, ltd_targets=str(ltd_targets) if ltd_targets else None,
+                      track_cocos=track_cocos, save_every=save_every)
     trainer = Trainer(cfg, resume=resume, overwrite=overwrite, progress=progress, log=typer.echo)
     try:
         metrics = trainer.fit()
@@ -64,6 +77,10 @@ def train(
             typer.echo("interrupted before the first epoch ended: nothing was saved", err=True)
         raise typer.Exit(code=130) from None
     typer.echo(f"best validation rsum {metrics['rsum']:.1f} -> {trainer.best_path}")
+    from cocos.report.training import plot_run
+
+    for figure in plot_run(trainer.out):
+        typer.echo(f"wrote {figure}")
     if json_path is not None:
         from cocos.io import write_json
 

@@ -79,6 +79,7 @@ class DemoConfig:
     seed: int = 0
     device: str = "auto"
     retrain: bool = False
+    track_cocos: int | None = 10  # count COCOS on the training batches every N steps (None: off)
 
 
 def _train_config(cfg: DemoConfig, loss: str):
@@ -91,6 +92,7 @@ def _train_config(cfg: DemoConfig, loss: str):
                        params=dict(run.params) or None,
                        epochs=cfg.epochs, lr=cfg.lr, lr_update=cfg.lr_update, batch_size=cfg.batch_size,
                        embed_size=cfg.embed_size, word_dim=cfg.word_dim, seed=cfg.seed, device=cfg.device,
+                       track_cocos=cfg.track_cocos,
                        warmup_epochs=min(cfg.warmup_epochs, cfg.epochs - 1) if get_objective(loss).warmup_loss else 0)
 
 
@@ -159,7 +161,7 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True, log: Callable[[str], Non
     extent = common_extent(list(triplets.values()))
     for loss, analysis in analyses.items():
         write_results_folder(analysis.results, analysis.run, out / loss, embeddings=analysis.embeddings,
-                             diagram_extent=extent, triplets=triplets[loss])
+                             diagram_extent=extent, triplets=triplets[loss], logs=analysis.logs)
         results_paths.append(out / loss / "results.json")
     report = build_report(results_paths)
     write_report(report, out / "summary", readme=None)
@@ -193,13 +195,22 @@ def demo_readme(cfg: DemoConfig, report, timings: dict, total: float, reused=())
         "",
         "Per-loss folders hold each checkpoint's full analysis (`results.json`, `batches.csv` with every batch's "
         "value in both counting modes, `tables.md`, `tables.tex`, `counts.png`, `eps_sweep.png`, "
-        "`triplet_diagram.png`); `summary/` holds the merged tables (also as LaTeX).",
+        "`triplet_diagram.png`, and `cocos_track.csv`/`.png` and `train_log.csv` from training); `summary/` holds the "
+        "merged tables (also as LaTeX).",
         "",
     ]
     lines += [to_markdown(t) + "\n" for t in report.tables]
+    lines += ["## Figures", ""]
+    if cfg.track_cocos:
+        lines += [
+            f"COCOS while the models learn: every {cfg.track_cocos} steps, the counts of each model's own loss on "
+            "its current training batch (thin lines: single batches, thick: rolling mean; "
+            f"`cocos train --track-cocos {cfg.track_cocos}`; each model's folder has all four counters):",
+            "",
+            "![COCOS during training](summary/cocos_track.png)",
+            "",
+        ]
     lines += [
-        "## Figures",
-        "",
         "COCOS of each model's own loss against its retrieval score:",
         "",
         "![COCOS vs rsum](summary/cocos_vs_rsum.png)",

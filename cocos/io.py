@@ -79,6 +79,18 @@ def write_npz(path: str | os.PathLike, **arrays: np.ndarray) -> None:
             np.savez(fh, **arrays)
 
 
+def write_npy(path: str | os.PathLike, array: np.ndarray) -> None:
+    with atomic_path(path, suffix=".npy") as tmp:
+        with open(tmp, "wb") as fh:
+            np.save(fh, array, allow_pickle=False)
+
+
+def write_csv(path: str | os.PathLike, frame, float_format: str = "%.6g") -> None:
+    """A pandas DataFrame as CSV (no index), written atomically."""
+    with atomic_path(path, suffix=".csv") as tmp:
+        frame.to_csv(tmp, index=False, float_format=float_format)
+
+
 def check_output_dir(path: str | os.PathLike, inputs=(), overwrite: bool = False) -> Path:
     """Refuse an output folder that would destroy something cocos did not write.
 

@@ -75,6 +75,25 @@ def resolve(loss) -> Objective:
     return from_callable(loss)
 
 
+def counter_params(trained: str | None, trained_params: dict, losses) -> dict:
+    """Counter parameters: the paper's defaults, except where the model's own training loss says otherwise.
+
+    A hyper-parameter of the training loss applies to its own counter and to the
+    counters of the same paper table (Table 2 compares Triplet and Triplet SH at the
+    model's margin); NT-Xent and SmoothAP keep their own temperatures.
+    """
+    registry = _registry()
+    own = registry.get(trained) if trained else None
+    params: dict = {}
+    for name in losses:
+        spec = registry.get(name)
+        if own is None or spec is None:
+            continue
+        if name == own.name or (spec.table is not None and spec.table == own.table):
+            params[name] = {k: v for k, v in trained_params.items() if k in spec.defaults}
+    return params
+
+
 def order(losses) -> list[str]:
     """Loss names in registry order; unregistered names after them, sorted."""
     losses = list(dict.fromkeys(losses))

@@ -17,6 +17,7 @@ from cocos import __version__
 from cocos.counting.engine import DEFAULT_SWEEP, CountRun, EmbeddingSet, count_embeddings
 from cocos.embed import FrozenModel, save_embeddings
 from cocos.errors import CocosError
+from cocos.objectives import counter_params
 from cocos.report.results import (
     MODEL_NAMES,
     CountingInfo,
@@ -27,6 +28,7 @@ from cocos.report.results import (
     Source,
     TrainingInfo,
 )
+from cocos.report.training import TrainingLogs, read_logs
 
 
 @dataclass
@@ -35,26 +37,7 @@ class Analysis:
     run: CountRun  # the tidy per-batch and per-query values, both modes
     embeddings: EmbeddingSet  # the counted split's frozen embeddings
     timings: dict  # seconds per stage (not part of results.json, which must be reproducible)
-
-
-def counter_params(trained: str | None, trained_params: dict, losses) -> dict:
-    """Counter parameters: the paper's defaults, except where the model's own training loss says otherwise.
-
-    A hyper-parameter of the training loss applies to its own counter and to the
-    counters of the same paper table (Table 2 compares Triplet and Triplet SH at the
-    model's margin); NT-Xent and SmoothAP keep their own temperatures.
-    """
-    from cocos.objectives import OBJECTIVES
-
-    own = OBJECTIVES.get(trained) if trained else None
-    params: dict = {}
-    for name in losses:
-        spec = OBJECTIVES.get(name)
-        if own is None or spec is None:
-            continue
-        if name == own.name or (spec.table is not None and spec.table == own.table):
-            params[name] = {k: v for k, v in trained_params.items() if k in spec.defaults}
-    return params
+    logs: TrainingLogs | None = None  # the run's step log and COCOS track up to this checkpoint's epoch
 
 
 def run_counts(emb: EmbeddingSet, losses, *, batch_size: int, seed: int, compat: bool, params: dict,
@@ -125,21 +108,34 @@ def analyze_checkpoint(
         save_embeddings(save_embeddings_to, emb)
     shown, other = ("compat", "corrected") if compat else ("corrected", "compat")
     kind = ckpt["model"]["kind"]
+    ltd = {k: ckpt["ltd"][k] for k in ("mode", "eta", "beta")} if isinstance(ckpt.get("ltd"), dict) else None
     results = Results(
         source=Source("analyze", str(checkpoint), frozen.sha256(), int(ckpt["epoch"])),
         data=DataInfo(name=_dataset_name(frozen.data_folder), path=str(frozen.data_folder),
                       fingerprint=ckpt["data"]["fingerprint"], n_images=train.n_images,
                       n_captions=train.n_captions, k=frozen.k, split_counted="train"),
-        model=ModelInfo(label=MODEL_NAMES.get(kind, kind) + (f" ({label})" if label else ""), kind=kind,
-                        hparams=ckpt["model"]["hparams"]),
+        model=ModelInfo(label=MODEL_NAMES.get(kind, kind) + ltd_label(ltd) + (f" ({label})" if label else ""),
+                        kind=kind, hparams=ckpt["model"]["hparams"]),
         training=TrainingInfo(loss=trained, params=ckpt["loss"].get("params", {}),
-                              seed=int(ckpt.get("train", {}).get("seed", 0))),
+                              seed=int(ckpt.get("train", {}).get("seed", 0)), ltd=ltd),
         counting=counting_info(run, compat, sweep_eps),
         stats=run.stats(shown), alt_stats=run.stats(other), sweep=run.sweep(shown),
         evaluation=Evaluation(eval_split.split, metrics), cocos_version=__version__,
     )
     results = Results.from_dict(results.to_dict())  # exactly what results.json will hold
-    return Analysis(results=results, run=run, embeddings=emb, timings=timings)
+    logs = read_logs(Path(checkpoint).parent, max_epoch=int(ckpt["epoch"]))  # beside the checkpoint, if any
+    return Analysis(results=results, run=run, embeddings=emb, timings=timings, logs=logs or None)
+
+
+def ltd_label(ltd: dict | None) -> str:
+    """How a model trained with LTD is named in reports (its own rows): ``VSE++ + LTD η=0.2``, ``+ LTD dual β=1``."""
+    if not ltd:
+        return ""
+    from cocos.objectives.spec import format_value
+
+    if ltd.get("mode") == "dual":
+        return f" + LTD dual β={format_value(ltd.get('beta'))}"
+    return f" + LTD η={format_value(ltd.get('eta'))}"
 
 
 def _check_batch_size(batch_size: int, split, losses) -> None:

@@ -70,11 +70,13 @@ def write_results_folder(
     latex_width: str = "column",
     diagram_extent: tuple[float, float] | None = None,
     triplets: dict | None = None,
+    logs=None,
 ) -> list[Path]:
     """Write the folder (see the module docstring); ``out`` is replaced only if cocos wrote it (or ``overwrite``).
 
     ``diagram_extent`` and ``triplets`` (the run's training triplets, if already computed) are for callers that
-    draw several models on one square, as the demo does.
+    draw several models on one square, as the demo does. ``logs`` (:class:`~cocos.report.training.TrainingLogs`)
+    adds the run's ``train_log.csv`` and ``cocos_track.csv`` with their figures.
     """
     from cocos.io import atomic_dir
     from cocos.report.figures import plot_count_distributions, plot_eps_sweep
@@ -108,6 +110,10 @@ def write_results_folder(
             _distributions(results, run, shown, tmp, name)
         if embeddings is not None:
             _diagram(results, embeddings, tmp / "triplet_diagram", diagram_extent, triplets)
+        if logs:
+            from cocos.report.training import write_logs
+
+            write_logs(logs, tmp, title=f"{name}: training (up to epoch {results.source.epoch})")
     return sorted(p for p in out.iterdir() if not p.name.startswith("."))
 
 

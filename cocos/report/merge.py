@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections import Counter as Tally
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -135,7 +136,13 @@ class Group:
         known = names()
         rank = known.index(self.loss) if self.loss in known else len(known)
         shown = dataset_name(self.dataset)
-        return ({"Flickr30k": 0, "MS-COCO": 1}.get(shown, 2), self.dataset, self.model, rank, self.loss or "")
+        return ({"Flickr30k": 0, "MS-COCO": 1}.get(shown, 2), self.dataset, _natural(self.model), rank,
+                self.loss or "")
+
+
+def _natural(text: str) -> tuple:
+    """Sort key that puts "epoch 2" before "epoch 10"."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text))
 
 
 def _counting_settings(r: Results, losses=None) -> str:
@@ -580,17 +587,36 @@ class Report:
     warnings: list[str]
     tables: list
     compat: bool | None
+    label: str | None = None
 
     @property
     def sources(self) -> list[str]:
         return [r.where for r in self.results]
 
 
-def build_report(paths: Iterable[str | os.PathLike], compat: bool | None = None, counters: str = "own") -> Report:
-    """Load (files or folders), group (from the files' metadata) and tabulate results."""
+LABELS = ("epoch",)  # cocos report --label: what tells results of one run apart
+
+
+def label_by_epoch(results: Sequence[Results]) -> None:
+    """Show each checkpoint's epoch in its model label (``VSE++ (epoch 5)``), so one run's epochs form rows."""
+    for r in results:
+        if r.source.kind == "analyze" and r.source.epoch is not None:
+            r.model.label = f"{r.model.label} (epoch {r.source.epoch})"
+
+
+def build_report(paths: Iterable[str | os.PathLike], compat: bool | None = None, counters: str = "own",
+                 label: str | None = None) -> Report:
+    """Load (files or folders), group (from the files' metadata) and tabulate results.
+
+    ``label="epoch"`` keeps the checkpoints of one run apart by their epoch (``cocos train --save-every``).
+    """
+    if label is not None and label not in LABELS:
+        raise CocosError(f"unknown --label '{label}' (choose from {', '.join(LABELS)})")
     loaded = load_results(paths)
+    if label == "epoch":
+        label_by_epoch(loaded)
     groups, warnings = group_results(loaded)
-    return Report(loaded, groups, warnings, build_tables(groups, compat, counters), compat)
+    return Report(loaded, groups, warnings, build_tables(groups, compat, counters), compat, label)
 
 
 def report_title(report: Report) -> str:
@@ -632,6 +658,82 @@ def write_report(report: Report, out: str | os.PathLike, readme: str | None = No
         (tmp / "tables.tex").write_text(tex, encoding="utf-8")
         plot_cocos_vs_rsum(cocos_vs_rsum_rows(report.groups, compat=report.compat), tmp / "cocos_vs_rsum",
                            title=report_title(report))
+        _training_figures(report, tmp)
         if readme is not None:
             (tmp / "README.md").write_text(readme, encoding="utf-8")
     return sorted(p for p in out.iterdir() if not p.name.startswith("."))
+
+
+# -- training: COCOS over steps and epochs, LTD's multiplier ------------------------------------
+
+
+def _run_label(r: Results) -> str:
+    """A run's name in the training figures: model (without an epoch label) and training loss."""
+    model = re.sub(r" \(epoch \d+\)$", "", r.model.label)
+    return f"{model} {loss_label(r.training.loss, r)}" if r.training is not None else model
+
+
+def training_logs(results: Sequence[Results]):
+    """``(track, steps)``: each run's COCOS track (its own loss's counter) and step log, one per run folder.
+
+    Results next to a ``cocos_track.csv``/``train_log.csv`` (written by ``cocos analyze``) count; of
+    several checkpoints of one run the latest epoch's copy is used. Either frame is ``None`` if absent.
+    """
+    from cocos.report.training import read_logs
+
+    latest: dict[str, Results] = {}
+    for r in results:
+        if r.source.kind == "analyze" and r.path is not None and r.training is not None:
+            run = str(Path(r.source.path).resolve().parent)
+            if run not in latest or (r.source.epoch or 0) > (latest[run].source.epoch or 0):
+                latest[run] = r
+    tracks, steps = [], []
+    for r in latest.values():
+        logs = read_logs(Path(r.path).parent)
+        label = _run_label(r)
+        if logs.track is not None:
+            own = logs.track[logs.track["loss"] == r.training.loss]
+            tracks.append(own.assign(label=label))
+        if logs.has_ltd:
+            steps.append(logs.steps.assign(label=label))
+    return (pd.concat(tracks, ignore_index=True) if tracks else None,
+            pd.concat(steps, ignore_index=True) if steps else None)
+
+
+def epoch_rows(groups: Sequence[Group], compat: bool | None = None) -> pd.DataFrame:
+    """Tidy rows (label, loss, epoch, direction, stat, value) of each checkpoint: its own loss's paper statistics
+    and its test rsum (stat ``rsum``, direction ``both``), means over seeds."""
+    from cocos.objectives import OBJECTIVES
+
+    rows = []
+    for g in groups:
+        r0 = g.results[0]
+        if g.loss is None or r0.source.epoch is None or g.loss not in OBJECTIVES:
+            continue
+        label = _run_label(r0)
+        for d in DIRECTIONS:
+            for stat in OBJECTIVES[g.loss].stats:
+                vals = [select_stats(r, compat)[0].get(g.loss, {}).get(d, {}).get(stat, {}).get("mean")
+                        for r in g.results]
+                vals = [v for v in vals if v is not None]
+                if vals:
+                    rows.append((label, g.loss, r0.source.epoch, d, stat, float(np.mean(vals))))
+        rsum = [r.evaluation.metrics.get("rsum") for r in g.results if r.evaluation is not None]
+        if rsum:
+            rows.append((label, g.loss, r0.source.epoch, "both", "rsum", float(np.mean(rsum))))
+    return pd.DataFrame(rows, columns=["label", "loss", "epoch", "direction", "stat", "value"])
+
+
+def _training_figures(report: Report, folder: Path) -> None:
+    from cocos.report.training import plot_track, plot_training
+
+    track, steps = training_logs(report.results)
+    if track is not None and len(track):
+        plot_track(track, folder / "cocos_track", title="COCOS of each model's training loss on its training batches")
+    if steps is not None and len(steps):
+        plot_training(steps, folder / "ltd", title="LTD during training")
+    if report.label == "epoch":
+        rows = epoch_rows(report.groups, report.compat)
+        if len(rows):
+            plot_track(rows, folder / "cocos_by_epoch", x="epoch", markers=True,
+                       title="COCOS of each model's training loss at its saved checkpoints, and test rsum")

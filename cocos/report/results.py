@@ -59,6 +59,7 @@ class TrainingInfo:
     loss: str
     params: dict = field(default_factory=dict)
     seed: int = 0
+    ltd: dict | None = None  # latent target decoding: {"mode", "eta", "beta"} when trained with cocos train --ltd
 
 
 @dataclass

@@ -8,6 +8,13 @@ dropped (VSRN's BatchNorm needs two). Validation every epoch on the dev split;
 ``model_best.pt`` keeps the best validation rsum, ``last.pt`` allows resuming.
 Batch order depends only on ``(seed, epoch)``, so a resumed run equals an
 uninterrupted one.
+
+Options beyond the paper's schedule: ``ltd`` adds latent target decoding
+(:mod:`cocos.losses.ltd`) to any loss; ``track_cocos`` counts the training batch
+every N steps (:mod:`cocos.training.track`, ``cocos_track.csv``); ``save_every``
+keeps ``epoch_NNN.pt`` every K epochs. Every step's losses (and LTD's ``λ`` and
+``L_rec/η``) go to ``train_log.csv``. Both CSVs are rewritten atomically at the end
+of each epoch and cut back to the checkpoint's epoch on resume.
 """
 
 from __future__ import annotations
@@ -29,6 +36,12 @@ from cocos.losses import get_loss
 from cocos.models import MODELS, build_model
 from cocos.training.checkpoint import load_checkpoint, save_checkpoint
 from cocos.training.evaluate import evaluate_model, tokenize_split
+
+TRAIN_LOG = "train_log.csv"
+TRACK_LOG = "cocos_track.csv"
+# flags that change what a run computes: a resumed run must keep them
+RESUME_FLAGS = ("lr", "lr_update", "batch_size", "embed_size", "word_dim", "margin", "tau", "params", "seed", "k",
+                "warmup_epochs", "compat", "grad_clip", "ltd", "ltd_mode", "ltd_eta", "ltd_beta", "ltd_targets")
 
 
 @dataclass
@@ -54,6 +67,13 @@ class TrainConfig:
     device: str = "auto"
     compat: bool = False
     vocab: str | None = None  # a SCAN-style vocab JSON instead of building one from the training captions
+    ltd: bool = False  # add latent target decoding (cocos.losses.ltd)
+    ltd_mode: str = "constraint"  # constraint (Lagrange multiplier) or dual (fixed weight beta)
+    ltd_eta: float = 0.2
+    ltd_beta: float = 1.0
+    ltd_targets: str | None = None  # a user's (n_train_captions, D) .npy instead of all-MiniLM-L6-v2
+    track_cocos: int | None = None  # count the training batch every N steps (cocos_track.csv)
+    save_every: int | None = None  # keep epoch_NNN.pt every K epochs
 
     def validate(self) -> None:
         """Refuse nonsense flags before anything is read or written (one CocosError line)."""
@@ -77,6 +97,22 @@ class TrainConfig:
                              "before max violation)")
         check_params(lr=self.lr, margin=self.margin, tau=self.tau)
         get_loss(self.loss, **self.loss_params())  # the loss's own checks
+        for name in ("track_cocos", "save_every"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise CocosError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
+        if self.ltd:
+            self.ltd_config().validate()
+        else:
+            changed = [f"--{n.replace('_', '-')}" for n in ("ltd_mode", "ltd_eta", "ltd_beta", "ltd_targets")
+                       if getattr(self, n) != TrainConfig.__dataclass_fields__[n].default]
+            if changed:
+                raise CocosError(f"{', '.join(changed)} only apply with --ltd")
+
+    def ltd_config(self):
+        from cocos.losses.ltd import LTDConfig
+
+        return LTDConfig(mode=self.ltd_mode, eta=self.ltd_eta, beta=self.ltd_beta, targets=self.ltd_targets)
 
     def loss_params(self) -> dict:
         params = {**(self.params or {}), "margin": self.margin, "tau": self.tau}
@@ -129,11 +165,17 @@ class Trainer:
             self.vocab = Vocabulary.build(self.train_split.captions, threshold=cfg.vocab_threshold)
         self.train_ids = tokenize_split(self.train_split, self.vocab)
         self.dev_ids = tokenize_split(self.dev_split, self.vocab)
+        self.targets = self._ltd_targets() if cfg.ltd else None  # before anything is written
 
         torch.manual_seed(cfg.seed)
         self.model = build_model(cfg.model, img_dim=self.train_split.feature_dim,
                                  vocab_size=len(self.vocab), word_dim=cfg.word_dim,
                                  embed_size=cfg.embed_size).to(self.device)
+        self.ltd = None
+        if cfg.ltd:  # built after the model, so the model's initialisation is that of a run without LTD
+            from cocos.losses.ltd import LatentTargetDecoding
+
+            self.ltd = LatentTargetDecoding(cfg.ltd_config(), cfg.embed_size, self.targets.shape[1]).to(self.device)
         self.loss_fn = get_loss(cfg.loss, **cfg.loss_params(), compat=cfg.compat)
         warmup = self.loss_fn.objective.warmup_loss
         if cfg.warmup_epochs:  # the warm-up loss takes the parameters it shares with the loss (the margin)
@@ -143,17 +185,60 @@ class Trainer:
             self.warmup_fn = get_loss(warmup, **shared, compat=cfg.compat)
         else:
             self.warmup_fn = None
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr)
+        self.optimizer = torch.optim.Adam(self.trained_parameters(), lr=cfg.lr)
         self.scheduler = torch.optim.lr_scheduler.StepLR(self.optimizer, step_size=cfg.lr_update, gamma=0.1)
-        self.epoch, self.best_rsum, self.history = 0, -math.inf, []
+        self.tracker = None
+        if cfg.track_cocos:
+            from cocos.training.track import CocosTracker
+
+            self.tracker = CocosTracker(cfg.track_cocos, cfg.loss, self.loss_fn.params(), self.loss_fn.batch_layout,
+                                        compat=cfg.compat)
+        self.epoch, self.step_count, self.best_rsum, self.history, self.step_log = 0, 0, -math.inf, [], []
         if resume_ckpt is not None:
             self.model.load_state_dict(resume_ckpt["state_dict"])
             self.optimizer.load_state_dict(resume_ckpt["optimizer"])
             self.scheduler.load_state_dict(resume_ckpt["scheduler"])
+            if self.ltd is not None:
+                self.ltd.load(resume_ckpt["ltd"])
             self.epoch = int(resume_ckpt["epoch"])
+            self.step_count = int(resume_ckpt.get("step", 0))
             self.best_rsum = float(resume_ckpt["best_rsum"])
             self.history = list(resume_ckpt["history"])
             torch.set_rng_state(resume_ckpt["rng"]["torch"])
+            self._restore_logs()
+
+    def trained_parameters(self) -> list[torch.nn.Parameter]:
+        """What Adam trains and the gradient clip covers: the model, and LTD's decoder (not λ)."""
+        params = list(self.model.parameters())
+        return params + (list(self.ltd.decoder.parameters()) if self.ltd is not None else [])
+
+    def _ltd_targets(self) -> torch.Tensor:
+        from cocos.data.targets import read_targets, sentence_targets
+
+        n = len(self.train_split.captions)
+        if self.cfg.ltd_targets:
+            targets = read_targets(self.cfg.ltd_targets, n)
+        else:
+            targets = sentence_targets(self.train_split, progress=self.progress, log=self.log)
+        return torch.from_numpy(targets)
+
+    def _restore_logs(self) -> None:
+        """Keep the rows of the epochs the resumed checkpoint holds (a crash may have left later ones)."""
+        import pandas as pd
+
+        for name, restore in ((TRAIN_LOG, None), (TRACK_LOG, self.tracker)):
+            path = self.out / name
+            if not path.is_file():
+                continue
+            try:
+                frame = pd.read_csv(path)
+                frame = frame[frame["epoch"] <= self.epoch]
+            except (ValueError, KeyError, OSError) as exc:
+                raise CocosError(f"{path}: not a readable log ({str(exc).splitlines()[0]})") from None
+            if restore is not None:
+                restore.restore(frame)
+            elif name == TRAIN_LOG:
+                self.step_log = frame.to_dict("records")
 
     def _check_resume(self, ckpt: dict) -> None:
         cfg = self.cfg
@@ -164,9 +249,8 @@ class Trainer:
         if ckpt["data"]["fingerprint"] != self.fingerprint:
             raise CocosError(f"{self.last_path}: checkpoint was trained on other data than {cfg.data}")
         # a resumed run equals an uninterrupted one only with the same flags (epochs may grow)
-        recorded = ckpt.get("train", {})
-        for name in ("lr", "lr_update", "batch_size", "embed_size", "word_dim", "margin", "tau", "params", "seed", "k",
-                     "warmup_epochs", "compat", "grad_clip"):
+        recorded = {"ltd": False, **ckpt.get("train", {})}
+        for name in RESUME_FLAGS:
             if name in recorded and recorded[name] != getattr(cfg, name):
                 raise CocosError(f"{self.last_path}: was trained with --{name.replace('_', '-')} {recorded[name]}, "
                                  f"not {getattr(cfg, name)}; resume with the same flags")
@@ -192,18 +276,37 @@ class Trainer:
             for cap, img in batches:
                 yield img, cap, np.arange(len(cap))
 
-    def step(self, img: np.ndarray, cap: np.ndarray, caption_image, loss_fn=None) -> float:
+    def _full_batch(self, img: np.ndarray, cap: np.ndarray) -> bool:
+        """Whether a batch has the configured size (counts depend on it; the short final batch is not tracked)."""
+        if self.loss_fn.batch_layout == "ranking":
+            return len(img) == min(self.cfg.batch_size, self.train_split.n_images)
+        return len(cap) == min(self.cfg.batch_size, len(self.train_split.caption_image))
+
+    def step(self, img: np.ndarray, cap: np.ndarray, caption_image, loss_fn=None, epoch: int = 0) -> float:
+        """One optimiser step; logs its losses (and tracks COCOS when due) from this forward pass."""
+        self.step_count += 1
         feats = self.train_split.features_for(img).to(self.device)
         tokens, lengths = pad_batch([self.train_ids[c] for c in cap])
         img_emb, cap_emb = self.model(feats, tokens.to(self.device), lengths)
-        loss = (loss_fn or self.loss_fn)(img_emb, cap_emb, caption_image=caption_image,
-                                         image_ids=torch.as_tensor(img, device=self.device))
+        image_ids = torch.as_tensor(img, device=self.device)
+        if self.tracker is not None and self.tracker.due(self.step_count) and self._full_batch(img, cap):
+            self.tracker.observe(self.step_count, epoch, img_emb, cap_emb, caption_image, image_ids)
+        loss_con = (loss_fn or self.loss_fn)(img_emb, cap_emb, caption_image=caption_image, image_ids=image_ids)
+        loss, record = loss_con, {}
+        if self.ltd is not None:
+            term, record = self.ltd(cap_emb, self.targets[torch.as_tensor(cap)].to(self.device))
+            loss = loss_con + term
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self.cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+            torch.nn.utils.clip_grad_norm_(self.trained_parameters(), self.cfg.grad_clip)
         self.optimizer.step()
-        return float(loss.detach())
+        if self.ltd is not None:
+            self.ltd.step()  # gradient ascent on λ, from the same backward pass
+        value = float(loss.detach())
+        self.step_log.append({"step": self.step_count, "epoch": epoch, "loss": value,
+                              "L_con": float(loss_con.detach()) if record else value, **record})
+        return value
 
     def train_epoch(self, epoch: int) -> tuple[float, float]:
         from cocos.progress import progress_bar
@@ -215,7 +318,7 @@ class Trainer:
         with progress_bar(len(batches), f"epoch {epoch}/{self.cfg.epochs}", enabled=self.progress,
                           fields=True) as advance:
             for done, (img, cap, caption_image) in enumerate(batches, start=1):
-                total_loss += self.step(img, cap, caption_image, loss_fn)
+                total_loss += self.step(img, cap, caption_image, loss_fn, epoch=epoch)
                 n_caps += len(cap)
                 rate = n_caps / max(time.perf_counter() - start, 1e-9)
                 advance(1, f"loss {total_loss / done:.4f} · {rate:,.0f} captions/s")
@@ -234,10 +337,13 @@ class Trainer:
                      "k": self.cfg.k, "feature_shape": list(self.train_split.feature_shape)},
             "train": asdict(self.cfg),
             "epoch": self.epoch,
+            "step": self.step_count,
             "metrics": metrics,
             "best_rsum": self.best_rsum,
             "history": self.history,
         }
+        if self.ltd is not None:  # beside the retrieval model: analyze and evaluate never read it
+            ckpt["ltd"] = self.ltd.state(full)
         if full:
             ckpt["optimizer"] = self.optimizer.state_dict()
             ckpt["scheduler"] = self.scheduler.state_dict()
@@ -260,8 +366,11 @@ class Trainer:
             # only values that the seed, data and flags determine: a checkpoint is reproducible byte for byte
             self.history.append({"epoch": epoch, "loss": loss, "lr": lr,
                                  **{k: metrics[k] for k in ("rsum", "i2t_R@1", "t2i_R@1")}})
+            self.write_logs()  # before last.pt: a resume cuts the logs back to its epoch
             if improved:
                 save_checkpoint(self.best_path, self.checkpoint(metrics, full=False))
+            if self.cfg.save_every and epoch % self.cfg.save_every == 0:
+                save_checkpoint(self.out / f"epoch_{epoch:03d}.pt", self.checkpoint(metrics, full=False))
             save_checkpoint(self.last_path, self.checkpoint(metrics, full=True))
             self.log(
                 f"epoch {epoch:>3}  loss {loss:.4f}  {rate:,.0f} cap/s  "
@@ -271,6 +380,16 @@ class Trainer:
                 + (f"  (warm-up: {self.loss_fn.objective.warmup_loss} loss)" if epoch <= self.cfg.warmup_epochs else "")
             )
         return load_checkpoint(self.best_path)["metrics"]
+
+    def write_logs(self) -> None:
+        """``train_log.csv`` (every step) and ``cocos_track.csv`` (every N steps), rewritten atomically."""
+        import pandas as pd
+
+        from cocos.io import write_csv
+
+        write_csv(self.out / TRAIN_LOG, pd.DataFrame(self.step_log))
+        if self.tracker is not None:
+            write_csv(self.out / TRACK_LOG, self.tracker.frame())
 
 
 def resolve_data(ckpt: dict, data: str | Path | None, checkpoint_path: str | Path) -> Path:

@@ -1,0 +1,212 @@
+"""What happened during training: the step log (losses, LTD's λ) and COCOS tracked on the training batches.
+
+``cocos train`` writes ``train_log.csv`` (one row per step: ``step, epoch, loss,
+L_con`` and, with LTD, ``L_rec, L_rec/eta, lambda``) and, with ``--track-cocos N``,
+``cocos_track.csv`` (tidy: ``step, epoch, loss, direction, stat, value``) into the
+checkpoint folder. ``cocos analyze`` copies both into its report folder, cut at the
+analysed checkpoint's epoch, and plots them; ``cocos report`` plots those of all its
+inputs together.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from cocos.errors import CocosError
+from cocos.report import style
+
+TRAIN_LOG = "train_log.csv"
+TRACK_LOG = "cocos_track.csv"
+TRACK_COLUMNS = ("step", "epoch", "loss", "direction", "stat", "value")
+LOG_COLUMNS = ("step", "epoch", "loss", "L_con")
+LTD_COLUMNS = ("lambda", "L_rec/eta")
+# tracked statistics drawn, in this order (the threshold-free companions and W_low stay in the CSV)
+TRACK_STATS = ("C_q", "C_B", "C_0", "C_qv-", "W_qv-", "W_qv+", "rsum")
+LOG_AXIS_RATIO = 50.0  # a log y axis when a panel's values span this factor
+
+
+@dataclass
+class TrainingLogs:
+    """The step log and the COCOS track of one run (either may be absent)."""
+
+    steps: pd.DataFrame | None = None
+    track: pd.DataFrame | None = None
+
+    def __bool__(self) -> bool:
+        return self.steps is not None or self.track is not None
+
+    @property
+    def has_ltd(self) -> bool:
+        return self.steps is not None and all(c in self.steps for c in LTD_COLUMNS)
+
+
+def _read(path: Path, columns) -> pd.DataFrame | None:
+    if not path.is_file():
+        return None
+    try:
+        frame = pd.read_csv(path)
+    except (ValueError, OSError, UnicodeDecodeError) as exc:
+        raise CocosError(f"{path}: not a readable CSV ({(str(exc).splitlines() or ['?'])[0]})") from None
+    missing = [c for c in columns if c not in frame]
+    if missing:
+        raise CocosError(f"{path}: lacks the column(s) {', '.join(missing)}")
+    for c in ("step", "epoch"):
+        if not pd.api.types.is_integer_dtype(frame[c]):
+            raise CocosError(f"{path}: column {c} must hold integers")
+    return frame
+
+
+def read_logs(folder: str | os.PathLike, max_epoch: int | None = None) -> TrainingLogs:
+    """The logs in a checkpoint or report folder; rows after ``max_epoch`` (a later checkpoint's) are left out."""
+    folder = Path(folder)
+    steps, track = _read(folder / TRAIN_LOG, LOG_COLUMNS), _read(folder / TRACK_LOG, TRACK_COLUMNS)
+    if max_epoch is not None:
+        steps = steps[steps["epoch"] <= max_epoch] if steps is not None else None
+        track = track[track["epoch"] <= max_epoch] if track is not None else None
+    return TrainingLogs(steps, track)
+
+
+def write_logs(logs: TrainingLogs, folder: str | os.PathLike, title: str | None = None) -> list[Path]:
+    """The CSVs and their figures (``training.png``, ``cocos_track.png``) into ``folder``."""
+    from cocos.io import write_csv
+
+    folder = Path(folder)
+    for frame, name in ((logs.steps, TRAIN_LOG), (logs.track, TRACK_LOG)):
+        if frame is not None:
+            write_csv(folder / name, frame, float_format="%.8g")
+    return plot_logs(logs, folder, title)
+
+
+def plot_run(folder: str | os.PathLike) -> list[Path]:
+    """``cocos train``'s figures of its own logs, into the checkpoint folder; returns the PNGs."""
+    return [p for p in plot_logs(read_logs(folder), folder) if p.suffix == ".png"]
+
+
+def plot_logs(logs: TrainingLogs, folder: str | os.PathLike, title: str | None = None) -> list[Path]:
+    """``training.png`` and ``cocos_track.png`` (with their PDFs) of the logs there are."""
+    folder, paths = Path(folder), []
+    if logs.steps is not None and len(logs.steps):
+        paths += plot_training(logs.steps, folder / "training", title=title)
+    if logs.track is not None and len(logs.track):
+        paths += plot_track(logs.track, folder / "cocos_track", title=title)
+    return paths
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def _smooth(values: pd.Series, n_points: int) -> pd.Series:
+    """A centred rolling mean over about 2 % of the points (noisy per-batch values; raw values drawn faintly)."""
+    window = max(1, n_points // 50)
+    return values.rolling(window, center=True, min_periods=1).mean()
+
+
+def _colours(frame: pd.DataFrame, key: str) -> dict:
+    """A colour per series: its loss's colour where that is unique, seaborn's palette otherwise."""
+    import seaborn as sns
+
+    series = list(dict.fromkeys(frame[key]))
+    by_loss = {s: style.loss_style(frame.loc[frame[key] == s, "loss"].iloc[0])[1] for s in series}
+    if len(set(by_loss.values())) == len(series):
+        return by_loss
+    return dict(zip(series, sns.color_palette("colorblind", len(series)), strict=True))
+
+
+def _log_axis(ax, values: np.ndarray) -> None:
+    positive = values[np.isfinite(values) & (values > 0)]
+    if positive.size and positive.max() / positive.min() >= LOG_AXIS_RATIO:
+        ax.set_yscale("log")
+
+
+def plot_track(track: pd.DataFrame, path_stem: str | os.PathLike, title: str | None = None,
+               series: str = "label", x: str = "step", markers: bool = False) -> list[Path]:
+    """COCOS over training: one panel per statistic, a colour per series, i2t solid and t2i dashed.
+
+    ``track`` is tidy (``x``, loss, direction, stat, value), e.g. ``cocos_track.csv``; a
+    ``label`` column (the run) names the series, else the counter's label. Over steps,
+    thin lines are the per-batch values and thick lines their rolling mean; with
+    ``markers`` (a few checkpoints, ``x="epoch"``) the values are joined as they are.
+    A ``rsum`` statistic gets its own panel (direction ``both``).
+    """
+    from matplotlib.lines import Line2D
+
+    track = track[track["stat"].isin(TRACK_STATS)].copy()
+    if series not in track:
+        track[series] = [style.loss_style(x)[0] for x in track["loss"]]
+    stats = [s for s in TRACK_STATS if s in set(track["stat"])]
+    colours = _colours(track, series) if len(track) else {}
+    with style.paper_style():
+        cols = min(3, max(1, len(stats)))
+        rows = max(1, -(-len(stats) // cols))
+        fig = style.figure(3.3 * cols + 1.8, 2.5 * rows + 0.4)
+        axes = fig.subplots(rows, cols, squeeze=False, sharex=True).ravel()
+        for ax, stat in zip(axes, stats, strict=False):
+            part = track[track["stat"] == stat]
+            for (name, direction), line in part.groupby([series, "direction"], sort=False):
+                line = line.sort_values(x)
+                kw = {"color": colours[name], "linestyle": style.DIRECTION_DASHES.get(direction, "-")}
+                if markers:
+                    ax.plot(line[x], line["value"], linewidth=1.4, marker="o", markersize=4, **kw)
+                else:
+                    ax.plot(line[x], line["value"], linewidth=0.5, alpha=0.3, **kw)
+                    ax.plot(line[x], _smooth(line["value"], len(line)), linewidth=1.6, **kw)
+            _log_axis(ax, part["value"].to_numpy(dtype=float))
+            ax.set_title("test rsum" if stat == "rsum" else style.stat_math(stat))
+            ax.set_xlabel("training step" if x == "step" else x)
+            ax.tick_params(labelbottom=True)  # shared x, but every panel keeps its numbers
+            if x == "epoch":
+                from matplotlib.ticker import MaxNLocator
+
+                ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        for ax in axes[len(stats):]:
+            ax.set_visible(False)
+        if not stats:
+            axes[0].set_visible(True)
+            axes[0].text(0.5, 0.5, "nothing tracked", ha="center", va="center", transform=axes[0].transAxes)
+        handles = [Line2D([], [], color=c, linewidth=1.6) for c in colours.values()]
+        handles += [Line2D([], [], color="0.3", linestyle=style.DIRECTION_DASHES[d]) for d in ("i2t", "t2i")]
+        fig.legend(handles, [*colours, "i2t", "t2i"], loc="outside right center")
+        fig.suptitle(title or "COCOS of the training batches during training")
+        return style.save(fig, path_stem)
+
+
+def plot_training(steps: pd.DataFrame, path_stem: str | os.PathLike, title: str | None = None,
+                  series: str = "label") -> list[Path]:
+    """Per-step training curves: ``L_con`` and, with LTD, ``λ`` and ``L_rec/η`` (the bound at 1), per series."""
+    from matplotlib.lines import Line2D
+
+    steps = steps.copy()
+    if series not in steps:
+        steps[series] = "run"
+    panels = [("L_con", r"contrastive loss $\mathcal{L}_{con}$")]
+    if all(c in steps for c in LTD_COLUMNS) and steps["lambda"].notna().any():
+        panels += [("lambda", r"multiplier $\lambda$"), ("L_rec/eta", r"$\mathcal{L}_{rec}/\eta$")]
+    names = list(dict.fromkeys(steps[series]))
+    import seaborn as sns
+
+    colours = dict(zip(names, sns.color_palette("colorblind", len(names)), strict=True))
+    with style.paper_style():
+        fig = style.figure(3.3 * len(panels) + (1.8 if len(names) > 1 else 0.4), 2.7)
+        axes = fig.subplots(1, len(panels), squeeze=False)[0]
+        for ax, (column, label) in zip(axes, panels, strict=True):
+            for name, part in steps.groupby(series, sort=False):
+                part = part.sort_values("step")
+                if part[column].notna().any():
+                    ax.plot(part["step"], part[column], color=colours[name], linewidth=0.4, alpha=0.3)
+                    ax.plot(part["step"], _smooth(part[column], len(part)), color=colours[name], linewidth=1.6)
+            if column == "L_rec/eta":
+                ax.axhline(1.0, color=style.GREY, linestyle=":", linewidth=1)
+                ax.text(0.99, 1.0, r"bound $\eta$", transform=ax.get_yaxis_transform(), ha="right", va="bottom",
+                        color=style.GREY, fontsize="small")
+            ax.set_title(label)
+            ax.set_xlabel("training step")
+        if len(names) > 1:
+            fig.legend([Line2D([], [], color=colours[n], linewidth=1.6) for n in names], names,
+                       loc="outside right center")
+        fig.suptitle(title or "Training curves")
+        return style.save(fig, path_stem)
