@@ -60,9 +60,9 @@ def load_sentence_encoder(device: str = "cpu"):
 
 
 def encode_sentences(captions: list[str], *, device: str = "cpu", batch_size: int = ENCODE_BATCH,
-                     progress: bool = False) -> np.ndarray:
+                     progress: bool = False, model=None) -> np.ndarray:
     """``(n, 384)`` float32 unit-norm all-MiniLM-L6-v2 embeddings, in the order given."""
-    model = load_sentence_encoder(device)
+    model = model if model is not None else load_sentence_encoder(device)
     out = model.encode(list(captions), batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True,
                        show_progress_bar=progress)
     return np.ascontiguousarray(out, dtype=np.float32)
@@ -79,9 +79,10 @@ def sentence_targets(split, *, device: str = "cpu", progress: bool = False, log=
     path = cache_path(split.folder, split.split, split.captions)
     if path.is_file():
         return read_targets(path, len(split.captions))
+    model = load_sentence_encoder(device)  # fails with the install hint before anything is said or written
     if log is not None:
         log(f"computing {MODEL_NAME} targets of {len(split.captions):,} {split.split} captions (cached in {path})")
-    targets = encode_sentences(split.captions, device=device, progress=progress)
+    targets = encode_sentences(split.captions, progress=progress, model=model)
     try:
         write_npy(path, targets)
     except CocosError:  # a read-only data folder: the targets are still good, just not cached

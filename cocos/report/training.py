@@ -78,7 +78,7 @@ def write_logs(logs: TrainingLogs, folder: str | os.PathLike, title: str | None 
     folder = Path(folder)
     for frame, name in ((logs.steps, TRAIN_LOG), (logs.track, TRACK_LOG)):
         if frame is not None:
-            write_csv(folder / name, frame, float_format="%.8g")
+            write_csv(folder / name, frame, float_format="%.10g")
     return plot_logs(logs, folder, title)
 
 
@@ -93,7 +93,7 @@ def plot_logs(logs: TrainingLogs, folder: str | os.PathLike, title: str | None =
     if logs.steps is not None and len(logs.steps):
         paths += plot_training(logs.steps, folder / "training", title=title)
     if logs.track is not None and len(logs.track):
-        paths += plot_track(logs.track, folder / "cocos_track", title=title)
+        paths += plot_track(logs.track, folder / "cocos_track", title=title).paths
     return paths
 
 
@@ -124,16 +124,19 @@ def _log_axis(ax, values: np.ndarray) -> None:
 
 
 def plot_track(track: pd.DataFrame, path_stem: str | os.PathLike, title: str | None = None,
-               series: str = "label", x: str = "step", markers: bool = False) -> list[Path]:
+               series: str = "label", x: str = "step", markers: bool = False):
     """COCOS over training: one panel per statistic, a colour per series, i2t solid and t2i dashed.
 
     ``track`` is tidy (``x``, loss, direction, stat, value), e.g. ``cocos_track.csv``; a
     ``label`` column (the run) names the series, else the counter's label. Over steps,
     thin lines are the per-batch values and thick lines their rolling mean; with
     ``markers`` (a few checkpoints, ``x="epoch"``) the values are joined as they are.
-    A ``rsum`` statistic gets its own panel (direction ``both``).
+    A ``rsum`` statistic gets its own panel (direction ``both``). Returns a
+    :class:`~cocos.report.figures.FigureOutput` with the ``panels`` and ``series`` drawn.
     """
     from matplotlib.lines import Line2D
+
+    from cocos.report.figures import FigureOutput
 
     track = track[track["stat"].isin(TRACK_STATS)].copy()
     if series not in track:
@@ -172,7 +175,7 @@ def plot_track(track: pd.DataFrame, path_stem: str | os.PathLike, title: str | N
         handles += [Line2D([], [], color="0.3", linestyle=style.DIRECTION_DASHES[d]) for d in ("i2t", "t2i")]
         fig.legend(handles, [*colours, "i2t", "t2i"], loc="outside right center")
         fig.suptitle(title or "COCOS of the training batches during training")
-        return style.save(fig, path_stem)
+        return FigureOutput(style.save(fig, path_stem), {"panels": stats, "series": list(colours)})
 
 
 def plot_training(steps: pd.DataFrame, path_stem: str | os.PathLike, title: str | None = None,

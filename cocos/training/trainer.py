@@ -387,9 +387,9 @@ class Trainer:
 
         from cocos.io import write_csv
 
-        write_csv(self.out / TRAIN_LOG, pd.DataFrame(self.step_log))
+        write_csv(self.out / TRAIN_LOG, pd.DataFrame(self.step_log), float_format="%.10g")
         if self.tracker is not None:
-            write_csv(self.out / TRACK_LOG, self.tracker.frame())
+            write_csv(self.out / TRACK_LOG, self.tracker.frame(), float_format="%.10g")
 
 
 def resolve_data(ckpt: dict, data: str | Path | None, checkpoint_path: str | Path) -> Path:
