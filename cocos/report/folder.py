@@ -111,9 +111,12 @@ def write_results_folder(
         if embeddings is not None:
             _diagram(results, embeddings, tmp / "triplet_diagram", diagram_extent, triplets)
         if logs:
+            from cocos.report.merge import loss_label
             from cocos.report.training import write_logs
 
-            write_logs(logs, tmp, title=f"{name}: training (up to epoch {results.source.epoch})")
+            trained = f" trained with {loss_label(results.training.loss, results)}" if results.training else ""
+            write_logs(logs, tmp, title=f"{results.model.label}{trained} on {results.data.name}, "
+                                        f"to epoch {results.source.epoch}")
     return sorted(p for p in out.iterdir() if not p.name.startswith("."))
 
 

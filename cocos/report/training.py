@@ -72,7 +72,7 @@ def read_logs(folder: str | os.PathLike, max_epoch: int | None = None) -> Traini
 
 
 def write_logs(logs: TrainingLogs, folder: str | os.PathLike, title: str | None = None) -> list[Path]:
-    """The CSVs and their figures (``training.png``, ``cocos_track.png``) into ``folder``."""
+    """The CSVs and their figures (``training.png``, ``cocos_track.png``) into ``folder``; ``title`` names the run."""
     from cocos.io import write_csv
 
     folder = Path(folder)
@@ -84,16 +84,18 @@ def write_logs(logs: TrainingLogs, folder: str | os.PathLike, title: str | None 
 
 def plot_run(folder: str | os.PathLike) -> list[Path]:
     """``cocos train``'s figures of its own logs, into the checkpoint folder; returns the PNGs."""
-    return [p for p in plot_logs(read_logs(folder), folder) if p.suffix == ".png"]
+    return [p for p in plot_logs(read_logs(folder), folder, title=Path(folder).name) if p.suffix == ".png"]
 
 
 def plot_logs(logs: TrainingLogs, folder: str | os.PathLike, title: str | None = None) -> list[Path]:
-    """``training.png`` and ``cocos_track.png`` (with their PDFs) of the logs there are."""
+    """``training.png`` and ``cocos_track.png`` (with their PDFs) of the logs there are; ``title`` names the run."""
     folder, paths = Path(folder), []
     if logs.steps is not None and len(logs.steps):
-        paths += plot_training(logs.steps, folder / "training", title=title)
+        paths += plot_training(logs.steps, folder / "training",
+                               title=f"{title}: training curves" if title else None)
     if logs.track is not None and len(logs.track):
-        paths += plot_track(logs.track, folder / "cocos_track", title=title).paths
+        paths += plot_track(logs.track, folder / "cocos_track",
+                            title=f"{title}: COCOS of the training batches" if title else None).paths
     return paths
 
 
@@ -118,9 +120,15 @@ def _colours(frame: pd.DataFrame, key: str) -> dict:
 
 
 def _log_axis(ax, values: np.ndarray) -> None:
-    positive = values[np.isfinite(values) & (values > 0)]
+    """A log y axis for values spanning decades; symlog (linear below 1) when some are 0, so zeros stay visible."""
+    finite = values[np.isfinite(values)]
+    positive = finite[finite > 0]
     if positive.size and positive.max() / positive.min() >= LOG_AXIS_RATIO:
-        ax.set_yscale("log")
+        if (finite <= 0).any():
+            ax.set_yscale("symlog", linthresh=1.0)
+            ax.set_ylim(bottom=0)
+        else:
+            ax.set_yscale("log")
 
 
 def plot_track(track: pd.DataFrame, path_stem: str | os.PathLike, title: str | None = None,
@@ -190,11 +198,12 @@ def plot_training(steps: pd.DataFrame, path_stem: str | os.PathLike, title: str 
     if all(c in steps for c in LTD_COLUMNS) and steps["lambda"].notna().any():
         panels += [("lambda", r"multiplier $\lambda$"), ("L_rec/eta", r"$\mathcal{L}_{rec}/\eta$")]
     names = list(dict.fromkeys(steps[series]))
+    legend = len(names) > 1 or names != ["run"]  # a report names its runs; one run's own folder needs no legend
     import seaborn as sns
 
     colours = dict(zip(names, sns.color_palette("colorblind", len(names)), strict=True))
     with style.paper_style():
-        fig = style.figure(3.3 * len(panels) + (1.8 if len(names) > 1 else 0.4), 2.7)
+        fig = style.figure(3.3 * len(panels) + (1.8 if legend else 0.4), 2.7)
         axes = fig.subplots(1, len(panels), squeeze=False)[0]
         for ax, (column, label) in zip(axes, panels, strict=True):
             for name, part in steps.groupby(series, sort=False):
@@ -202,13 +211,15 @@ def plot_training(steps: pd.DataFrame, path_stem: str | os.PathLike, title: str 
                 if part[column].notna().any():
                     ax.plot(part["step"], part[column], color=colours[name], linewidth=0.4, alpha=0.3)
                     ax.plot(part["step"], _smooth(part[column], len(part)), color=colours[name], linewidth=1.6)
+            if column == "L_con":  # a warm-up epoch's summed violations can dwarf the rest
+                _log_axis(ax, steps[column].to_numpy(dtype=float))
             if column == "L_rec/eta":
                 ax.axhline(1.0, color=style.GREY, linestyle=":", linewidth=1)
                 ax.text(0.99, 1.0, r"bound $\eta$", transform=ax.get_yaxis_transform(), ha="right", va="bottom",
                         color=style.GREY, fontsize="small")
             ax.set_title(label)
             ax.set_xlabel("training step")
-        if len(names) > 1:
+        if legend:
             fig.legend([Line2D([], [], color=colours[n], linewidth=1.6) for n in names], names,
                        loc="outside right center")
         fig.suptitle(title or "Training curves")
