@@ -91,6 +91,26 @@ def write_csv(path: str | os.PathLike, frame, float_format: str = "%.6g") -> Non
         frame.to_csv(tmp, index=False, float_format=float_format)
 
 
+def check_output_file(path: str | os.PathLike, inputs=()) -> Path:
+    """Refuse an output file that is (or lies inside) one of ``inputs``, after resolving links.
+
+    For ``--json``, ``--save-embeddings`` and other single-file outputs: writing one must
+    never replace a file the command reads (its checkpoint, embeddings, caption file or
+    a file inside its data folder). ``inputs`` may hold files and folders.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise CocosError(f"{path}: is a folder, expected a file path")
+    resolved = path.resolve()
+    for item in inputs:
+        if item is None:
+            continue
+        item_path = Path(item).resolve()
+        if item_path == resolved or item_path in resolved.parents:
+            raise CocosError(f"{path}: would overwrite the input {item}; choose another output path")
+    return path
+
+
 def check_output_dir(path: str | os.PathLike, inputs=(), overwrite: bool = False) -> Path:
     """Refuse an output folder that would destroy something cocos did not write.
 
