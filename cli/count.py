@@ -44,8 +44,7 @@ def count(
     from rich.console import Console
     from rich.table import Table
 
-    from cocos.errors import CocosError
-    from cocos.io import check_output_dir
+    from cocos.io import check_output_dir, check_output_file
     from cocos.objectives import parse_names
     from cocos.objectives.spec import format_value
     from cocos.report.count import count_file
@@ -57,8 +56,8 @@ def count(
     inputs = [embeddings] + ([json_path] if json_path else [])
     if out is not None:
         check_output_dir(out, inputs, overwrite)
-    if json_path is not None and Path(json_path).resolve() == Path(embeddings).resolve():
-        raise CocosError(f"{json_path}: --json would replace the input file")
+    if json_path is not None:
+        check_output_file(json_path, [embeddings])
     counted = count_file(embeddings, names, batch_size=batch_size, seed=seed, compat=compat, params=params,
                          eps=eps, name=name, label=label, device=device, progress=progress)
     results = counted.results

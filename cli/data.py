@@ -64,14 +64,17 @@ def info(
     k: int = typer.Option(5, "--k", help="Captions per image."),
 ) -> None:
     """Validate a data folder and print each split's sizes and the data fingerprint."""
-    from cocos.data.precomp import SPLITS, data_fingerprint, load_split
+    from cocos.data.precomp import SPLITS, data_fingerprint, find_karpathy_json, load_split
 
     if not folder.is_dir():
         fail(f"{folder}: no such data folder")
-    found = 0
+    karpathy = find_karpathy_json(folder)
+    missing = [name for split in SPLITS for name in (f"{split}_ims.npy", f"{split}_caps.txt")
+               if not (folder / name).is_file() and not (name.endswith("_caps.txt") and karpathy is not None)]
+    if missing:  # cocos train needs train and dev, cocos analyze train and test
+        fail(f"{folder}: missing {', '.join(missing)} (a data folder holds {{train,dev,test}}_ims.npy and "
+             "{train,dev,test}_caps.txt or one dataset_*.json)")
     for split in SPLITS:
-        if not (folder / f"{split}_ims.npy").exists():
-            continue
         s = load_split(folder, split, k=k)
         kind = "regions" if s.is_regions else "global"
         typer.echo(
@@ -79,9 +82,6 @@ def info(
             f"features {s.feature_shape} {s.features.dtype} ({kind}), captions from "
             f"{s.captions_path.name}"
         )
-        found += 1
-    if not found:
-        fail(f"{folder}: no {{train,dev,test}}_ims.npy in the folder")
     typer.echo(f"fingerprint: {data_fingerprint(folder)}")
 
 

@@ -24,6 +24,44 @@ from cocos.errors import CocosError
 MARKER = ".cocos-output"  # written into every folder cocos builds; only such folders are ever replaced
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True
+    return True
+
+
+def remove_stale(path: Path) -> None:
+    """Remove temporaries of ``path`` left by a killed cocos process (``.NAME.PID.*.tmp`` / ``.old``).
+
+    Every temporary name carries the writer's process id; one whose process is gone is
+    stale (a SIGKILL skips the cleanup). Those of a live process (a concurrent run) stay.
+    """
+    try:
+        siblings = list(path.parent.glob(f".{glob_escape(path.name)}.*"))
+    except OSError:
+        return
+    for item in siblings:
+        parts = item.name[len(path.name) + 2:].split(".")
+        if len(parts) < 3 or parts[-1] not in ("tmp", "old") or not parts[0].isdigit():
+            continue
+        if _alive(int(parts[0])):
+            continue
+        try:
+            shutil.rmtree(item) if item.is_dir() and not item.is_symlink() else item.unlink()
+        except OSError:
+            pass
+
+
+def glob_escape(name: str) -> str:
+    import glob
+
+    return glob.escape(name)
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
@@ -40,9 +78,10 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     path = Path(path)
     if path.is_dir():
         raise CocosError(f"{path}: is a folder, expected a file path")
+    remove_stale(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix + ".tmp", dir=path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=suffix + ".tmp", dir=path.parent)
         os.close(fd)
         os.chmod(tmp, 0o666 & ~_umask())
     except OSError as exc:
@@ -140,9 +179,10 @@ def atomic_dir(path: str | os.PathLike, inputs=(), overwrite: bool = False) -> I
     behind and the old folder is untouched.
     """
     path = check_output_dir(path, inputs, overwrite)
+    remove_stale(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent))
         os.chmod(tmp, 0o777 & ~_umask())
     except OSError as exc:
         raise CocosError(f"{path}: cannot write ({exc.strerror or exc})") from None
@@ -150,7 +190,7 @@ def atomic_dir(path: str | os.PathLike, inputs=(), overwrite: bool = False) -> I
         yield tmp
         (tmp / MARKER).write_text("written by cocos; cocos may replace this folder\n")
         if path.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
+            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".old", dir=path.parent))
             old.rmdir()
             os.replace(path, old)
             os.replace(tmp, path)

@@ -125,7 +125,7 @@ def test_non_finite_features_found_at_load_in_any_chunk(tmp_path, monkeypatch, b
     feats = np.ones((7, 2, 3), dtype=np.float32)
     feats[6, 1, 2] = bad
     _write(tmp_path, n=7, k=1, feats=feats)
-    msg = _one_line_error("train_ims.npy.*NaN or Inf", PrecompSplit, tmp_path, "train", k=1)
+    msg = _one_line_error("train_ims.npy.*NaN, Inf", PrecompSplit, tmp_path, "train", k=1)
     assert "row 6" in msg
     feats[6, 1, 2] = 0
     feats[3, 0, 0] = bad

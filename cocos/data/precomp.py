@@ -84,11 +84,13 @@ def _check_finite(features: np.ndarray, path: Path) -> None:
     """Raise if any row holds NaN/Inf; reads the memmap chunk by chunk, never whole."""
     row_bytes = max(1, int(np.prod(features.shape[1:])) * features.dtype.itemsize)
     step = max(1, min(CHECK_CHUNK_ROWS, CHECK_CHUNK_BYTES // row_bytes))
+    limit = float(np.finfo(np.float32).max)  # features are used as float32: larger values would become Inf
     for start in range(0, features.shape[0], step):
         chunk = np.asarray(features[start : start + step])
-        if not np.isfinite(chunk).all():
-            bad = start + int(np.flatnonzero(~np.isfinite(chunk.reshape(len(chunk), -1)).all(1))[0])
-            raise CocosError(f"{path}: features hold NaN or Inf (first in image row {bad})")
+        ok = np.isfinite(chunk) & (np.abs(chunk) <= limit)
+        if not ok.all():
+            bad = start + int(np.flatnonzero(~ok.reshape(len(chunk), -1).all(1))[0])
+            raise CocosError(f"{path}: features hold NaN, Inf or values beyond float32 (first in image row {bad})")
 
 
 def _read_caption_lines(path: Path) -> list[str]:
@@ -118,7 +120,9 @@ def read_karpathy_captions(path: str | os.PathLike, split: str, k: int = 5) -> l
     labels = KARPATHY_SPLITS.get(split, (split,))
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, OSError) as exc:
+    except RecursionError:
+        raise CocosError(f"{path}: not a readable Karpathy JSON (nested too deeply)") from None
+    except (UnicodeDecodeError, ValueError, OSError) as exc:  # JSONDecodeError, and ints past the digit limit
         raise CocosError(f"{path}: not a readable Karpathy JSON ({_first_line(exc)})") from None
     images = data.get("images") if isinstance(data, dict) else None
     if not isinstance(images, list):

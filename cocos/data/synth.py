@@ -300,6 +300,9 @@ def _captions(rng: np.random.Generator, scenes: list[Scene], k: int) -> list[str
 # -- the world ----------------------------------------------------------------------------
 
 
+MAX_WORLD_BYTES = 8 * 2**30  # the largest synthetic world cocos generates in memory
+
+
 def _check_int(name: str, value: object, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
         raise CocosError(f"{name} must be an integer >= {minimum}, got {value!r}")
@@ -327,6 +330,14 @@ def generate_world(
     feature_dim = _check_int("feature_dim", feature_dim, 1)
     n_regions = _check_int("n_regions", n_regions, MAX_OBJECTS)
     seed = _check_int("seed", seed, 0)
+    if seed >= 2**63:
+        raise CocosError(f"seed must be below 2**63, got {seed}")
+    # the world is built in memory (region features, float64 while generated): refuse sizes that cannot fit
+    n_values = sum(sizes.values()) * n_regions * feature_dim + sum(sizes.values()) * k * 64
+    if n_values * 8 > MAX_WORLD_BYTES:
+        raise CocosError(f"a synthetic world of {sum(sizes.values()):,} images x {n_regions} regions x "
+                         f"{feature_dim} dimensions needs about {n_values * 8 / 2**30:,.0f} GiB of memory "
+                         f"(at most {MAX_WORLD_BYTES / 2**30:.0f} GiB); make it smaller")
     params = {
         "format": "cocos-synth",
         "version": FORMAT_VERSION,

@@ -158,7 +158,7 @@ def _dataset_name(folder: Path) -> str:
         if path.is_file():
             try:
                 name = json.loads(path.read_text()).get("name")
-            except (ValueError, OSError, AttributeError):
+            except (ValueError, OSError, AttributeError, RecursionError):
                 name = None
             if isinstance(name, str) and name:
                 return name

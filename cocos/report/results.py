@@ -137,6 +137,8 @@ class Results:
             raise CocosError(f"{path}: invalid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
         except RecursionError:
             raise CocosError(f"{path}: invalid JSON (nested too deeply)") from None
+        except ValueError as exc:  # e.g. an integer past Python's digit limit
+            raise CocosError(f"{path}: invalid JSON ({(str(exc).splitlines() or ['?'])[0][:120]})") from None
         try:
             results = cls.from_dict(data)
         except CocosError as exc:
