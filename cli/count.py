@@ -58,8 +58,13 @@ def count(
         check_output_dir(out, inputs, overwrite)
     if json_path is not None:
         check_output_file(json_path, [embeddings])
-    counted = count_file(embeddings, names, batch_size=batch_size, seed=seed, compat=compat, params=params,
-                         eps=eps, name=name, label=label, device=device, progress=progress)
+    from cocos.distributed import context
+
+    with context() as group:  # under torchrun: every rank counts its block of batches, rank 0 writes
+        counted = count_file(embeddings, names, batch_size=batch_size, seed=seed, compat=compat, params=params,
+                             eps=eps, name=name, label=label, device=device, progress=progress)
+    if not group.is_main:
+        return
     results = counted.results
     console = Console(width=100)
     batches = ", ".join(f"{n} {kind} batches" for kind, n in results.counting.n_batches.items())

@@ -246,6 +246,20 @@ class _Collector:
         for stat, v in per_query.items():
             node[stat].append(self._np(v))
 
+    def merge(self, parts: list) -> None:
+        """Join the collectors of all ranks (``(batch, queries)`` dicts), in rank order: the one-process lists."""
+        self.batch, queries = defaultdict(list), defaultdict(lambda: defaultdict(list))
+        for batch, query in parts:
+            for key, arrays in batch.items():
+                self.batch[key].extend(arrays)
+            for key, cols in query.items():
+                for col, arrays in cols.items():
+                    queries[key][col].extend(arrays)
+        self.queries = queries
+
+    def parts(self) -> tuple[dict, dict]:
+        return dict(self.batch), {k: dict(v) for k, v in self.queries.items()}
+
     def frames(self) -> tuple[pd.DataFrame, pd.DataFrame | None]:
         parts = []
         for (loss, d, mode, eps, stat), arrays in self.batch.items():
@@ -297,6 +311,7 @@ def count_embeddings(
     keep_per_query: bool = True,
     chunk: int = 32,
     progress: bool = False,
+    group=None,
 ) -> CountRun:
     """Count every loss in ``losses`` on seeded batches of ``emb``, both directions.
 
@@ -307,6 +322,10 @@ def count_embeddings(
     that uses one (default 0.01). ``modes``: counting modes to run (``"corrected"``,
     ``"compat"``), default the one ``compat`` says. ``sweep_eps``: thresholds of the
     eps sweep. Returns a :class:`CountRun`.
+
+    Under torchrun (``group``, default the joined process group, see :mod:`cocos.distributed`)
+    each rank counts its contiguous block of the seeded batch plan and the blocks are
+    joined in order, so every rank returns the one-process result.
     """
     from cocos.objectives import paper_names, resolve
 
@@ -338,13 +357,19 @@ def count_embeddings(
     for o in objectives:
         by_layout[o.layout].append(o)
     plans = {layout: make_plan(emb, layout, batch_size, seed) for layout in ("pair", "ranking") if by_layout[layout]}
+    from cocos.distributed import block, current, gather_blocks
+
+    group = current() if group is None else group
     collect = _Collector(keep_per_query)
-    total = sum(p.n_batches for p in plans.values())
+    mine = {layout: block(plan.n_batches, group) for layout, plan in plans.items()}  # this rank's batches
+    total = sum(len(r) for r in mine.values())
     device = emb.images.device
-    with progress_bar(total, "counting", enabled=progress) as advance:
+    with progress_bar(total, "counting", enabled=progress and group.is_main) as advance:
         for layout_name, plan in plans.items():
-            for start in range(0, plan.n_batches, chunk):
-                cap, img = plan.captions[start:start + chunk], plan.images[start:start + chunk]
+            own = mine[layout_name]
+            for start in range(own.start, own.stop, chunk):
+                stop = min(start + chunk, own.stop)
+                cap, img = plan.captions[start:stop], plan.images[start:stop]
                 c, i = torch.as_tensor(cap, device=device), torch.as_tensor(img, device=device)
                 scores = emb.images[i] @ emb.captions[c].transpose(-1, -2)  # (nb, B, M)
                 if layout_name == "pair":
@@ -376,6 +401,8 @@ def count_embeddings(
                                     if e != main_eps:
                                         collect.add_batch((*key, e), res.batch)
                 advance(len(cap))
+    if group.active:
+        collect.merge(gather_blocks(collect.parts(), group))
     batches, queries = collect.frames()
     _check_defined(batches, {o.name: o.undefined_ok for o in objectives})
     return CountRun(batches=batches, queries=queries, plans=plans,

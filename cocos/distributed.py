@@ -1,0 +1,156 @@
+"""Several processes, one result: the process group torchrun sets up, and how work is split.
+
+``torchrun --nproc_per_node N cocos ...`` starts N copies of a command with ``RANK``,
+``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` in their environment.
+:func:`context` joins that process group (NCCL when the process has a CUDA device,
+else Gloo) with a timeout, so that when one process dies the others stop with an
+error instead of waiting forever. Without torchrun (no ``WORLD_SIZE`` or
+``WORLD_SIZE=1``) nothing is set up and every helper here is the identity.
+
+Results must not depend on the number of processes. The rule everywhere: the work
+is planned once, from the seed, exactly as one process plans it (the batches of a
+seeded permutation, the rows of a split); then the plan's items are cut into
+``world`` contiguous blocks (:func:`block`), rank ``r`` computes block ``r``, and the
+blocks are put back together in rank order (:func:`gather_blocks`). Each item is
+computed by the same code on the same inputs, so the joined result is the
+one-process result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from cocos.errors import CocosError
+
+TIMEOUT_ENV = "COCOS_DIST_TIMEOUT"  # seconds a process waits for the others (default 600)
+DEFAULT_TIMEOUT = 600
+
+
+@dataclass(frozen=True)
+class Dist:
+    """This process's place in the group: ``rank`` of ``world`` (``world == 1``: a single process)."""
+
+    rank: int = 0
+    world: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        return self.world > 1
+
+
+SINGLE = Dist()
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise CocosError(f"environment variable {name}={value!r} is not an integer (set by torchrun)") from None
+
+
+def from_env() -> Dist:
+    """The group torchrun describes in the environment, joined once; :data:`SINGLE` without torchrun."""
+    import torch.distributed as dist
+
+    world = _env_int("WORLD_SIZE") or 1
+    if world <= 1:
+        return SINGLE
+    rank = _env_int("RANK")
+    if rank is None or not 0 <= rank < world:
+        raise CocosError(f"RANK={os.environ.get('RANK')!r} does not fit WORLD_SIZE={world} (start with torchrun)")
+    if not dist.is_available():
+        raise CocosError("this torch build has no torch.distributed; run a single process")
+    if not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
+        timeout = datetime.timedelta(seconds=_env_int(TIMEOUT_ENV) or DEFAULT_TIMEOUT)
+        if backend == "nccl":
+            local = _env_int("LOCAL_RANK") or 0
+            torch.cuda.set_device(local % max(1, torch.cuda.device_count()))
+        try:
+            dist.init_process_group(backend=backend, timeout=timeout)
+        except (RuntimeError, ValueError) as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            raise CocosError(f"cannot join the torchrun process group ({first})") from None
+    return Dist(rank=dist.get_rank(), world=dist.get_world_size())
+
+
+@contextlib.contextmanager
+def context() -> Iterator[Dist]:
+    """Join the group for one command and leave it at the end (also on errors)."""
+    import torch.distributed as dist
+
+    group = from_env()
+    try:
+        yield group
+    finally:
+        if group.active and dist.is_initialized():
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
+
+
+def current() -> Dist:
+    """The group this process has joined (:data:`SINGLE` if none)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return Dist(rank=dist.get_rank(), world=dist.get_world_size())
+    return SINGLE
+
+
+def block(n: int, group: Dist = SINGLE) -> range:
+    """Rank ``group.rank``'s contiguous block of ``range(n)``; the blocks of ranks 0..world-1 tile it in order."""
+    lo = n * group.rank // group.world
+    hi = n * (group.rank + 1) // group.world
+    return range(lo, hi)
+
+
+def gather_blocks(value, group: Dist = SINGLE) -> list:
+    """Every rank's ``value``, in rank order, on every rank (one item when single)."""
+    if not group.active:
+        return [value]
+    import torch.distributed as dist
+
+    out: list = [None] * group.world
+    try:
+        dist.all_gather_object(out, value)
+    except RuntimeError as exc:  # a peer died or timed out
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise CocosError(f"rank {group.rank}: another process stopped ({first})") from None
+    return out
+
+
+def barrier(group: Dist = SINGLE) -> None:
+    if group.active:
+        import torch.distributed as dist
+
+        try:
+            dist.barrier()
+        except RuntimeError as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            raise CocosError(f"rank {group.rank}: another process stopped ({first})") from None
+
+
+def all_gather_with_grad(x: torch.Tensor, group: Dist = SINGLE) -> torch.Tensor:
+    """Concatenate every rank's ``x`` along dim 0 (rank order); gradients flow back to each rank's own part.
+
+    As CLIP-style trainers do, so that a contrastive loss sees the global batch (its
+    hardest negatives are global). Needs equal ``x.shape`` on every rank.
+    """
+    if not group.active:
+        return x
+    from torch.distributed.nn.functional import all_gather
+
+    return torch.cat(all_gather(x), dim=0)

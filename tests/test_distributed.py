@@ -1,0 +1,75 @@
+"""Several processes (torchrun, Gloo on CPU), one result: the same numbers as one process."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cocos.distributed import Dist, block
+
+TORCHRUN = shutil.which("torchrun")
+needs_torchrun = pytest.mark.skipif(TORCHRUN is None, reason="torchrun is not on PATH")
+
+
+@given(n=st.integers(0, 200), world=st.integers(1, 9))
+def test_blocks_tile_the_plan_in_order(n, world):
+    blocks = [block(n, Dist(rank, world)) for rank in range(world)]
+    assert [i for b in blocks for i in b] == list(range(n))
+    assert max(len(b) for b in blocks) - min(len(b) for b in blocks) <= 1
+
+
+def _torchrun(nproc: int, args: list[str], cwd: Path, timeout: int = 180) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COCOS_DIST_TIMEOUT": "60"}
+    cmd = [TORCHRUN, "--standalone", f"--nproc_per_node={nproc}", "--no-python", "cocos", *args]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _close(a, b, path=""):
+    """Equal structures; numbers to 1e-6 (relative), NaN equal to NaN."""
+    if isinstance(a, dict):
+        assert set(a) == set(b), path
+        for k in a:
+            _close(a[k], b[k], f"{path}/{k}")
+    elif isinstance(a, list):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _close(x, y, f"{path}[{i}]")
+    elif isinstance(a, float) or isinstance(b, float):
+        if a is None or b is None:
+            assert a is b, path
+        elif math.isnan(a):
+            assert math.isnan(b), path
+        else:
+            assert abs(a - b) <= 1e-6 * max(1.0, abs(a)), (path, a, b)
+    else:
+        assert a == b, (path, a, b)
+
+
+@needs_torchrun
+def test_count_on_two_processes_equals_one(tmp_path):
+    rng = np.random.default_rng(0)
+    images = rng.normal(size=(150, 8)).astype(np.float32)
+    captions = np.repeat(images, 5, axis=0) + rng.normal(size=(750, 8)).astype(np.float32)
+    np.savez(tmp_path / "e.npz", images=images, captions=captions)
+    one = subprocess.run(["cocos", "count", "e.npz", "--batch-size", "16", "--json", "one.json", "--no-progress",
+                          "--loss", "all"], cwd=tmp_path, capture_output=True, text=True)
+    assert one.returncode == 0, one.stderr
+    two = _torchrun(2, ["count", "e.npz", "--batch-size", "16", "--json", "two.json", "--no-progress", "--loss",
+                        "all"], tmp_path)
+    assert two.returncode == 0, two.stderr[-2000:]
+    # rank 0 alone writes and prints: one table, one "wrote" line
+    assert two.stdout.count("wrote two.json") == 1
+    a, b = (json.loads((tmp_path / f).read_text()) for f in ("one.json", "two.json"))
+    _close(a["stats"], b["stats"])
+    _close(a["alt_stats"], b["alt_stats"])
+    _close(a["sweep"], b["sweep"])
+    assert a["counting"]["n_batches"] == b["counting"]["n_batches"]
