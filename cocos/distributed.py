@@ -147,10 +147,48 @@ def all_gather_with_grad(x: torch.Tensor, group: Dist = SINGLE) -> torch.Tensor:
     """Concatenate every rank's ``x`` along dim 0 (rank order); gradients flow back to each rank's own part.
 
     As CLIP-style trainers do, so that a contrastive loss sees the global batch (its
-    hardest negatives are global). Needs equal ``x.shape`` on every rank.
+    hardest negatives are global). Ranks may hold different numbers of rows (the
+    blocks of :func:`block`): each part is padded to the largest for the collective and
+    cut back after it. The backward pass sums every rank's gradient of its own rows, so
+    a loss that every rank computes identically gives ``world`` times the gradient;
+    :func:`average_gradients` divides it back.
     """
     if not group.active:
         return x
+    import torch.distributed as dist
     from torch.distributed.nn.functional import all_gather
 
-    return torch.cat(all_gather(x), dim=0)
+    sizes = torch.tensor([x.shape[0]], device=x.device)
+    all_sizes = [torch.zeros_like(sizes) for _ in range(group.world)]
+    try:
+        dist.all_gather(all_sizes, sizes)
+        largest = int(max(int(n) for n in all_sizes))
+        padded = x if x.shape[0] == largest else torch.cat([x, x.new_zeros(largest - x.shape[0], *x.shape[1:])])
+        parts = all_gather(padded)
+    except RuntimeError as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise CocosError(f"rank {group.rank}: another process stopped ({first})") from None
+    return torch.cat([part[: int(n)] for part, n in zip(parts, all_sizes, strict=True)], dim=0)
+
+
+def average_gradients(parameters, group: Dist = SINGLE) -> None:
+    """Average the gradients over ranks (what DistributedDataParallel does), in one flat all-reduce."""
+    if not group.active:
+        return
+    import torch.distributed as dist
+
+    params = [p for p in parameters if p.grad is not None]
+    if not params:
+        return
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    try:
+        dist.all_reduce(flat)
+    except RuntimeError as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise CocosError(f"rank {group.rank}: another process stopped ({first})") from None
+    flat /= group.world
+    offset = 0
+    for p in params:
+        n = p.grad.numel()
+        p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
+        offset += n

@@ -73,3 +73,42 @@ def test_count_on_two_processes_equals_one(tmp_path):
     _close(a["alt_stats"], b["alt_stats"])
     _close(a["sweep"], b["sweep"])
     assert a["counting"]["n_batches"] == b["counting"]["n_batches"]
+
+
+def _global_batch_worker(rank: int, world: int, store: str, out: str) -> None:
+    """Each rank embeds its block of a 7-row batch; the loss sees the gathered global batch."""
+    import torch
+    import torch.distributed as dist
+
+    from cocos.distributed import Dist, all_gather_with_grad, average_gradients, block
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(5, 3)
+    x = torch.randn(7, 5)
+    group = Dist(rank, world)
+    rows = block(7, group)
+    z = all_gather_with_grad(model(x[rows.start:rows.stop]), group)
+    loss = (z.softmax(0) * torch.arange(21.0).view(7, 3)).sum() + z.pow(2).mean()
+    loss.backward()
+    average_gradients(model.parameters(), group)
+    if rank == 0:
+        torch.save({"loss": loss.detach(), "w": model.weight.grad, "b": model.bias.grad}, out)
+    dist.destroy_process_group()
+
+
+def test_global_batch_gradient_on_two_processes_equals_one(tmp_path):
+    import torch
+    import torch.multiprocessing as mp
+
+    mp.spawn(_global_batch_worker, args=(2, str(tmp_path / "store"), str(tmp_path / "two.pt")), nprocs=2)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(5, 3)
+    x = torch.randn(7, 5)
+    z = model(x)
+    loss = (z.softmax(0) * torch.arange(21.0).view(7, 3)).sum() + z.pow(2).mean()
+    loss.backward()
+    two = torch.load(tmp_path / "two.pt", weights_only=True)
+    assert torch.allclose(two["loss"], loss.detach(), atol=1e-6)
+    assert torch.allclose(two["w"], model.weight.grad, atol=1e-6)  # uneven blocks (3 + 4 rows) included
+    assert torch.allclose(two["b"], model.bias.grad, atol=1e-6)
