@@ -40,10 +40,17 @@ def analyze(
                                     help="LaTeX tables fit one LNCS column (12.2 cm, table) or a page (table*)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an --out folder that cocos did not write."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
+    vocab: Path = typer.Option(None, "--vocab", metavar="PATH",
+                               help="Vocabulary of a checkpoint of the original VSE++/VSRN code (model_best.pth.tar): "
+                                    "its *_vocab.pkl (read without running code) or a vocabulary JSON; needs --data."),
+    trust_checkpoint: bool = typer.Option(False, "--trust-checkpoint",
+                                          help="Load checkpoints with full pickle (weights_only=False): code in the "
+                                               "file may run. Only for files you trust."),
 ) -> None:
     """Encode the training set with the frozen model, count every loss both ways, write tables and figures."""
+    from cocos.embed import save_embeddings as write_embeddings
     from cocos.errors import CocosError
-    from cocos.io import check_output_dir
+    from cocos.io import check_output_dir, check_output_file
     from cocos.objectives import parse_names
     from cocos.report.analyze import analyze_checkpoint
     from cocos.report.folder import default_out, summary_lines, write_results_folder
@@ -54,29 +61,59 @@ def analyze(
     if len(set(checkpoints)) < len(checkpoints):
         raise CocosError("a checkpoint is given twice")
     several = len(checkpoints) > 1
+    if several and save_embeddings is not None:
+        raise CocosError("--save-embeddings takes one checkpoint")
     targets = [(out / default_out(c).name if out else default_out(c)) if several else (out or default_out(c))
                for c in checkpoints]
     if len(set(targets)) < len(targets):
         raise CocosError("two checkpoints would write the same report folder; analyse them with their own --out")
     check_latex_width(latex_width)
     losses = None if loss == ["paper"] else parse_names(loss)  # default: the paper's four and the model's own
+    if vocab is not None and not vocab.is_file():
+        raise CocosError(f"{vocab}: no such vocabulary file")
+    inputs = {}
     for checkpoint, target in zip(checkpoints, targets, strict=True):  # all before minutes of encoding
         if not checkpoint.exists():
             raise CocosError(f"{checkpoint}: no such checkpoint")
-        check_output_dir(target, _inputs(checkpoint, data, save_embeddings), overwrite)
-    if several and save_embeddings is not None:
-        raise CocosError("--save-embeddings takes one checkpoint")
+        inputs[checkpoint] = _inputs(checkpoint, data, vocab)
+        check_output_dir(target, inputs[checkpoint], overwrite)
+        if save_embeddings is not None:
+            check_output_file(save_embeddings, inputs[checkpoint] + [target])
+    if trust_checkpoint:
+        typer.echo("warning: --trust-checkpoint: checkpoints are loaded with full pickle, code in them may run",
+                   err=True)
     for checkpoint, target in zip(checkpoints, targets, strict=True):
-        inputs = _inputs(checkpoint, data, save_embeddings)
         analysis = analyze_checkpoint(checkpoint, data, losses=losses, batch_size=batch_size, seed=seed,
                                       compat=compat, split=split, device=device, eps=eps, label=label,
-                                      save_embeddings_to=save_embeddings, progress=progress)
-        files = write_results_folder(analysis.results, analysis.run, target, inputs, overwrite, per_query=per_query,
-                                     embeddings=analysis.embeddings, latex_width=latex_width, logs=analysis.logs)
+                                      progress=progress, vocab=vocab, trust=trust_checkpoint)
+        files = write_results_folder(analysis.results, analysis.run, target, inputs[checkpoint], overwrite,
+                                     per_query=per_query, embeddings=analysis.embeddings, latex_width=latex_width,
+                                     logs=analysis.logs)
+        if save_embeddings is not None:  # last: a failed or interrupted analysis leaves no embeddings file
+            write_embeddings(save_embeddings, analysis.embeddings)
         for line in summary_lines(analysis.results):
             typer.echo(line)
-        typer.echo(f"wrote {target}/: {', '.join(f.name for f in files)}")
+        typer.echo(f"wrote {target}/: {', '.join(f.name for f in files)}"
+                   + (f"; embeddings {save_embeddings}" if save_embeddings is not None else ""))
 
 
-def _inputs(checkpoint: Path, data: Path | None, save_embeddings: Path | None) -> list[Path]:
-    return [checkpoint] + ([data] if data else []) + ([save_embeddings] if save_embeddings else [])
+def _inputs(checkpoint: Path, data: Path | None, vocab: Path | None = None) -> list[Path]:
+    """What an analysis reads: the checkpoint, its vocabulary, and the data folder (given, or recorded in it)."""
+    found = [checkpoint] + ([data] if data else []) + ([vocab] if vocab else [])
+    if data is None:
+        recorded = _recorded_data(checkpoint)
+        if recorded is not None:
+            found.append(recorded)
+    return found
+
+
+def _recorded_data(checkpoint: Path) -> Path | None:
+    """The data folder a cocos checkpoint names (None for other files: they fail later with their own message)."""
+    from cocos.errors import CocosError
+    from cocos.training.checkpoint import load_checkpoint
+
+    try:
+        path = load_checkpoint(checkpoint)["data"]["path"]
+    except (CocosError, KeyError, TypeError):
+        return None
+    return Path(path) if isinstance(path, str) else None

@@ -21,7 +21,15 @@ from cocos.counting.engine import EmbeddingSet
 from cocos.data.precomp import PrecompSplit
 from cocos.data.text import Vocabulary
 from cocos.device import resolve_device
+from cocos.errors import CocosError
 from cocos.io import write_npz
+from cocos.models.legacy import (
+    UnsafeCheckpointError,
+    checkpoint_from_raw,
+    is_legacy_checkpoint,
+    load_any_checkpoint,
+    read_checkpoint_file,
+)
 from cocos.training.checkpoint import load_checkpoint
 from cocos.training.evaluate import encode_split, evaluate_model, tokenize_split
 from cocos.training.trainer import build_from_checkpoint, resolve_data
@@ -40,13 +48,44 @@ class FrozenModel:
 
     @classmethod
     def load(cls, checkpoint: str | os.PathLike, data: str | os.PathLike | None = None,
-             device: str = "auto") -> FrozenModel:
-        ckpt = load_checkpoint(checkpoint)
-        folder = resolve_data(ckpt, data, checkpoint)
+             device: str = "auto", vocab: str | os.PathLike | None = None, trust: bool = False) -> FrozenModel:
+        """A cocos checkpoint, or a ``model_best.pth.tar`` of the original VSE++/VSRN code.
+
+        The original's checkpoint is converted in memory (:mod:`cocos.models.legacy`) and
+        needs ``vocab`` (its ``*_vocab.pkl`` or vocabulary JSON) and ``data`` (it records no
+        data folder). Loading never runs code from the file unless ``trust`` (then
+        ``torch.load(weights_only=False)``: only for files the user trusts).
+        """
+        if vocab is None and not trust:
+            try:  # the common case: a cocos checkpoint, read and checked as everywhere else
+                ckpt = load_checkpoint(checkpoint)
+            except CocosError as exc:  # perhaps the original code's: read it again with Namespace allowed
+                ckpt, converted = cls._load_other(checkpoint, data, vocab, trust, exc)
+            else:
+                converted = False
+        else:
+            ckpt, converted = load_any_checkpoint(checkpoint, vocab=vocab, data=data, trust=trust)
+        folder = Path(data) if converted else resolve_data(ckpt, data, checkpoint)
         dev = resolve_device(device)
         model, vocab = build_from_checkpoint(ckpt)
         model.to(dev).eval().requires_grad_(False)
         return cls(Path(checkpoint), ckpt, model, vocab, folder, dev)
+
+    @staticmethod
+    def _load_other(checkpoint, data, vocab, trust: bool, first: CocosError) -> tuple[dict, bool]:
+        """After ``load_checkpoint`` failed: a checkpoint of the original code, or ``first`` (its error) again."""
+        path = Path(checkpoint)
+        if not path.is_file():
+            raise first
+        try:
+            raw = read_checkpoint_file(path, trust=trust)
+        except UnsafeCheckpointError:
+            raise  # names the class or function the file wanted to run
+        except CocosError:
+            raise first from None
+        if not is_legacy_checkpoint(raw):
+            raise first  # a damaged or foreign file: the message every command gives
+        return checkpoint_from_raw(raw, path, vocab=vocab, data=data)
 
     @property
     def k(self) -> int:
@@ -73,9 +112,9 @@ class FrozenModel:
 
 
 def encode_checkpoint(checkpoint, data=None, split: str = "train", *, device: str = "auto",
-                      progress: bool = False) -> EmbeddingSet:
+                      progress: bool = False, vocab=None, trust: bool = False) -> EmbeddingSet:
     """Embeddings of one split of a checkpoint's data (the training split by default)."""
-    frozen = FrozenModel.load(checkpoint, data, device)
+    frozen = FrozenModel.load(checkpoint, data, device, vocab=vocab, trust=trust)
     return frozen.encode(frozen.open_split(split), progress=progress)
 
 

@@ -28,13 +28,15 @@ class CaptionEncoder(nn.Module):
     """VSE++ ``EncoderText``: token ids ``(n, L)`` and lengths ``(n,)`` -> ``(n, embed_size)``.
 
     Token id 0 is padding. Lengths may come in any order; each caption's
-    embedding is the GRU state after its last real token, so it does not depend
-    on the padding or on the other captions in the batch.
+    embedding is the top GRU layer's state after its last real token, so it does not
+    depend on the padding or on the other captions in the batch. ``use_abs`` takes the
+    absolute value of the normalised embedding (VSE++ ``--use_abs``; off by default).
     """
 
     def __init__(self, vocab_size: int, word_dim: int = 300, embed_size: int = 1024,
-                 num_layers: int = 1):
+                 num_layers: int = 1, use_abs: bool = False):
         super().__init__()
+        self.use_abs = bool(use_abs)
         self.embed = nn.Embedding(vocab_size, word_dim, padding_idx=0)
         self.rnn = nn.GRU(word_dim, embed_size, num_layers, batch_first=True)
         self.init_weights()
@@ -56,4 +58,5 @@ class CaptionEncoder(nn.Module):
         packed = pack_padded_sequence(self.embed(tokens), lengths, batch_first=True,
                                       enforce_sorted=False)
         _, hidden = self.rnn(packed)  # (num_layers, n, embed), back in the input order
-        return l2norm(hidden[-1])
+        out = l2norm(hidden[-1])
+        return out.abs() if self.use_abs else out

@@ -14,17 +14,28 @@ class VSEPP(nn.Module):
 
     Takes global features ``(n, img_dim)``; region features ``(n, R, img_dim)``
     are mean-pooled over the regions first. Caption side: ``CaptionEncoder``.
+
+    Options beyond the bundled trainer's model, for checkpoints of the original code
+    (:mod:`cocos.models.legacy`): ``num_layers`` GRU layers in the caption encoder and
+    ``use_abs`` (absolute value of both normalised embeddings, VSE++ ``--use_abs``). They
+    enter ``hparams`` only when they differ from the defaults, so a default model's
+    ``hparams`` and state-dict keys are those of earlier versions.
     """
 
     kind = "vsepp"
 
     def __init__(self, img_dim: int, vocab_size: int, word_dim: int = 300,
-                 embed_size: int = 1024):
+                 embed_size: int = 1024, num_layers: int = 1, use_abs: bool = False):
         super().__init__()
         self.hparams = {"img_dim": int(img_dim), "vocab_size": int(vocab_size),
                         "word_dim": int(word_dim), "embed_size": int(embed_size)}
+        if int(num_layers) != 1:
+            self.hparams["num_layers"] = int(num_layers)
+        if use_abs:
+            self.hparams["use_abs"] = True
+        self.use_abs = bool(use_abs)
         self.fc = nn.Linear(img_dim, embed_size)
-        self.txt_enc = CaptionEncoder(vocab_size, word_dim, embed_size)
+        self.txt_enc = CaptionEncoder(vocab_size, word_dim, embed_size, int(num_layers), use_abs=self.use_abs)
         self.init_weights()
 
     def init_weights(self) -> None:
@@ -37,7 +48,8 @@ class VSEPP(nn.Module):
         if features.dim() != 2 or features.shape[-1] != self.fc.in_features:
             raise CocosError(f"image features must be (n, {self.fc.in_features}) or "
                              f"(n, R, {self.fc.in_features}), got {tuple(features.shape)}")
-        return l2norm(self.fc(features))
+        out = l2norm(self.fc(features))
+        return out.abs() if self.use_abs else out
 
     def encode_captions(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         return self.txt_enc(tokens, lengths)

@@ -44,21 +44,43 @@ class VSRN(nn.Module):
     -> l2norm -> GRU over the regions -> final hidden state -> BatchNorm1d
     (``final_bn``, as the reference code) -> l2norm. Global features
     ``(n, img_dim)`` are treated as one region. Caption side: ``CaptionEncoder``.
+
+    Options beyond the bundled trainer's model, for checkpoints of the original code
+    (:mod:`cocos.models.legacy`): ``fc_norm=False`` leaves out the l2norm after the
+    region projection (the VSRN code does so for ``f30k_precomp``); ``norm_over_regions=True``
+    makes the two l2norms of the region features (after fc and after the graph reasoning)
+    normalise each channel over the regions, as the VSRN code does (its ``l2norm`` sums over
+    ``dim=1`` of the ``(n, R, E)`` tensor), instead of each region over the channels;
+    ``num_layers`` GRU layers in the caption encoder; ``use_abs`` (absolute value of both
+    normalised embeddings). They enter ``hparams`` only when they differ from the defaults, so a
+    default model's ``hparams`` and state-dict keys are those of earlier versions.
     """
 
     kind = "vsrn"
 
     def __init__(self, img_dim: int, vocab_size: int, word_dim: int = 300,
-                 embed_size: int = 1024, n_gcn: int = 4, final_bn: bool = True):
+                 embed_size: int = 1024, n_gcn: int = 4, final_bn: bool = True,
+                 num_layers: int = 1, fc_norm: bool = True, use_abs: bool = False,
+                 norm_over_regions: bool = False):
         super().__init__()
         self.hparams = {"img_dim": int(img_dim), "vocab_size": int(vocab_size),
                         "word_dim": int(word_dim), "embed_size": int(embed_size),
                         "n_gcn": int(n_gcn), "final_bn": bool(final_bn)}
+        if int(num_layers) != 1:
+            self.hparams["num_layers"] = int(num_layers)
+        if not fc_norm:
+            self.hparams["fc_norm"] = False
+        if use_abs:
+            self.hparams["use_abs"] = True
+        if norm_over_regions:
+            self.hparams["norm_over_regions"] = True
+        self.fc_norm, self.use_abs = bool(fc_norm), bool(use_abs)
+        self._region_dim = 1 if norm_over_regions else -1  # the axis the region l2norms sum over
         self.fc = nn.Linear(img_dim, embed_size)
         self.gcn = nn.ModuleList(RsGCN(embed_size) for _ in range(n_gcn))
         self.img_rnn = nn.GRU(embed_size, embed_size, 1, batch_first=True)
         self.bn = nn.BatchNorm1d(embed_size) if final_bn else nn.Identity()
-        self.txt_enc = CaptionEncoder(vocab_size, word_dim, embed_size)
+        self.txt_enc = CaptionEncoder(vocab_size, word_dim, embed_size, int(num_layers), use_abs=self.use_abs)
         self.init_weights()
 
     def init_weights(self) -> None:
@@ -71,11 +93,14 @@ class VSRN(nn.Module):
         if features.dim() != 3 or features.shape[-1] != self.fc.in_features:
             raise CocosError(f"image features must be (n, R, {self.fc.in_features}) or "
                              f"(n, {self.fc.in_features}), got {tuple(features.shape)}")
-        regions = l2norm(self.fc(features))
+        regions = self.fc(features)
+        if self.fc_norm:
+            regions = l2norm(regions, dim=self._region_dim)
         for layer in self.gcn:
             regions = layer(regions)
-        _, hidden = self.img_rnn(l2norm(regions))
-        return l2norm(self.bn(hidden[-1]))
+        _, hidden = self.img_rnn(l2norm(regions, dim=self._region_dim))
+        out = l2norm(self.bn(hidden[-1]))
+        return out.abs() if self.use_abs else out
 
     def encode_captions(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         return self.txt_enc(tokens, lengths)

@@ -72,18 +72,22 @@ def analyze_checkpoint(
     save_embeddings_to: str | os.PathLike | None = None,
     label: str | None = None,
     progress: bool = False,
+    vocab: str | os.PathLike | None = None,
+    trust: bool = False,
 ) -> Analysis:
     """Encode the training split once, count every loss both ways (in both modes), evaluate.
 
     ``batch_size=None`` counts at the batch size the checkpoint was trained with (the paper's
     practice). ``label`` (e.g. ``"last"``, ``"epoch 5"``) keeps checkpoints of one run apart in
-    reports: the model is shown as ``VSE++ (last)``.
+    reports: the model is shown as ``VSE++ (last)``. ``vocab`` (and ``data``) import a checkpoint of
+    the original VSE++/VSRN code (:mod:`cocos.models.legacy`); ``trust`` loads a checkpoint with
+    ``weights_only=False`` (code in it may run: only for files the user trusts).
     """
     from cocos.objectives import OBJECTIVES, paper_names
 
     clock = time.perf_counter()
     timings = {}
-    frozen = FrozenModel.load(checkpoint, data, device)
+    frozen = FrozenModel.load(checkpoint, data, device, vocab=vocab, trust=trust)
     ckpt = frozen.checkpoint
     if losses is None:  # the paper's four counters and the checkpoint's own training loss
         own = ckpt["loss"]["name"]

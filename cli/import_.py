@@ -1,0 +1,58 @@
+"""``cocos import CHECKPOINT --vocab VOCAB --data DIR --out model.pt``: an original checkpoint into cocos's format."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from .common import handle_errors
+from .main import app
+
+
+@app.command("import")
+@handle_errors
+def import_checkpoint(
+    checkpoint: Path = typer.Argument(..., help="model_best.pth.tar of the original VSE++ (fartashf/vsepp), VSRN "
+                                                "(KunpengLi1994/VSRN) or COCOS reproducibility code."),
+    vocab: Path = typer.Option(None, "--vocab", metavar="PATH",
+                               help="The run's vocabulary: its *_vocab.pkl (read without running code) or a "
+                                    "vocabulary JSON (SCAN/VSRN). Required."),
+    data: Path = typer.Option(None, "--data", metavar="DIR",
+                              help="The precomputed-feature data folder the model is counted on (recorded in the "
+                                   "new checkpoint). Required."),
+    out: Path = typer.Option(None, "--out", metavar="PATH", help="The cocos checkpoint to write (e.g. model.pt). "
+                                                                 "Required."),
+    trust_checkpoint: bool = typer.Option(False, "--trust-checkpoint",
+                                          help="Load the checkpoint with full pickle (weights_only=False): code in "
+                                               "the file may run. Only for files you trust."),
+) -> None:
+    """Convert a checkpoint of the original code into a cocos checkpoint (then analyze/evaluate need no --vocab)."""
+    from cocos.errors import CocosError
+    from cocos.io import check_output_file
+    from cocos.models.legacy import load_any_checkpoint
+    from cocos.training.checkpoint import save_checkpoint
+    from cocos.training.trainer import build_from_checkpoint
+
+    for name, value in (("--vocab", vocab), ("--data", data), ("--out", out)):
+        if value is None:
+            raise CocosError(f"{name} is required (cocos import CHECKPOINT --vocab VOCAB --data DIR --out model.pt)")
+    if not checkpoint.exists():
+        raise CocosError(f"{checkpoint}: no such checkpoint")
+    if not vocab.is_file():
+        raise CocosError(f"{vocab}: no such vocabulary file")
+    if not data.is_dir():
+        raise CocosError(f"{data}: no such data folder")
+    check_output_file(out, [checkpoint, vocab, data])
+    if trust_checkpoint:
+        typer.echo("warning: --trust-checkpoint: the checkpoint is loaded with full pickle, code in it may run",
+                   err=True)
+    ckpt, converted = load_any_checkpoint(checkpoint, vocab=vocab, data=data, trust=trust_checkpoint)
+    if not converted:  # not reached: a cocos checkpoint refuses --vocab
+        raise CocosError(f"{checkpoint}: already a cocos checkpoint")
+    build_from_checkpoint(ckpt)  # the converted weights rebuild the model before anything is written
+    save_checkpoint(out, ckpt)
+    hp = ckpt["model"]["hparams"]
+    params = ", ".join(f"{k}={v:g}" for k, v in ckpt["loss"]["params"].items())
+    typer.echo(f"wrote {out}: {ckpt['model']['kind']} (embed {hp['embed_size']}, {hp['vocab_size']} words), "
+               f"trained with {ckpt['loss']['name']} ({params}), epoch {ckpt['epoch']}, data {data}")

@@ -1,0 +1,490 @@
+"""Checkpoints of the original code: VSE++ (fartashf/vsepp), VSRN (KunpengLi1994/VSRN) and the
+COCOS reproducibility repository (MauritsBleeker/ecir-2022-reproducibility-bleeker).
+
+Their ``model_best.pth.tar`` is a dict: ``model`` = ``[image encoder state dict, text encoder
+state dict, ...]`` (VSRN may add more, e.g. its caption decoder; ignored), ``opt`` = the
+``argparse.Namespace`` of the run, ``epoch``, ``best_rsum`` (and ``Eiters``).
+:func:`convert_checkpoint` maps it, with the run's vocabulary and a data folder, onto an
+in-memory checkpoint in the cocos format (:mod:`cocos.training.checkpoint`) that
+:func:`cocos.training.trainer.build_from_checkpoint` rebuilds. The definitions file,
+section 15, says what is read and what is refused.
+
+**Safety.** :func:`read_checkpoint_file` loads with ``torch.load(weights_only=True)`` and
+only ``argparse.Namespace`` allowed beyond tensors and plain containers: a file that names
+any other class or function is refused before anything of it runs. ``trust=True``
+(``--trust-checkpoint``) uses ``weights_only=False``, for files the user knows to be safe:
+code in such a file may run.
+
+**Layout mapping** (original key -> cocos key):
+
+* VSE++ ``EncoderImagePrecomp``: ``fc.*`` -> ``fc.*``.
+* VSRN ``EncoderImagePrecompAttn``: ``fc.*`` -> ``fc.*``; ``Rs_GCN_{i}.{g,theta,phi}.*``
+  (``Conv1d``, kernel 1) -> ``gcn.{i-1}.{g,theta,phi}.*`` (``Linear``, weight squeezed);
+  ``Rs_GCN_{i}.W.0.*`` (``Conv1d``) -> ``gcn.{i-1}.W.*``; ``Rs_GCN_{i}.W.1.*`` (BatchNorm)
+  -> ``gcn.{i-1}.bn.*``; ``img_rnn.*`` -> ``img_rnn.*``; ``bn.*`` (if present) -> ``bn.*``.
+* ``EncoderText``: ``embed.weight`` -> ``txt_enc.embed.weight``, ``rnn.*`` -> ``txt_enc.rnn.*``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import pickle
+import re
+from pathlib import Path
+
+import torch
+
+from cocos.errors import CocosError
+
+# Special tokens the cocos vocabulary keeps at ids 0..3 (as VSE++ builds them).
+_SPECIALS = ("<pad>", "<start>", "<end>", "<unk>")
+# The losses of the reproducibility repository's ``--criterion`` (VSE++/VSRN have none: triplet).
+_CRITERIA = {"triplet": None, "contrastive": None, "ntxent": "ntxent", "nt_xent": "ntxent",
+             "ranking": "smoothap", "smoothap": "smoothap", "smooth_ap": "smoothap"}
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+# -- reading ---------------------------------------------------------------------------------------
+
+class UnsafeCheckpointError(CocosError):
+    """The checkpoint names a class or function that a safe load does not run (the message names it)."""
+
+
+def read_checkpoint_file(path: str | os.PathLike, trust: bool = False) -> object:
+    """Whatever the file holds, loaded without running code from it (unless ``trust``)."""
+    path = Path(path)
+    if not path.exists():
+        raise CocosError(f"{path}: no such checkpoint")
+    if path.is_dir():
+        raise CocosError(f"{path}: is a folder, not a checkpoint")
+    if trust:
+        try:
+            return torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as exc:  # noqa: BLE001 - a trusted pickle may raise anything
+            raise CocosError(f"{path}: not a readable checkpoint ({_message(exc)})") from None
+    try:
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        text = _ANSI.sub("", str(exc))
+        found = re.search(r"GLOBAL ([\w.]+)", text)
+        if found:
+            raise UnsafeCheckpointError(f"{path}: the checkpoint refers to {found.group(1)}, which a safe load does "
+                                        "not run (pass --trust-checkpoint only if you trust the file)") from None
+        raise CocosError(f"{path}: not a readable checkpoint ({_message(exc)})") from None
+    except Exception as exc:  # noqa: BLE001 - nothing of the file ran: whatever a damaged file makes torch raise
+        raise CocosError(f"{path}: not a readable checkpoint ({_message(exc)})") from None
+
+
+def _message(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in _ANSI.sub("", str(exc)).splitlines() if ln.strip()]
+    return (lines[0] if lines else type(exc).__name__)[:160]
+
+
+def is_cocos_checkpoint(obj: object) -> bool:
+    from cocos.training.checkpoint import FORMAT
+
+    return isinstance(obj, dict) and obj.get("format") == FORMAT
+
+
+def is_legacy_checkpoint(obj: object) -> bool:
+    """The original layout: a dict whose ``model`` is a list of (at least two) state dicts."""
+    if not isinstance(obj, dict) or "format" in obj:
+        return False
+    model = obj.get("model")
+    return isinstance(model, (list, tuple)) and len(model) >= 2 and all(isinstance(s, dict) for s in model[:2])
+
+
+def load_any_checkpoint(path: str | os.PathLike, *, vocab: str | os.PathLike | None = None,
+                        data: str | os.PathLike | None = None, trust: bool = False) -> tuple[dict, bool]:
+    """A cocos checkpoint as it is, or one of the original code converted: ``(checkpoint, converted)``.
+
+    A checkpoint of the original code needs ``vocab`` (its ``*_vocab.pkl`` or vocabulary JSON)
+    and ``data`` (it records no data folder); a cocos checkpoint carries both and refuses
+    ``vocab``.
+    """
+    return checkpoint_from_raw(read_checkpoint_file(path, trust=trust), path, vocab=vocab, data=data)
+
+
+def checkpoint_from_raw(raw: object, path: str | os.PathLike, *, vocab: str | os.PathLike | None = None,
+                        data: str | os.PathLike | None = None) -> tuple[dict, bool]:
+    """:func:`load_any_checkpoint` on what :func:`read_checkpoint_file` returned."""
+    if is_cocos_checkpoint(raw):
+        if vocab is not None:
+            raise CocosError(f"{path}: a cocos checkpoint carries its vocabulary; --vocab is for checkpoints "
+                             "of the original VSE++/VSRN code")
+        from cocos.training.checkpoint import load_checkpoint
+
+        return load_checkpoint(path), False  # read again the way every cocos checkpoint is: safe and checked
+    if not is_legacy_checkpoint(raw):
+        raise CocosError(f"{path}: not a cocos checkpoint, nor one of the original VSE++/VSRN code "
+                         "(a dict with 'model' = [image encoder, text encoder state dicts] and 'opt')")
+    if vocab is None:
+        raise CocosError(f"{path}: a checkpoint of the original VSE++/VSRN code; pass --vocab (its "
+                         "*_vocab.pkl or vocabulary JSON)")
+    if data is None:
+        raise CocosError(f"{path}: a checkpoint of the original VSE++/VSRN code records no data folder; "
+                         "pass --data")
+    return convert_checkpoint(raw, path, vocab, data), True
+
+
+# -- converting ------------------------------------------------------------------------------------
+
+def convert_checkpoint(raw: dict, path: str | os.PathLike, vocab: str | os.PathLike,
+                       data: str | os.PathLike, k: int | None = None) -> dict:
+    """The cocos checkpoint (a dict of plain types and tensors) of an original ``model_best.pth.tar``."""
+    from cocos.data.precomp import PrecompSplit, data_fingerprint
+    from cocos.data.text import read_vocab_tokens
+
+    path = Path(path)
+    opt = _opt_dict(raw, path)
+    _refuse_unrepresentable(opt, path)
+    img_sd = _state_dict(raw["model"][0], path, "image encoder")
+    txt_sd = _state_dict(raw["model"][1], path, "text encoder")
+    kind = "vsrn" if any(key.startswith(("Rs_GCN_", "img_rnn.")) for key in img_sd) else "vsepp"
+
+    state, hparams = _map_text(txt_sd, path)
+    if kind == "vsrn":
+        img_state, img_hparams = _map_vsrn_image(img_sd, path, opt)
+    else:
+        img_state, img_hparams = _map_vsepp_image(img_sd, path)
+    state.update(img_state)
+    hparams = {**img_hparams, **hparams}
+    if img_hparams["embed_size"] != hparams["embed_size"]:
+        raise CocosError(f"{path}: the image encoder embeds into {img_hparams['embed_size']} dimensions but the "
+                         f"text encoder into {hparams['embed_size']}")
+    _check_opt_agrees(opt, hparams, path)
+    if _bool(opt.get("use_abs")):  # |embedding| after the l2norm, both sides (cosines of unit vectors still)
+        hparams["use_abs"] = True
+    state, hparams = _fit(kind, hparams, state, path)
+
+    # vocabulary: the embedding table's rows are the original ids
+    tokens = read_vocab_tokens(vocab)
+    rows = hparams["vocab_size"]
+    if len(tokens) != rows:
+        raise CocosError(f"{vocab}: the vocabulary has {len(tokens)} words but the checkpoint's word embedding "
+                         f"{path.name} has {rows} rows; use the vocabulary the model was trained with")
+    tokens, order = _cocos_order(tokens, vocab)
+    if order is not None:  # specials moved to 0..3: move their embedding rows with them
+        state["txt_enc.embed.weight"] = state["txt_enc.embed.weight"][torch.as_tensor(order)].clone()
+
+    # data: what the model needs and what it is counted on
+    folder = Path(data)
+    if not folder.is_dir():
+        raise CocosError(f"{folder}: no such data folder")
+    k = int(k if k is not None else _int(opt.get("k"), 5, minimum=1))
+    train = PrecompSplit(folder, "train", k=k)
+    feature_shape = list(train.feature_shape)
+    if kind == "vsrn" and len(feature_shape) != 2:
+        raise CocosError(f"{path}: a VSRN model needs region features (N, R, {hparams['img_dim']}); {folder} has "
+                         f"features of shape (N, {', '.join(map(str, feature_shape))})")
+    if kind == "vsepp" and len(feature_shape) != 1:
+        raise CocosError(f"{path}: a VSE++ EncoderImagePrecomp takes one feature vector per image (N, "
+                         f"{hparams['img_dim']}); {folder} has region features (N, "
+                         f"{', '.join(map(str, feature_shape))})")
+    if feature_shape[-1] != hparams["img_dim"]:
+        raise CocosError(f"{path}: the model takes {hparams['img_dim']}-d image features but {folder} has "
+                         f"{feature_shape[-1]}-d ones")
+
+    loss_name, loss_params = loss_from_opt(opt, path)
+    batch_size = _int(opt.get("batch_size"), 128, minimum=1)
+    return {
+        "model": {"kind": kind, "hparams": hparams},
+        "vocab": tokens,
+        "state_dict": state,
+        # the published losses count same-image pairs of a batch as negatives: compat
+        "loss": {"name": loss_name, "params": loss_params, "compat": True},
+        "data": {"path": str(folder.resolve()), "fingerprint": data_fingerprint(folder), "k": k,
+                 "feature_shape": feature_shape},
+        "train": {"model": kind, "loss": loss_name, "data": str(folder.resolve()), "k": k,
+                  "batch_size": batch_size, "epochs": _int(opt.get("num_epochs"), None, minimum=1),
+                  "lr": _float(opt.get("learning_rate")), "lr_update": _int(opt.get("lr_update"), None, minimum=1),
+                  "grad_clip": _float(opt.get("grad_clip")), "embed_size": hparams["embed_size"],
+                  "word_dim": hparams["word_dim"], "seed": _int(opt.get("seed"), 0), "compat": True,
+                  "margin": loss_params.get("margin"), "tau": loss_params.get("tau"), "vocab": str(vocab)},
+        "epoch": _int(raw.get("epoch"), 0),
+        "step": _int(raw.get("Eiters"), 0),
+        "metrics": {},
+        "best_rsum": _float(raw.get("best_rsum")),
+        "history": [],
+        "legacy": {"file": str(path), "code": "vsrn" if kind == "vsrn" else "vsepp", "opt": _plain(opt),
+                   "vocab": str(vocab), "note": "best_rsum is the original code's validation score"},
+    }
+
+
+def loss_from_opt(opt: dict, path: str | os.PathLike) -> tuple[str, dict]:
+    """The training loss of ``opt``: VSE++'s ``max_violation`` -> ``triplet_sh`` (else ``triplet``) with
+    ``margin``; the reproducibility repository's ``criterion`` ``ntxent`` / ``ranking`` (SmoothAP) with ``tau``."""
+    from cocos.losses import get_loss
+
+    criterion = opt.get("criterion", "triplet")
+    criterion = str(criterion).lower() if criterion is not None else "triplet"
+    if criterion not in _CRITERIA:
+        raise CocosError(f"{path}: trained with criterion {criterion!r}, which cocos does not know "
+                         f"(triplet, ntxent, ranking)")
+    name = _CRITERIA[criterion]
+    if name is None:
+        name = "triplet_sh" if _bool(opt.get("max_violation")) else "triplet"
+        params = {"margin": _float(opt.get("margin"), 0.2)}
+    else:
+        default = {"ntxent": 0.1, "smoothap": 0.01}[name]
+        params = {"tau": _float(opt.get("tau"), default)}
+    try:
+        return name, get_loss(name, **params).params()
+    except CocosError as exc:
+        raise CocosError(f"{path}: {exc}") from None
+
+
+def _refuse_unrepresentable(opt: dict, path: Path) -> None:
+    """One line for each thing of the original that the cocos models cannot represent."""
+    measure = opt.get("measure")
+    if measure is not None and str(measure).lower() != "cosine":
+        raise CocosError(f"{path}: trained with measure={measure!r} (order embeddings); cocos counts and "
+                         "evaluates cosine similarities only")
+    if _bool(opt.get("no_imgnorm")):
+        raise CocosError(f"{path}: trained with no_imgnorm (unnormalised image embeddings); cocos needs "
+                         "L2-normalised embeddings (its similarities are cosines)")
+    data_name = opt.get("data_name")
+    if data_name is not None and not str(data_name).endswith("_precomp"):
+        raise CocosError(f"{path}: trained on raw images with a CNN (data_name {str(data_name)!r}); cocos "
+                         "imports models of precomputed features only (*_precomp)")
+    if _bool(opt.get("finetune")):
+        raise CocosError(f"{path}: trained with finetune (a CNN image encoder); cocos imports models of "
+                         "precomputed features only")
+
+
+def _opt_dict(raw: dict, path: Path) -> dict:
+    opt = raw.get("opt")
+    if isinstance(opt, argparse.Namespace):
+        return dict(vars(opt))
+    if isinstance(opt, dict):
+        return dict(opt)
+    if opt is None:
+        raise CocosError(f"{path}: the checkpoint lacks 'opt' (the run's hyper-parameters)")
+    raise CocosError(f"{path}: 'opt' is a {type(opt).__name__}, expected the run's argparse.Namespace")
+
+
+def _state_dict(obj: object, path: Path, what: str) -> dict[str, torch.Tensor]:
+    if not isinstance(obj, dict) or not obj:
+        raise CocosError(f"{path}: the {what} state dict is empty or not a dict")
+    for key, value in obj.items():
+        if not isinstance(key, str) or not isinstance(value, torch.Tensor):
+            raise CocosError(f"{path}: the {what} state dict holds {key!r}, which is not a named tensor")
+    return {k.removeprefix("module."): v for k, v in obj.items()}  # DataParallel prefixes
+
+
+def _gru(sd: dict, prefix: str, path: Path, what: str) -> tuple[dict, int, int, int]:
+    """A GRU's tensors under ``prefix``: ``(tensors, layers, input size, hidden size)``; refuses other RNNs."""
+    keys = [k for k in sd if k.startswith(prefix)]
+    if any(k.endswith("_reverse") for k in keys):
+        raise CocosError(f"{path}: the {what} GRU is bidirectional; cocos models have a one-directional GRU")
+    layers = sum(1 for k in keys if re.fullmatch(re.escape(prefix) + r"weight_ih_l\d+", k))
+    if not layers or f"{prefix}weight_hh_l0" not in sd:
+        raise CocosError(f"{path}: the {what} lacks its GRU ({prefix}weight_ih_l0)")
+    w_ih, w_hh = sd[f"{prefix}weight_ih_l0"], sd[f"{prefix}weight_hh_l0"]
+    if w_ih.dim() != 2 or w_hh.dim() != 2:
+        raise CocosError(f"{path}: {prefix}weight_ih_l0 is not a matrix")
+    hidden = int(w_hh.shape[1])
+    if w_ih.shape[0] != 3 * hidden:
+        raise CocosError(f"{path}: the {what} RNN has {w_ih.shape[0]} gate rows for hidden size {hidden}; "
+                         "cocos models take a GRU (3 gates), not an LSTM or plain RNN")
+    return {k: sd[k] for k in keys}, layers, int(w_ih.shape[1]), hidden
+
+
+def _map_text(sd: dict, path: Path) -> tuple[dict, dict]:
+    if "embed.weight" not in sd or sd["embed.weight"].dim() != 2:
+        raise CocosError(f"{path}: the text encoder lacks its word embedding (embed.weight)")
+    gru, layers, word_dim, embed = _gru(sd, "rnn.", path, "text encoder")
+    extra = sorted(set(sd) - set(gru) - {"embed.weight"})
+    if extra:
+        raise CocosError(f"{path}: the text encoder holds unexpected weights ({', '.join(extra[:3])}); "
+                         "cocos imports VSE++'s EncoderText")
+    rows, cols = sd["embed.weight"].shape
+    if cols != word_dim:
+        raise CocosError(f"{path}: the word embedding has {cols} columns but the GRU takes {word_dim}")
+    state = {"txt_enc.embed.weight": sd["embed.weight"]}
+    state.update({f"txt_enc.{k}": v for k, v in gru.items()})
+    hparams = {"vocab_size": int(rows), "word_dim": int(cols), "embed_size": embed}
+    if layers != 1:
+        hparams["num_layers"] = layers
+    return state, hparams
+
+
+def _linear(sd: dict, prefix: str, path: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    if f"{prefix}weight" not in sd or f"{prefix}bias" not in sd:
+        raise CocosError(f"{path}: the image encoder lacks {prefix}weight / {prefix}bias")
+    weight = sd[f"{prefix}weight"]
+    if weight.dim() == 3 and weight.shape[-1] == 1:  # Conv1d with kernel size 1
+        weight = weight[..., 0]
+    if weight.dim() != 2:
+        raise CocosError(f"{path}: {prefix}weight has shape {tuple(sd[f'{prefix}weight'].shape)}; expected a "
+                         "linear map or a 1x1 convolution")
+    return weight, sd[f"{prefix}bias"]
+
+
+def _map_vsepp_image(sd: dict, path: Path) -> tuple[dict, dict]:
+    extra = sorted(set(sd) - {"fc.weight", "fc.bias"})
+    if extra:
+        raise CocosError(f"{path}: the image encoder holds weights other than fc ({', '.join(extra[:3])}); cocos "
+                         "imports VSE++'s EncoderImagePrecomp (precomputed features)")
+    weight, bias = _linear(sd, "fc.", path)
+    return ({"fc.weight": weight, "fc.bias": bias},
+            {"img_dim": int(weight.shape[1]), "embed_size": int(weight.shape[0])})
+
+
+_BN = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
+
+
+def _batchnorm(sd: dict, src: str, dst: str, path: Path) -> dict:
+    out = {}
+    for name in _BN:
+        if f"{src}{name}" in sd:
+            out[f"{dst}{name}"] = sd[f"{src}{name}"]
+        elif name == "num_batches_tracked":  # state dicts of torch < 0.4.1 lack it
+            out[f"{dst}{name}"] = torch.tensor(0, dtype=torch.long)
+        else:
+            raise CocosError(f"{path}: the image encoder lacks {src}{name}")
+    return out
+
+
+def _map_vsrn_image(sd: dict, path: Path, opt: dict) -> tuple[dict, dict]:
+    state, used = {}, set()
+    weight, bias = _linear(sd, "fc.", path)
+    state.update({"fc.weight": weight, "fc.bias": bias})
+    used |= {"fc.weight", "fc.bias"}
+    blocks = sorted({int(m.group(1)) for k in sd if (m := re.match(r"Rs_GCN_(\d+)\.", k))})
+    if blocks != list(range(1, len(blocks) + 1)):
+        raise CocosError(f"{path}: the image encoder's graph-reasoning blocks are numbered {blocks}, "
+                         "expected Rs_GCN_1..n")
+    for i in blocks:
+        src, dst = f"Rs_GCN_{i}.", f"gcn.{i - 1}."
+        if f"{src}W.weight" in sd:
+            raise CocosError(f"{path}: {src}W has no BatchNorm (bn_layer=False); cocos's RsGCN keeps VSRN's "
+                             "BatchNorm")
+        for name in ("g", "theta", "phi"):
+            w, b = _linear(sd, f"{src}{name}.", path)
+            state.update({f"{dst}{name}.weight": w, f"{dst}{name}.bias": b})
+        w, b = _linear(sd, f"{src}W.0.", path)
+        state.update({f"{dst}W.weight": w, f"{dst}W.bias": b})
+        state.update(_batchnorm(sd, f"{src}W.1.", f"{dst}bn.", path))
+        used |= {k for k in sd if k.startswith(src)}
+    gru, layers, _, _ = _gru(sd, "img_rnn.", path, "image encoder")
+    if layers != 1:
+        raise CocosError(f"{path}: the image GRU has {layers} layers; VSRN's has one")
+    state.update(gru)
+    used |= set(gru)
+    final_bn = any(k.startswith("bn.") for k in sd)
+    if final_bn:
+        state.update(_batchnorm(sd, "bn.", "bn.", path))
+        used |= {k for k in sd if k.startswith("bn.")}
+    extra = sorted(set(sd) - used)
+    if extra:
+        raise CocosError(f"{path}: the image encoder holds unexpected weights ({', '.join(extra[:3])}); cocos "
+                         "imports VSRN's EncoderImagePrecompAttn")
+    hparams = {"img_dim": int(weight.shape[1]), "embed_size": int(weight.shape[0]), "n_gcn": len(blocks),
+               "final_bn": final_bn, "norm_over_regions": True}  # VSRN's l2norm sums over dim 1 of (n, R, E)
+    # The VSRN code with the final BatchNorm skips the l2norm after fc for data_name 'f30k_precomp'
+    # (KunpengLi1994/VSRN and the reproducibility repository); without it, fc is always normalised.
+    if final_bn and opt.get("data_name") == "f30k_precomp":
+        hparams["fc_norm"] = False
+    return state, hparams
+
+
+def _check_opt_agrees(opt: dict, hparams: dict, path: Path) -> None:
+    for name, key in (("img_dim", "img_dim"), ("embed_size", "embed_size"), ("word_dim", "word_dim"),
+                      ("vocab_size", "vocab_size"), ("num_layers", "num_layers")):
+        recorded = opt.get(name)
+        actual = hparams.get(key, 1 if key == "num_layers" else None)
+        if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded != actual:
+            raise CocosError(f"{path}: opt says {name} {recorded} but the weights have {actual}")
+
+
+def _fit(kind: str, hparams: dict, state: dict, path: Path) -> tuple[dict, dict]:
+    """``state`` in the key order of a cocos ``kind`` model with ``hparams``, and the model's own ``hparams``.
+
+    Refuses missing, unexpected or misshapen keys. The model is built on the meta device (no memory).
+    """
+    from cocos.models import build_model
+
+    try:
+        with torch.device("meta"):
+            model = build_model(kind, **hparams)
+        expected = model.state_dict()
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise CocosError(f"{path}: cannot build a {kind} model with {hparams} ({_message(exc)})") from None
+    missing = [k for k in expected if k not in state]
+    extra = [k for k in state if k not in expected]
+    if missing or extra:
+        raise CocosError(f"{path}: the weights do not fit a {kind} model (missing {missing[:3]}, "
+                         f"unexpected {extra[:3]})")
+    out = {}
+    for key, want in expected.items():
+        have = state[key]
+        if tuple(have.shape) != tuple(want.shape):
+            raise CocosError(f"{path}: {key} has shape {tuple(have.shape)}, a {kind} model with these "
+                             f"hyper-parameters needs {tuple(want.shape)}")
+        tensor = have.detach().to("cpu")
+        if want.dtype.is_floating_point:
+            if not tensor.dtype.is_floating_point:
+                raise CocosError(f"{path}: {key} holds {tensor.dtype} values, expected floating point")
+            tensor = tensor.to(want.dtype)
+        else:
+            tensor = tensor.to(want.dtype)
+        if want.dtype.is_floating_point and not torch.isfinite(tensor).all():
+            raise CocosError(f"{path}: {key} holds NaN or Inf")
+        out[key] = tensor.contiguous()
+    return out, dict(model.hparams)
+
+
+def _cocos_order(tokens: list[str], vocab) -> tuple[list[str], list[int] | None]:
+    """Tokens with the specials at ids 0..3, and the row order that gets them there (None: already)."""
+    if tuple(tokens[:4]) == _SPECIALS:
+        return tokens, None
+    missing = [s for s in _SPECIALS if s not in tokens]
+    if missing:
+        raise CocosError(f"{vocab}: the vocabulary lacks {', '.join(missing)}; cocos needs <pad>, <start>, <end> "
+                         "and <unk>")
+    first = [tokens.index(s) for s in _SPECIALS]
+    order = first + [i for i in range(len(tokens)) if i not in set(first)]
+    return [tokens[i] for i in order], order
+
+
+def _bool(value: object) -> bool:
+    return bool(value) if isinstance(value, (bool, int)) else str(value).lower() in ("true", "1", "yes")
+
+
+def _int(value: object, default: int | None, minimum: int = 0) -> int | None:
+    """An integer setting of ``opt`` in ``[minimum, 2**63)`` (``default`` where it is missing or odd)."""
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or not minimum <= value < 2**63):
+        return default
+    return int(value)
+
+
+def _float(value: object, default: float | None = None) -> float | None:
+    if isinstance(value, bool):
+        return default
+    try:
+        value = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return default
+    return value if math.isfinite(value) else default
+
+
+def _plain(opt: dict) -> dict:
+    """``opt`` with plain values only (a cocos checkpoint must load with ``weights_only=True``)."""
+    out = {}
+    for key, value in opt.items():
+        if isinstance(value, (bool, int, float, str)) or value is None:
+            out[str(key)] = value
+        elif isinstance(value, (list, tuple)) and all(isinstance(v, (bool, int, float, str)) for v in value):
+            out[str(key)] = list(value)
+        else:
+            out[str(key)] = repr(value)[:200]
+    return out
+
+
+__all__ = ["UnsafeCheckpointError", "checkpoint_from_raw", "convert_checkpoint", "is_cocos_checkpoint",
+           "is_legacy_checkpoint", "load_any_checkpoint", "loss_from_opt", "read_checkpoint_file"]
