@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import typer
@@ -61,21 +64,81 @@ def check_latex_width(width: str) -> None:
         raise CocosError(f"unknown --latex-width '{width}' (choose from column, page)")
 
 
+INTERRUPTED = "interrupted"
+_hard_exit = os._exit  # a second Ctrl-C stops at once (tests replace this)
+
+
+def _on_sigint(signum, frame) -> None:
+    """First Ctrl-C: KeyboardInterrupt, and the request stays pending (cocos.io.check_interrupt raises it
+    again where something swallowed it). Second Ctrl-C: stop at once with exit code 130, no traceback."""
+    from cocos.io import note_interrupt
+
+    if note_interrupt():
+        try:
+            sys.stdout.flush()
+            sys.stderr.write("interrupted again: stopped at once\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+        _hard_exit(130)
+        return
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _interrupt_handling() -> Iterator[None]:
+    """Install :func:`_on_sigint` for the command's duration (main thread only), then restore."""
+    from cocos.io import clear_interrupt
+
+    clear_interrupt()
+    try:
+        previous = signal.signal(signal.SIGINT, _on_sigint)
+    except (ValueError, OSError, AttributeError):  # not the main thread: leave signals alone
+        previous = False
+    try:
+        yield
+    finally:
+        if previous is not False:
+            signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+        clear_interrupt()
+
+
+def _interrupted() -> None:
+    typer.echo(INTERRUPTED, err=True)
+    sys.exit(130)
+
+
 def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn CocosError (bad input) into one clear line and exit code 2, never a traceback."""
+    """Turn CocosError (bad input) into one clear line and exit code 2, never a traceback.
+
+    Ctrl-C gives one line and exit code 130: also when something swallowed the KeyboardInterrupt
+    (the request stays pending and is honoured when the command returns) or turned it into an
+    error on its way up; a second Ctrl-C stops at once.
+    """
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except CocosError as exc:
-            fail(str(exc))
-        except FileNotFoundError as exc:
-            fail(f"{exc.filename or exc}: no such file")
-        except OSError as exc:  # a folder where a file was expected, no permission, disk full, ...
-            fail(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "))
-        except KeyboardInterrupt:
-            typer.echo("interrupted", err=True)
-            sys.exit(130)
+        from cocos.io import interrupt_pending
+
+        with _interrupt_handling():
+            try:
+                result = func(*args, **kwargs)
+            except CocosError as exc:
+                if interrupt_pending():
+                    _interrupted()
+                fail(str(exc))
+            except FileNotFoundError as exc:
+                if interrupt_pending():
+                    _interrupted()
+                fail(f"{exc.filename or exc}: no such file")
+            except OSError as exc:  # a folder where a file was expected, no permission, disk full, ...
+                if interrupt_pending():
+                    _interrupted()
+                fail(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "))
+            except KeyboardInterrupt:
+                _interrupted()
+            if interrupt_pending():
+                _interrupted()
+            return result
 
     return wrapper

@@ -33,6 +33,8 @@ def demo(
     seed: int = typer.Option(0, help="Seed of data, training and counting."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     retrain: bool = typer.Option(False, "--retrain", help="Train even if matching checkpoints exist."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an --out or --data folder (or a model's "
+                                                              "checkpoint folder) that cocos did not write."),
     track_cocos: int = typer.Option(10, metavar="N", help="Count COCOS on the training batches every N steps."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
 ) -> None:
@@ -58,6 +60,12 @@ def demo(
         seed=seed,
         device=device,
         retrain=retrain,
+        overwrite=overwrite,
         track_cocos=track_cocos,
     )
-    run_demo(cfg, progress=progress, log=typer.echo)
+    try:
+        run_demo(cfg, progress=progress, log=typer.echo)
+    except KeyboardInterrupt:
+        typer.echo(f"interrupted: {out} was left as it was; models finished in {checkpoints} are reused by the "
+                   "next cocos demo", err=True)
+        raise typer.Exit(code=130) from None

@@ -66,25 +66,68 @@ def train(
                       warmup_epochs=warmup_epochs, vocab=str(vocab) if vocab else None, ltd=ltd, ltd_mode=ltd_mode,
                       ltd_eta=ltd_eta, ltd_beta=ltd_beta, ltd_targets=str(ltd_targets) if ltd_targets else None,
                       track_cocos=track_cocos, save_every=save_every)
+    cfg.validate()  # nonsense flags first, before any file is looked at
+    if json_path is not None:
+        _check_json(json_path, cfg)
     trainer = Trainer(cfg, resume=resume, overwrite=overwrite, progress=progress, log=typer.echo)
     try:
         metrics = trainer.fit()
+        from cocos.io import check_interrupt
+
+        check_interrupt()  # a Ctrl-C swallowed after the last step: no figures, no --json
+        typer.echo(f"best validation rsum {metrics['rsum']:.1f} -> {trainer.best_path}")
+        from cocos.report.training import plot_run
+
+        for figure in plot_run(trainer.out):
+            typer.echo(f"wrote {figure}")
+        if json_path is not None:
+            from cocos.io import write_json
+
+            write_json(json_path, metrics)
     except KeyboardInterrupt:
-        if trainer.last_path.exists():
-            typer.echo(f"interrupted: {trainer.last_path} holds epoch {trainer.epoch} (saved at its end); "
-                       "continue with --resume", err=True)
-        else:
-            typer.echo("interrupted before the first epoch ended: nothing was saved", err=True)
+        typer.echo(interrupted_message(trainer), err=True)
         raise typer.Exit(code=130) from None
-    typer.echo(f"best validation rsum {metrics['rsum']:.1f} -> {trainer.best_path}")
-    from cocos.report.training import plot_run
 
-    for figure in plot_run(trainer.out):
-        typer.echo(f"wrote {figure}")
-    if json_path is not None:
-        from cocos.io import write_json
 
-        write_json(json_path, metrics)
+def _check_json(json_path: Path, cfg) -> None:
+    """``--json`` before the first step: not an input, not one of the run's own files, in a writable place."""
+    import re
+
+    from cocos.errors import CocosError
+    from cocos.io import check_output_file, check_writable_file
+    from cocos.training.trainer import OUTPUT_NAMES, OUTPUT_PATTERNS
+
+    check_output_file(json_path, [cfg.data, cfg.vocab, cfg.ltd_targets])
+    if json_path.resolve().parent == Path(cfg.out).resolve() and (
+            json_path.name in OUTPUT_NAMES or any(re.fullmatch(p, json_path.name) for p in OUTPUT_PATTERNS)):
+        raise CocosError(f"{json_path}: is one of the files cocos train writes into {cfg.out}; choose another "
+                         "--json path")
+    check_writable_file(json_path)
+
+
+def interrupted_message(trainer) -> str:
+    """One line after Ctrl-C that says exactly what the out folder holds now."""
+    saved = trainer.saved()
+    if trainer.epoch_running:
+        head = f"interrupted in epoch {trainer.epoch_running}"
+    elif trainer.epoch >= trainer.cfg.epochs:
+        head = "interrupted after training finished"
+    else:
+        head = "interrupted"
+    if saved["last"] is None and saved["best"] is None:
+        return f"{head}: nothing was saved"
+    held = []
+    if saved["last"] is not None:
+        held.append(f"{trainer.last_path} holds epoch {saved['last']}")
+    if saved["best"] is not None:
+        held.append(f"{trainer.best_path} {'holds ' if not held else ''}epoch {saved['best']}")
+    if saved["last"] is None:
+        tail = "; no last.pt to resume from (start over with --overwrite)"
+    elif saved["last"] < trainer.cfg.epochs:
+        tail = "; continue with --resume"
+    else:
+        tail = ""
+    return f"{head}: {', '.join(held)}{tail}"
 
 
 @app.command("evaluate")
@@ -100,17 +143,24 @@ def evaluate(
     """R@1/5/10 both ways, rsum, mAP@5 and R-precision of a checkpoint on a split."""
     from cocos.data.precomp import PrecompSplit
     from cocos.device import resolve_device
+    from cocos.io import check_interrupt, check_output_file, check_writable_file
     from cocos.training.checkpoint import load_checkpoint
     from cocos.training.evaluate import evaluate_model, tokenize_split
     from cocos.training.trainer import build_from_checkpoint, resolve_data
 
+    if json_path is not None:  # before anything is read: --json never replaces the checkpoint or the data
+        check_output_file(json_path, [checkpoint, data])
+        check_writable_file(json_path)
     ckpt = load_checkpoint(checkpoint)
     folder = resolve_data(ckpt, data, checkpoint)
+    if json_path is not None:
+        check_output_file(json_path, [checkpoint, folder])
     dev = resolve_device(device)
-    model, vocab = build_from_checkpoint(ckpt)
-    split_data = PrecompSplit(folder, split, k=int(ckpt["data"]["k"]))
+    model, vocab = build_from_checkpoint(ckpt, checkpoint)
+    split_data = PrecompSplit(folder, split, k=int(ckpt["data"]["k"]), check_finite=True)
     metrics = evaluate_model(model.to(dev), split_data, tokenize_split(split_data, vocab), device=dev,
                              progress=progress)
+    check_interrupt()  # a Ctrl-C swallowed during the evaluation: stop before anything is written
     typer.echo(format_metrics(metrics, f"{checkpoint} on {split}"))
     if json_path is not None:
         from cocos.io import write_json

@@ -79,6 +79,7 @@ class DemoConfig:
     seed: int = 0
     device: str = "auto"
     retrain: bool = False
+    overwrite: bool = False  # replace an --out or --data folder that cocos did not write
     track_cocos: int | None = 10  # count COCOS on the training batches every N steps (None: off)
 
 
@@ -114,8 +115,51 @@ def _reusable(train_cfg, fingerprint: str) -> bool:
             and {k: ckpt["train"].get(k) for k in wanted} == wanted)
 
 
+def _check_data_folder(data: Path, overwrite: bool) -> None:
+    """The synthetic world is generated into ``data`` only if that replaces nothing cocos did not write."""
+    from cocos.io import MARKER
+
+    if data.exists() and not data.is_dir():
+        raise CocosError(f"{data}: exists and is not a folder; choose another --data")
+    if data.is_dir() and any(data.iterdir()) and not (data / MARKER).exists() and not overwrite:
+        raise CocosError(f"{data}: exists, holds no train_ims.npy and was not written by cocos; the demo would "
+                         "replace it with the synthetic world: choose another --data or pass --overwrite")
+
+
+def _check_run_folder(folder: Path, overwrite: bool) -> None:
+    """A model's checkpoint folder: absent, empty (but for temporaries a killed run left), or one that cocos
+    train wrote (it holds its files)."""
+    from cocos.io import is_own_temporary
+    from cocos.training.trainer import OUTPUT_NAMES, OUTPUT_PATTERNS
+
+    if folder.exists() and not folder.is_dir():
+        raise CocosError(f"{folder}: exists and is not a folder; choose another --checkpoints")
+    if not folder.is_dir() or overwrite or any((folder / n).exists() for n in OUTPUT_NAMES):
+        return
+    if any(not is_own_temporary(p.name, OUTPUT_NAMES, OUTPUT_PATTERNS) for p in folder.iterdir()):
+        raise CocosError(f"{folder}: exists and was not written by cocos train; choose another --checkpoints or "
+                         "pass --overwrite")
+
+
+def _fix_report_paths(folder: Path, tmp: Path, out: Path) -> None:
+    """The merged tables list their results files: name them where the report ends up, not where it was built."""
+    for name in ("tables.md", "tables.tex"):
+        path = folder / name
+        if path.is_file():
+            text = path.read_text(encoding="utf-8")
+            if str(tmp) in text:
+                path.write_text(text.replace(str(tmp), str(out)), encoding="utf-8")
+
+
 def run_demo(cfg: DemoConfig, *, progress: bool = True, log: Callable[[str], None] = print) -> Path:
-    """Run the whole demo; returns the report folder."""
+    """Run the whole demo; returns the report folder.
+
+    Everything is checked before anything is written: flags, the report folder (absent, empty,
+    or written by cocos, unless ``overwrite``), the data folder (used if it holds ``train_ims.npy``;
+    generated if absent, empty or cocos's, unless ``overwrite``) and the checkpoint folders. The
+    report folder is built under a temporary name and moved into place at the end, so an
+    interrupted demo leaves the previous report as it was.
+    """
     from cocos.data.precomp import data_fingerprint
     from cocos.data.synth import make_synthetic
     from cocos.report.analyze import analyze_checkpoint
@@ -124,20 +168,27 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True, log: Callable[[str], Non
     from cocos.training.trainer import Trainer
 
     runs = {text: parse_run(text) for text in cfg.losses}  # unknown losses and parameters fail here
-    from cocos.io import MARKER, check_output_dir, write_text
+    from cocos.io import atomic_dir, check_interrupt, check_output_dir
 
     for loss in cfg.losses:
         _train_config(cfg, loss).validate()  # bad flags fail here, before data or folders are made
-    out = check_output_dir(cfg.out, inputs=[cfg.data, cfg.checkpoints])
-    start = time.perf_counter()
+    inputs = [cfg.data, cfg.checkpoints]
+    out = check_output_dir(cfg.out, inputs=inputs, overwrite=cfg.overwrite)
     data = Path(cfg.data)
-    if not (data / "train_ims.npy").exists():
+    generate = not (data / "train_ims.npy").exists()
+    if generate:
+        _check_data_folder(data, cfg.overwrite)
+    for text in runs:
+        _check_run_folder(Path(_train_config(cfg, text).out), cfg.overwrite)
+    start = time.perf_counter()
+    if generate:
         log(f"generating the synthetic world in {data} ...")
         make_synthetic(data, n_train=cfg.n_train, n_dev=cfg.n_dev, n_test=cfg.n_test, seed=cfg.seed,
-                       overwrite=data.exists())
+                       overwrite=True)  # checked above: absent, empty, cocos's, or --overwrite
     fingerprint = data_fingerprint(data)
     results_paths, timings, reused, analyses = [], {}, [], {}
     for text, run in runs.items():
+        check_interrupt()  # a Ctrl-C that something swallowed: stop here, not after every model
         loss = run.name
         train_cfg = _train_config(cfg, text)
         t0 = time.perf_counter()
@@ -148,6 +199,7 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True, log: Callable[[str], Non
             log(f"[{loss}] training {cfg.model} for {cfg.epochs} epochs")
             Trainer(train_cfg, overwrite=True, progress=progress, log=lambda s, _l=loss: log(f"[{_l}] {s}")).fit()
         t1 = time.perf_counter()
+        check_interrupt()
         analyses[loss] = analyze_checkpoint(Path(train_cfg.out) / "model_best.pt", data, batch_size=cfg.batch_size,
                                             seed=cfg.seed, device=cfg.device, label=run.label, progress=False)
         timings[loss] = (t1 - t0, time.perf_counter() - t1)
@@ -157,17 +209,21 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True, log: Callable[[str], Non
     from cocos.report.diagram import common_extent
     from cocos.report.folder import diagram_points
 
+    check_interrupt()
     triplets = {loss: diagram_points(a.results, a.embeddings) for loss, a in analyses.items()}
     extent = common_extent(list(triplets.values()))
-    for loss, analysis in analyses.items():
-        write_results_folder(analysis.results, analysis.run, out / loss, embeddings=analysis.embeddings,
-                             diagram_extent=extent, triplets=triplets[loss], logs=analysis.logs)
-        results_paths.append(out / loss / "results.json")
-    report = build_report(results_paths)
-    write_report(report, out / "summary", readme=None)
-    readme = demo_readme(cfg, report, timings, time.perf_counter() - start, reused)
-    write_text(out / "README.md", readme)
-    write_text(out / MARKER, "written by cocos demo; cocos may replace this folder\n")
+    with atomic_dir(out, inputs=inputs, overwrite=cfg.overwrite) as tmp:  # the old report stays until this is whole
+        for loss, analysis in analyses.items():
+            check_interrupt()
+            write_results_folder(analysis.results, analysis.run, tmp / loss, embeddings=analysis.embeddings,
+                                 diagram_extent=extent, triplets=triplets[loss], logs=analysis.logs)
+            results_paths.append(tmp / loss / "results.json")
+        report = build_report(results_paths)
+        write_report(report, tmp / "summary", readme=None)
+        _fix_report_paths(tmp / "summary", tmp, out)
+        readme = demo_readme(cfg, report, timings, time.perf_counter() - start, reused)
+        (tmp / "README.md").write_text(readme, encoding="utf-8")
+        check_interrupt()
     log(f"wrote {out}/ (README.md, summary/, one folder per loss) in {time.perf_counter() - start:.0f} s")
     return out
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import zipfile
@@ -224,3 +225,136 @@ def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
     except (ValueError, OSError, zipfile.BadZipFile, EOFError, KeyError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise CocosError(f"{path}: not a readable .npz file ({first})") from None
+
+
+# -- output folders of long runs: made up front, removed again if the run leaves nothing ------------
+
+
+def make_dirs(path: str | os.PathLike) -> list[Path]:
+    """Create ``path`` and its missing parents; returns the folders this call created (outermost first).
+
+    Fails with one :class:`CocosError` line if a folder cannot be made or is not writable, and
+    then removes what it created: a refused run leaves no empty folders behind.
+    """
+    path = Path(path)
+    missing = []
+    for folder in (path, *path.parents):
+        if folder.exists() or folder.is_symlink():
+            break
+        missing.append(folder)
+    created: list[Path] = []
+    try:
+        for folder in reversed(missing):
+            folder.mkdir()
+            created.append(folder)
+        if not path.is_dir():
+            raise CocosError(f"{path}: exists and is not a folder")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise CocosError(f"{path}: cannot write (permission denied or a read-only file system)")
+    except OSError as exc:
+        remove_created(created)
+        raise CocosError(f"{path}: cannot create the folder ({exc.strerror or exc})") from None
+    except CocosError:
+        remove_created(created)
+        raise
+    return created
+
+
+def remove_created(created: list[Path]) -> None:
+    """Remove folders that :func:`make_dirs` created (with what was written into them)."""
+    if created:
+        shutil.rmtree(created[0], ignore_errors=True)
+
+
+def check_writable_file(path: str | os.PathLike) -> Path:
+    """Refuse a single-file output that cannot be written, before any work: its nearest existing
+    ancestor must be a writable folder (the missing ones are made only when the file is written)."""
+    path = Path(path)
+    if path.is_dir():
+        raise CocosError(f"{path}: is a folder, expected a file path")
+    folder = path.absolute().parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise CocosError(f"{path}: cannot write ({folder} is not a folder)")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise CocosError(f"{path}: cannot write ({folder} is not writable)")
+    return path
+
+
+_TEMP_TAIL = re.compile(r"\.(?:(\d+)\.)?[A-Za-z0-9_]+(?:\.[A-Za-z0-9]+)?\.(?:tmp|old)")
+
+
+def _own_temporary(name: str, names=(), patterns=()):
+    """The match of the temporary's tail (group 1: the writer's pid, if recorded), or None."""
+    if not name.startswith("."):
+        return None
+    for target in names:
+        if name.startswith(f".{target}."):
+            found = _TEMP_TAIL.fullmatch(name[len(target) + 1:])
+            if found:
+                return found
+    for pattern in patterns:
+        head = re.match(r"\.(?:" + pattern + r")(?=\.)", name)
+        if head:
+            found = _TEMP_TAIL.fullmatch(name[head.end():])
+            if found:
+                return found
+    return None
+
+
+def is_own_temporary(name: str, names=(), patterns=()) -> bool:
+    """Whether ``name`` is a temporary of :func:`atomic_path`/:func:`atomic_dir` for one of ``names``
+    (file names) or ``patterns`` (regular expressions of file names): ``.NAME.[PID.]XXXX[.suffix].tmp``."""
+    return _own_temporary(name, names, patterns) is not None
+
+
+def remove_stale_temporaries(folder: str | os.PathLike, names=(), patterns=()) -> list[Path]:
+    """Remove files in ``folder`` that are temporaries of cocos's own outputs ``names``/``patterns``
+    (see :func:`is_own_temporary`) left by a killed run; those of another live process stay. Returns them."""
+    folder = Path(folder)
+    removed: list[Path] = []
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError:
+        return removed
+    for item in entries:
+        found = _own_temporary(item.name, names, patterns)
+        if found is None or item.is_symlink() or not item.is_file():
+            continue
+        pid = found.group(1)
+        if pid is not None and int(pid) != os.getpid() and _alive(int(pid)):
+            continue
+        try:
+            item.unlink()
+            removed.append(item)
+        except OSError:
+            pass
+    return removed
+
+
+# -- Ctrl-C: a request that stays pending, so an interrupt swallowed on its way up is raised again ----
+
+_INTERRUPT = {"pending": False}
+
+
+def note_interrupt() -> bool:
+    """Record a Ctrl-C (from the CLI's SIGINT handler); returns whether one was already pending."""
+    was = _INTERRUPT["pending"]
+    _INTERRUPT["pending"] = True
+    return was
+
+
+def clear_interrupt() -> None:
+    _INTERRUPT["pending"] = False
+
+
+def interrupt_pending() -> bool:
+    return _INTERRUPT["pending"]
+
+
+def check_interrupt() -> None:
+    """Raise KeyboardInterrupt if a Ctrl-C is pending (one that something on its way up swallowed,
+    e.g. a finaliser running when the signal arrived); long loops call this between steps."""
+    if _INTERRUPT["pending"]:
+        raise KeyboardInterrupt

@@ -5,25 +5,38 @@ Format (``format = "cocos-checkpoint"``, ``format_version = 1``)::
     model:      {"kind": "vsepp" | "vsrn", "hparams": {...}}
     vocab:      [token, ...]               plain strings, index = token id
     state_dict: {name: tensor}
-    loss:       {"name": ..., "params": {...}}
+    loss:       {"name": ..., "params": {...}, "compat": bool}
     data:       {"path": ..., "fingerprint": ..., "k": ..., "feature_shape": [...]}
     train:      the training flags (epochs, lr, lr_update, batch_size, seed, ...)
     epoch:      last finished epoch (1-based)
     metrics:    validation metrics of that epoch; best_rsum: best validation rsum so far
     history:    [{"epoch", "loss", "rsum", ...}, ...]
     optimizer, scheduler, rng: present in ``last.pt`` for resuming
+    ltd:        with ``--ltd``: the decoder, its settings and the multiplier
     library_version
+    content_sha256: sha256 of the canonical encoding of everything else (:func:`content_hash`)
 
 Writes are atomic (temporary file, then rename). Loading never runs code from
-the file (``torch.load(weights_only=True)``); anything that is not a cocos
-checkpoint raises :class:`CocosError` with one line naming the file.
+the file (``torch.load(weights_only=True)``) and checks, once, everything a command
+may use: the zip CRC of every member, the content hash (checkpoints written before it
+existed load without it), and the structure (:func:`validate_checkpoint`): the type of
+every field, the model rebuilt from ``model.kind`` + ``hparams`` (on the meta device,
+nothing allocated) against the state dict's names, shapes and dtypes, the vocabulary
+against the embedding table, the recorded loss against the registry, and the resume
+state (optimizer, scheduler, RNG, LTD) against the parameters it belongs to. Anything
+wrong raises :class:`CocosError` with one line naming the file and the field.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import inspect
 import io
+import math
 import os
-import pickle
+import re
+import struct
 import zipfile
 from pathlib import Path
 
@@ -36,34 +49,618 @@ from cocos.io import write_bytes
 FORMAT = "cocos-checkpoint"
 FORMAT_VERSION = 1
 REQUIRED = ("model", "vocab", "state_dict", "loss", "data", "epoch")
+HASH_KEY = "content_sha256"
+RESUME_KEYS = ("optimizer", "scheduler", "rng")  # what last.pt holds beyond model_best.pt
+SEED_LIMIT = 2**63  # seeds are integers in [0, 2**63): numpy, torch and the synthetic world all take them
+
+
+# -- writing and reading -------------------------------------------------------------------------
 
 
 def save_checkpoint(path: str | os.PathLike, checkpoint: dict) -> None:
-    """Serialise to memory first, then write atomically: a crash never leaves a broken file."""
+    """Serialise to memory first, then write atomically: a crash never leaves a broken file.
+
+    The payload carries ``content_sha256``, the hash of everything else (:func:`content_hash`),
+    which :func:`load_checkpoint` recomputes.
+    """
     payload = {"format": FORMAT, "format_version": FORMAT_VERSION, "library_version": __version__,
-               **checkpoint}
+               **{k: v for k, v in checkpoint.items() if k != HASH_KEY}}
+    payload[HASH_KEY] = content_hash(payload)
     buffer = io.BytesIO()
     torch.save(payload, buffer)
     write_bytes(path, buffer.getvalue())
 
 
 def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
+    """Read, verify (zip CRC, content hash) and validate a cocos checkpoint; one CocosError line otherwise."""
     path = Path(path)
     if not path.exists():
         raise CocosError(f"{path}: no such checkpoint")
     if path.is_dir():
         raise CocosError(f"{path}: is a folder, not a checkpoint (try {path}/model_best.pt)")
+    if not path.is_file():
+        raise CocosError(f"{path}: not a regular file, not a checkpoint")
+    _check_zip(path)
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile, ValueError,
-            OSError, AttributeError, KeyError, IndexError) as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
-        raise CocosError(f"{path}: not a readable checkpoint ({first})") from None
-    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
+    except Exception as exc:  # noqa: BLE001 - whatever a damaged file makes torch raise: one line
+        raise CocosError(f"{path}: not a readable checkpoint ({_first_line(exc)})") from None
+    if not isinstance(ckpt, dict) or not isinstance(ckpt.get("format"), str) or ckpt["format"] != FORMAT:
         raise CocosError(f"{path}: not a cocos checkpoint")
+    _check_version(ckpt, path)
+    verify_content_hash(ckpt, path)
+    return validate_checkpoint(ckpt, path)
+
+
+def peek_epoch(path: str | os.PathLike) -> int | None:
+    """The ``epoch`` a checkpoint file records, read cheaply (tensors memory-mapped, nothing verified).
+
+    For messages about what is on disk (after Ctrl-C); ``None`` if there is no readable checkpoint.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - a message helper: an unreadable file is "no epoch"
+        return None
+    epoch = ckpt.get("epoch") if isinstance(ckpt, dict) else None
+    return epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+
+
+def _check_zip(path: Path) -> None:
+    """The CRC of every member of the zip container (torch does not check them): flipped bytes are found here."""
+    try:
+        if not zipfile.is_zipfile(path):
+            return  # not a zip (truncated, or torch's legacy format): torch.load decides
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, NotImplementedError,
+            struct.error, RuntimeError, OverflowError) as exc:
+        raise CocosError(f"{path}: is corrupted (its zip container is damaged: {_first_line(exc)})") from None
+    if bad is not None:
+        raise CocosError(f"{path}: is corrupted (member {bad} fails its CRC check)")
+
+
+def _check_version(ckpt: dict, where) -> None:
+    version = ckpt.get("format_version")
+    if not _is_int(version):
+        raise CocosError(f"{where}: format_version must be an integer, got {_show(version)}")
+    if version > FORMAT_VERSION:
+        raise CocosError(f"{where}: checkpoint format {version} is newer than this cocos (reads up to "
+                         f"{FORMAT_VERSION})")
+    if version < 1:
+        raise CocosError(f"{where}: format_version must be at least 1, got {version}")
+
+
+# -- the content hash ----------------------------------------------------------------------------
+
+
+def content_hash(payload: dict) -> str:
+    """sha256 (hex) of a canonical encoding of ``payload`` without ``content_sha256``.
+
+    Every value is encoded with a type tag: strings and bytes with their length, integers
+    in decimal, floats exactly (``float.hex``), lists and tuples item by item, dicts with
+    their entries in the order of their encoded keys (so insertion order does not matter),
+    tensors as dtype, shape and raw bytes. Equal payloads give equal hashes, and the hash
+    of a loaded checkpoint equals the one computed before it was saved.
+    """
+    digest = hashlib.sha256()
+    _encode({k: v for k, v in payload.items() if k != HASH_KEY}, digest.update, 0)
+    return digest.hexdigest()
+
+
+def verify_content_hash(ckpt: dict, where) -> None:
+    """Recompute the content hash and compare; a checkpoint without one (older cocos) passes."""
+    if HASH_KEY not in ckpt:
+        return
+    stored = ckpt[HASH_KEY]
+    if not isinstance(stored, str) or not re.fullmatch(r"[0-9a-f]{64}", stored):
+        raise CocosError(f"{where}: is corrupted ({HASH_KEY} is not a sha256 hex digest)")
+    if content_hash(ckpt) != stored:
+        raise CocosError(f"{where}: is corrupted (its content does not match the {HASH_KEY} stored in it)")
+
+
+def _encode(value, put, depth: int) -> None:
+    if depth > 64:
+        raise CocosError("checkpoint is nested too deeply")
+    if value is None:
+        put(b"N")
+    elif isinstance(value, bool):
+        put(b"B1" if value else b"B0")
+    elif isinstance(value, int):
+        text = str(value).encode()
+        put(b"I" + struct.pack("<Q", len(text)) + text)
+    elif isinstance(value, float):
+        text = value.hex().encode()
+        put(b"F" + struct.pack("<Q", len(text)) + text)
+    elif isinstance(value, complex):
+        text = f"{value.real.hex()},{value.imag.hex()}".encode()
+        put(b"C" + struct.pack("<Q", len(text)) + text)
+    elif isinstance(value, str):
+        data = value.encode("utf-8", "surrogatepass")
+        put(b"S" + struct.pack("<Q", len(data)) + data)
+    elif isinstance(value, (bytes, bytearray)):
+        put(b"Y" + struct.pack("<Q", len(value)) + bytes(value))
+    elif isinstance(value, torch.Tensor):
+        _encode_tensor(value, put)
+    elif isinstance(value, (list, tuple)):  # torch.Size is a tuple
+        put(b"L" + struct.pack("<Q", len(value)))
+        for item in value:
+            _encode(item, put, depth + 1)
+    elif isinstance(value, dict):
+        entries = []
+        for key, item in value.items():
+            parts: list[bytes] = []
+            _encode(key, parts.append, depth + 1)
+            entries.append((b"".join(parts), item))
+        entries.sort(key=lambda e: e[0])
+        put(b"D" + struct.pack("<Q", len(entries)))
+        for key_bytes, item in entries:
+            put(key_bytes)
+            _encode(item, put, depth + 1)
+    elif isinstance(value, (torch.dtype, torch.device)):
+        text = str(value).encode()
+        put(b"O" + struct.pack("<Q", len(text)) + text)
+    else:
+        raise CocosError(f"checkpoint holds a value of type {type(value).__name__}, which a checkpoint may not hold")
+
+
+def _encode_tensor(tensor: torch.Tensor, put) -> None:
+    try:
+        flat = tensor.detach().cpu().contiguous().reshape(-1)
+        data = memoryview(flat.view(torch.uint8).numpy()) if flat.numel() else memoryview(b"")
+    except Exception as exc:  # noqa: BLE001 - sparse, quantised or meta tensors: not in a checkpoint
+        raise CocosError(f"checkpoint holds a tensor cocos cannot read ({_first_line(exc)})") from None
+    head = f"{tensor.dtype}|{','.join(str(int(d)) for d in tensor.shape)}".encode()
+    put(b"T" + struct.pack("<Q", len(head)) + head + struct.pack("<Q", data.nbytes))
+    put(data)
+
+
+# -- the structure -------------------------------------------------------------------------------
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _show(value) -> str:
+    """A short one-line description of a value for an error message."""
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)}"
+    if isinstance(value, (dict, list, tuple)):
+        return f"a {type(value).__name__} of {len(value)} items"
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        text = repr(value)
+        return text if len(text) <= 60 else text[:57] + "..."
+    return f"a {type(value).__name__}"
+
+
+class _Checker:
+    """Raises one CocosError line ``{where}: {field} ...``."""
+
+    def __init__(self, where) -> None:
+        self.where = str(where)
+
+    def fail(self, field: str, message: str) -> None:
+        text = f"{self.where}: {field} {message}"
+        raise CocosError(text.replace("\r", "\\r").replace("\n", "\\n"))
+
+    def dict(self, value, field: str) -> dict:
+        if not isinstance(value, dict):
+            self.fail(field, f"must be a dict, got {_show(value)}")
+        bad = [k for k in value if not isinstance(k, str)]
+        if bad:
+            self.fail(field, f"must have string keys, has {_show(bad[0])}")
+        return value
+
+    def key(self, mapping: dict, name: str, field: str):
+        if name not in mapping:
+            self.fail(f"{field}.{name}" if field else name, "is missing")
+        return mapping[name]
+
+    def int(self, value, field: str, minimum: int | None = 0, maximum: int | None = None) -> int:
+        if not _is_int(value):
+            self.fail(field, f"must be an integer, got {_show(value)}")
+        if minimum is not None and value < minimum:
+            self.fail(field, f"must be at least {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            self.fail(field, f"must be at most {maximum}, got {value}")
+        return value
+
+    def number(self, value, field: str, *, finite: bool = True, minimum: float | None = None,
+               above: float | None = None, maximum: float | None = None) -> float:
+        if not _is_number(value):
+            self.fail(field, f"must be a number, got {_show(value)}")
+        if isinstance(value, float) and math.isnan(value):
+            self.fail(field, "must be a number, got nan")
+        if finite and not math.isfinite(value):
+            self.fail(field, f"must be finite, got {value}")
+        if minimum is not None and value < minimum:
+            self.fail(field, f"must be at least {minimum}, got {value}")
+        if above is not None and not value > above:
+            self.fail(field, f"must be greater than {above}, got {value}")
+        if maximum is not None and value > maximum:
+            self.fail(field, f"must be at most {maximum}, got {value}")
+        return value
+
+    def str(self, value, field: str, nonempty: bool = False) -> str:
+        if not isinstance(value, str):
+            self.fail(field, f"must be a string, got {_show(value)}")
+        if nonempty and not value:
+            self.fail(field, "must not be empty")
+        return value
+
+    def bool(self, value, field: str) -> bool:
+        if not isinstance(value, bool):
+            self.fail(field, f"must be true or false, got {_show(value)}")
+        return value
+
+    def list(self, value, field: str) -> list:
+        if not isinstance(value, (list, tuple)):
+            self.fail(field, f"must be a list, got {_show(value)}")
+        return list(value)
+
+    def tensors(self, state, reference: dict, field: str, what: str) -> None:
+        """``state`` holds exactly the tensors of ``reference`` (a meta module's state dict): names, shapes, dtypes."""
+        state = self.dict(state, field)
+        missing = [k for k in reference if k not in state]
+        if missing:
+            self.fail(field, f"lacks {missing[0]} ({len(missing)} of the {what}'s {len(reference)} tensors missing)")
+        extra = [k for k in state if k not in reference]
+        if extra:
+            self.fail(field, f"holds {extra[0]}, which the {what} does not have")
+        for name, ref in reference.items():
+            self.tensor(state[name], f"{field}[{name!r}]", tuple(ref.shape), ref.dtype)
+
+    def tensor(self, value, field: str, shape: tuple | None = None, dtype: torch.dtype | None = None,
+               finite: bool = False) -> torch.Tensor:
+        """A dense tensor of ``shape`` and the kind of ``dtype``. Values are not judged (``finite`` to check
+        NaN/Inf): NaN weights are a model's state, found where they make NaN embeddings."""
+        if not isinstance(value, torch.Tensor):
+            self.fail(field, f"must be a tensor, got {_show(value)}")
+        if value.layout != torch.strided or value.is_quantized or value.device.type == "meta":
+            self.fail(field, "must be a plain dense tensor")
+        if shape is not None and tuple(value.shape) != tuple(shape):
+            self.fail(field, f"has shape {tuple(value.shape)}, expected {tuple(shape)}")
+        if dtype is not None:
+            if dtype.is_floating_point and not value.dtype.is_floating_point:
+                self.fail(field, f"has dtype {value.dtype}, expected a floating point dtype ({dtype})")
+            if not dtype.is_floating_point and value.dtype != dtype:
+                self.fail(field, f"has dtype {value.dtype}, expected {dtype}")
+        if finite and value.dtype.is_floating_point and value.numel() and not bool(torch.isfinite(value).all()):
+            self.fail(field, "holds NaN or Inf")
+        return value
+
+
+def _check_hparams(check: _Checker, cls, hparams, field: str) -> dict:
+    """Constructor arguments of ``cls``: known names, integers >= 1 (``n_gcn`` >= 0) or switches."""
+    hparams = check.dict(hparams, field)
+    params = {n: p for n, p in inspect.signature(cls.__init__).parameters.items()
+              if n != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    for name, value in hparams.items():
+        if name not in params:
+            check.fail(f"{field}.{name}", f"is not a parameter of the {getattr(cls, 'kind', cls.__name__)} model "
+                                          f"(it takes {', '.join(params)})")
+        default = params[name].default
+        if isinstance(default, bool):
+            check.bool(value, f"{field}.{name}")
+        else:
+            check.int(value, f"{field}.{name}", minimum=0 if name.startswith("n_") else 1)
+    for name, p in params.items():
+        if p.default is inspect.Parameter.empty and name not in hparams:
+            check.fail(f"{field}.{name}", "is missing")
+    return hparams
+
+
+@contextlib.contextmanager
+def _on_meta_device():
+    """Build modules on the meta device. ``nn.init.normal_`` of a meta tensor is skipped: its meta
+    implementation imports torch's Python reference ops (a second of start-up for every command)."""
+    original = torch.nn.init.normal_
+
+    def normal_(tensor, *args, **kwargs):
+        return tensor if tensor.is_meta else original(tensor, *args, **kwargs)
+
+    torch.nn.init.normal_ = normal_
+    try:
+        with torch.device("meta"):
+            yield
+    finally:
+        torch.nn.init.normal_ = original
+
+
+def _meta_module(check: _Checker, field: str, build):
+    """Build a module on the meta device (shapes only, no memory); a failure is one line."""
+    try:
+        with _on_meta_device():
+            return build()
+    except CocosError as exc:
+        check.fail(field, f"do not describe a valid model ({exc})")
+    except Exception as exc:  # noqa: BLE001 - whatever a nonsense size makes torch raise
+        check.fail(field, f"do not describe a valid model ({_first_line(exc)})")
+
+
+def validate_model(ckpt: dict, where="checkpoint") -> torch.nn.Module:
+    """Check ``model``, ``vocab`` and ``state_dict`` against each other; returns the model on the meta device.
+
+    Also the check :func:`cocos.training.trainer.build_from_checkpoint` makes on a dict built in memory
+    (e.g. a converted checkpoint of the original code).
+    """
+    from cocos.data.text import Vocabulary
+    from cocos.models import MODELS
+
+    check = _Checker(where)
+    check.dict(ckpt, "checkpoint")
+    model = check.dict(check.key(ckpt, "model", ""), "model")
+    kind = check.key(model, "kind", "model")
+    if not isinstance(kind, str) or kind not in MODELS:
+        check.fail("model.kind", f"must be one of {', '.join(MODELS)}, got {_show(kind)}")
+    cls = MODELS[kind]
+    hparams = _check_hparams(check, cls, check.key(model, "hparams", "model"), "model.hparams")
+    vocab = check.list(check.key(ckpt, "vocab", ""), "vocab")
+    for i, token in enumerate(vocab):
+        if not isinstance(token, str) or not token:
+            check.fail(f"vocab[{i}]", f"must be a non-empty string, got {_show(token)}")
+    try:
+        Vocabulary.from_tokens(vocab)
+    except CocosError as exc:
+        check.fail("vocab", f"is not a vocabulary ({exc})")
+    if "vocab_size" in hparams and len(vocab) != hparams["vocab_size"]:
+        check.fail("vocab", f"has {len(vocab)} tokens but the model's word embedding table has "
+                            f"{hparams['vocab_size']} rows (model.hparams.vocab_size)")
+    meta = _meta_module(check, "model.hparams", lambda: cls(**hparams))
+    check.tensors(check.key(ckpt, "state_dict", ""), meta.state_dict(), "state_dict", f"{kind} model")
+    return meta
+
+
+def _annotation_checker(annotation: str):
+    """A type test for a TrainConfig field from its annotation (``int``, ``float | None``, ``dict | None``, ...)."""
+    tests = {"str": lambda v: isinstance(v, str), "int": _is_int, "float": _is_number,
+             "bool": lambda v: isinstance(v, bool), "dict": lambda v: isinstance(v, dict),
+             "None": lambda v: v is None}
+    parts = [p.strip() for p in str(annotation).split("|")]
+    if not all(p in tests for p in parts):
+        return None, None
+    return (lambda v: any(tests[p](v) for p in parts)), " or ".join(parts)
+
+
+# fields of `train` that commands read as numbers: they may not be missing values
+_TRAIN_USED = {"batch_size": 1, "k": 1, "seed": 0}
+
+
+def _check_train(check: _Checker, train) -> dict:
+    from dataclasses import fields
+
+    from cocos.training.trainer import TrainConfig
+
+    train = check.dict(train, "train")
+    for f in fields(TrainConfig):
+        if f.name not in train:
+            continue
+        value, name = train[f.name], f"train.{f.name}"
+        if f.name in _TRAIN_USED:
+            check.int(value, name, minimum=_TRAIN_USED[f.name], maximum=SEED_LIMIT - 1 if f.name == "seed" else None)
+            continue
+        if value is None:  # a setting the run did not record (a converted checkpoint of the original code)
+            continue
+        test, expected = _annotation_checker(f.type)
+        if test is not None and not test(value):
+            check.fail(name, f"must be {expected}, got {_show(value)}")
+        if _is_number(value) and not math.isfinite(value):
+            check.fail(name, f"must be finite, got {value}")
+        if _is_int(value) and value < 0:
+            check.fail(name, f"must not be negative, got {value}")
+    return train
+
+
+def _check_loss(check: _Checker, loss) -> None:
+    from cocos.objectives import OBJECTIVES, get_objective
+
+    loss = check.dict(loss, "loss")
+    name = check.str(check.key(loss, "name", "loss"), "loss.name", nonempty=True)
+    try:
+        spec = get_objective(name)
+    except CocosError:
+        check.fail("loss.name", f"names a loss this cocos does not know: '{name}' (registered: "
+                                f"{', '.join(OBJECTIVES)})")
+    params = check.dict(loss.get("params", {}), "loss.params")
+    for key, value in params.items():
+        if not (_is_number(value) or isinstance(value, (str, bool))):
+            check.fail(f"loss.params.{key}", f"must be a number, a name or a switch, got {_show(value)}")
+    try:
+        spec.params(**params)
+    except CocosError as exc:
+        check.fail("loss.params", f"are not valid for {name} ({exc})")
+    except Exception as exc:  # noqa: BLE001 - a family's own check on a value of an odd type
+        check.fail("loss.params", f"are not valid for {name} ({_first_line(exc)})")
+    if "compat" in loss:
+        check.bool(loss["compat"], "loss.compat")
+
+
+def _check_data(check: _Checker, data, hparams: dict, train: dict) -> None:
+    data = check.dict(data, "data")
+    check.str(check.key(data, "path", "data"), "data.path", nonempty=True)
+    check.str(check.key(data, "fingerprint", "data"), "data.fingerprint", nonempty=True)
+    k = check.int(check.key(data, "k", "data"), "data.k", minimum=1)
+    if "k" in train and train["k"] != k:
+        check.fail("data.k", f"is {k} but train.k is {train['k']}")
+    shape = check.list(check.key(data, "feature_shape", "data"), "data.feature_shape")
+    if len(shape) not in (1, 2):
+        check.fail("data.feature_shape", f"must be (D,) or (R, D), got {_show(shape)}")
+    for i, d in enumerate(shape):
+        check.int(d, f"data.feature_shape[{i}]", minimum=1)
+    if "img_dim" in hparams and shape[-1] != hparams["img_dim"]:
+        check.fail("data.feature_shape", f"has dimension {shape[-1]} but the model takes {hparams['img_dim']} "
+                                         "(model.hparams.img_dim)")
+
+
+def _check_progress(check: _Checker, ckpt: dict) -> None:
+    check.int(ckpt["epoch"], "epoch", minimum=0)
+    if "step" in ckpt:
+        check.int(ckpt["step"], "step", minimum=0)
+    if "library_version" in ckpt:
+        check.str(ckpt["library_version"], "library_version")
+    if ckpt.get("metrics") is not None:
+        for key, value in check.dict(ckpt["metrics"], "metrics").items():
+            check.number(value, f"metrics.{key}")
+    if ckpt.get("best_rsum") is not None:
+        check.number(ckpt["best_rsum"], "best_rsum", finite=False)
+    if ckpt.get("history") is not None:
+        for i, row in enumerate(check.list(ckpt["history"], "history")):
+            for key, value in check.dict(row, f"history[{i}]").items():
+                check.number(value, f"history[{i}].{key}")
+
+
+def _check_ltd(check: _Checker, ltd, embed_size) -> torch.nn.Module:
+    from cocos.losses.ltd import LAMBDA_RANGE, MODES, TargetDecoder
+
+    ltd = check.dict(ltd, "ltd")
+    mode = check.key(ltd, "mode", "ltd")
+    if mode not in MODES:
+        check.fail("ltd.mode", f"must be one of {', '.join(MODES)}, got {_show(mode)}")
+    check.number(check.key(ltd, "eta", "ltd"), "ltd.eta", above=0)
+    check.number(check.key(ltd, "beta", "ltd"), "ltd.beta", minimum=0)
+    if ltd.get("targets") is not None:
+        check.str(ltd["targets"], "ltd.targets")
+    hparams = _check_hparams(check, TargetDecoder, check.key(ltd, "hparams", "ltd"), "ltd.hparams")
+    if embed_size is not None and hparams.get("embed_size") != embed_size:
+        check.fail("ltd.hparams.embed_size", f"is {hparams.get('embed_size')} but the model embeds into {embed_size}")
+    decoder = _meta_module(check, "ltd.hparams", lambda: TargetDecoder(**hparams))
+    check.tensors(check.key(ltd, "decoder", "ltd"), decoder.state_dict(), "ltd.decoder", "LTD decoder")
+    if mode == "constraint":
+        check.number(check.key(ltd, "lambda", "ltd"), "ltd.lambda", minimum=LAMBDA_RANGE[0], maximum=LAMBDA_RANGE[1])
+        if "lambda_optimizer" in ltd:
+            _check_optimizer(check, ltd["lambda_optimizer"], [()], "ltd.lambda_optimizer")
+    return decoder
+
+
+_GROUP_VALUE = (int, float, bool, str, type(None))
+
+
+def _check_optimizer(check: _Checker, opt, shapes: list[tuple], field: str) -> None:
+    """A torch optimizer's state dict for parameters of ``shapes`` (in the order the optimizer holds them)."""
+    opt = check.dict(opt, field)
+    state = check.key(opt, "state", field)
+    groups = check.list(check.key(opt, "param_groups", field), f"{field}.param_groups")
+    if not isinstance(state, dict):
+        check.fail(f"{field}.state", f"must be a dict, got {_show(state)}")
+    ids: list[int] = []
+    for g, group in enumerate(groups):
+        group = check.dict(group, f"{field}.param_groups[{g}]")
+        for i, pid in enumerate(check.list(check.key(group, "params", f"{field}.param_groups[{g}]"),
+                                           f"{field}.param_groups[{g}].params")):
+            ids.append(check.int(pid, f"{field}.param_groups[{g}].params[{i}]"))
+        for key, value in group.items():
+            if key == "params":
+                continue
+            items = value if isinstance(value, (list, tuple)) else [value]
+            if not all(isinstance(v, _GROUP_VALUE) for v in items):
+                check.fail(f"{field}.param_groups[{g}].{key}", f"must be plain numbers, got {_show(value)}")
+            if any(_is_number(v) and not math.isfinite(v) for v in items):
+                check.fail(f"{field}.param_groups[{g}].{key}", f"must be finite, got {_show(value)}")
+        if "lr" in group:
+            check.number(group["lr"], f"{field}.param_groups[{g}].lr", minimum=0)
+    if len(ids) != len(shapes) or len(set(ids)) != len(ids):
+        check.fail(field, f"covers {len(set(ids))} parameters, but the model has {len(shapes)}")
+    shape_of = dict(zip(ids, shapes, strict=True))
+    for pid, entry in state.items():
+        if not _is_int(pid) or pid not in shape_of:
+            check.fail(f"{field}.state", f"holds the state of parameter {_show(pid)}, which no group names")
+        entry = check.dict(entry, f"{field}.state[{pid}]")
+        for key, value in entry.items():
+            name = f"{field}.state[{pid}].{key}"
+            if key == "step":
+                if isinstance(value, torch.Tensor):
+                    check.tensor(value, name, shape=())
+                    value = float(value)
+                check.number(value, name, minimum=0)
+            elif isinstance(value, torch.Tensor):
+                check.tensor(value, name, shape=shape_of[pid], dtype=torch.float32)
+            else:
+                check.fail(name, f"must be a tensor, got {_show(value)}")
+
+
+_SCHEDULER_TYPES = {"step_size": "int", "gamma": "number", "base_lrs": "numbers", "last_epoch": "int",
+                    "_step_count": "int", "_is_initial": "bool", "_get_lr_called_within_step": "bool",
+                    "_last_lr": "numbers", "verbose": "bool"}
+
+
+def _check_scheduler(check: _Checker, scheduler, n_groups: int) -> None:
+    scheduler = check.dict(scheduler, "scheduler")
+    for key in ("step_size", "gamma", "base_lrs", "last_epoch"):
+        check.key(scheduler, key, "scheduler")
+    for key, value in scheduler.items():
+        kind, name = _SCHEDULER_TYPES.get(key), f"scheduler.{key}"
+        if kind is None:  # loading sets attributes of the scheduler: refuse anything unknown
+            check.fail(name, "is not part of a StepLR state")
+        elif kind == "int":
+            check.int(value, name, minimum=1 if key == "step_size" else -1)
+        elif kind == "number":
+            check.number(value, name, minimum=0)
+        elif kind == "bool":
+            check.bool(value, name)
+        else:
+            values = check.list(value, name)
+            if len(values) != n_groups:
+                check.fail(name, f"has {len(values)} values for {n_groups} parameter groups")
+            for i, v in enumerate(values):
+                check.number(v, f"{name}[{i}]", minimum=0)
+
+
+def _check_rng(check: _Checker, rng) -> None:
+    rng = check.dict(rng, "rng")
+    state = check.tensor(check.key(rng, "torch", "rng"), "rng.torch", shape=tuple(torch.get_rng_state().shape),
+                         dtype=torch.uint8)
+    try:
+        torch.Generator().set_state(state)  # a fresh generator: the global one is not touched
+    except Exception as exc:  # noqa: BLE001
+        check.fail("rng.torch", f"is not a random generator state ({_first_line(exc)})")
+
+
+def validate_checkpoint(ckpt: dict, path="checkpoint") -> dict:
+    """Check the structure of a loaded checkpoint against its format (module docstring); returns it.
+
+    Every field a command reads has its type checked; the model described by ``model`` is
+    built on the meta device and compared with ``state_dict``; ``vocab`` has one token per
+    row of the word embedding; the recorded loss is registered and its parameters valid;
+    ``optimizer``/``scheduler``/``rng``/``ltd``, where present, fit the parameters they
+    belong to. Raises one :class:`CocosError` line ``{path}: {field} ...``.
+    """
+    check = _Checker(path)
+    check.dict(ckpt, "checkpoint")
+    if not isinstance(ckpt.get("format"), str) or ckpt["format"] != FORMAT:
+        raise CocosError(f"{path}: not a cocos checkpoint")
+    _check_version(ckpt, path)
     missing = [k for k in REQUIRED if k not in ckpt]
     if missing:
         raise CocosError(f"{path}: checkpoint lacks {', '.join(missing)}")
-    if ckpt.get("format_version", 0) > FORMAT_VERSION:
-        raise CocosError(f"{path}: checkpoint format {ckpt['format_version']} is newer than this cocos")
+    meta = validate_model(ckpt, path)
+    hparams = ckpt["model"]["hparams"]
+    train = _check_train(check, ckpt["train"]) if "train" in ckpt else {}
+    _check_loss(check, ckpt["loss"])
+    _check_data(check, ckpt["data"], hparams, train)
+    _check_progress(check, ckpt)
+    shapes = [tuple(p.shape) for p in meta.parameters()]
+    if ckpt.get("ltd") is not None:
+        decoder = _check_ltd(check, ckpt["ltd"], hparams.get("embed_size"))
+        shapes += [tuple(p.shape) for p in decoder.parameters()]
+    if "optimizer" in ckpt:
+        _check_optimizer(check, ckpt["optimizer"], shapes, "optimizer")
+    if "scheduler" in ckpt:
+        groups = ckpt["optimizer"]["param_groups"] if "optimizer" in ckpt else [None]
+        _check_scheduler(check, ckpt["scheduler"], len(groups))
+    if "rng" in ckpt:
+        _check_rng(check, ckpt["rng"])
+    if HASH_KEY in ckpt and (not isinstance(ckpt[HASH_KEY], str) or not re.fullmatch(r"[0-9a-f]{64}",
+                                                                                      ckpt[HASH_KEY])):
+        check.fail(HASH_KEY, "must be a sha256 hex digest")
     return ckpt

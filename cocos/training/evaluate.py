@@ -8,6 +8,7 @@ import torch
 from cocos.data.precomp import PrecompSplit
 from cocos.data.text import Vocabulary, pad_batch
 from cocos.errors import CocosError
+from cocos.io import check_interrupt
 from cocos.progress import progress_bar
 from cocos.training.metrics import evaluate_embeddings
 
@@ -51,10 +52,12 @@ def encode_split(
     try:
         with progress_bar(total, description, enabled=progress) as advance:
             for start in range(0, n_img, batch_size):
+                check_interrupt()
                 feats = split.features_for(np.arange(start, min(start + batch_size, n_img)))
                 images.append(model.encode_images(feats.to(device)).float().cpu())
                 advance(1)
             for start in range(0, n_cap, batch_size):
+                check_interrupt()
                 tokens, lengths = pad_batch(token_ids[start : start + batch_size])
                 captions.append(model.encode_captions(tokens.to(device), lengths).float().cpu())
                 advance(1)

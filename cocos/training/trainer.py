@@ -32,13 +32,18 @@ from cocos.data.samplers import pair_batches, ranking_batches
 from cocos.data.text import Vocabulary, pad_batch
 from cocos.device import resolve_device
 from cocos.errors import CocosError, check_params
+from cocos.io import check_interrupt
 from cocos.losses import get_loss
 from cocos.models import MODELS, build_model
-from cocos.training.checkpoint import load_checkpoint, save_checkpoint
+from cocos.training.checkpoint import RESUME_KEYS, SEED_LIMIT, load_checkpoint, peek_epoch, save_checkpoint
 from cocos.training.evaluate import evaluate_model, tokenize_split
 
 TRAIN_LOG = "train_log.csv"
 TRACK_LOG = "cocos_track.csv"
+# the files cocos train writes into its folder (and their temporaries, which a killed run leaves)
+OUTPUT_NAMES = ("last.pt", "model_best.pt", TRAIN_LOG, TRACK_LOG, "training.png", "training.pdf", "cocos_track.png",
+                "cocos_track.pdf")
+OUTPUT_PATTERNS = (r"epoch_\d+\.pt",)
 # flags that change what a run computes: a resumed run must keep them
 RESUME_FLAGS = ("lr", "lr_update", "batch_size", "embed_size", "word_dim", "margin", "tau", "params", "seed", "k",
                 "warmup_epochs", "compat", "grad_clip", "ltd", "ltd_mode", "ltd_eta", "ltd_beta", "ltd_targets")
@@ -85,8 +90,11 @@ class TrainConfig:
         for name in ("epochs", "batch_size", "embed_size", "word_dim", "lr_update", "k", "vocab_threshold"):
             if getattr(self, name) < 1:
                 raise CocosError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        if self.seed < 0:
-            raise CocosError(f"--seed must be a non-negative integer, got {self.seed}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < SEED_LIMIT:
+            raise CocosError(f"--seed must be an integer in [0, 2**63 - 1], got {self.seed}")
+        if self.model == "vsrn" and self.batch_size < 2:
+            raise CocosError(f"--model vsrn needs --batch-size of at least 2 (its BatchNorm needs two images), "
+                             f"got {self.batch_size}")
         if self.grad_clip < 0:
             raise CocosError(f"gradient clipping must be >= 0, got {self.grad_clip}")
         if not 0 <= self.warmup_epochs < self.epochs:
@@ -123,16 +131,23 @@ def epoch_seed(seed: int, epoch: int) -> int:
     return seed * 1_000_003 + epoch
 
 
-def build_from_checkpoint(ckpt: dict) -> tuple[torch.nn.Module, Vocabulary]:
-    """Rebuild the model (eval mode) and vocabulary recorded in a checkpoint."""
+def build_from_checkpoint(ckpt: dict, where="checkpoint") -> tuple[torch.nn.Module, Vocabulary]:
+    """Rebuild the model (eval mode) and vocabulary recorded in a checkpoint.
+
+    ``ckpt`` is what :func:`~cocos.training.checkpoint.load_checkpoint` returns, or a dict in the
+    same format built in memory (a converted checkpoint of the original code): its ``model``,
+    ``vocab`` and ``state_dict`` are checked against each other first
+    (:func:`~cocos.training.checkpoint.validate_model`), so a bad one is one CocosError line.
+    """
+    from cocos.training.checkpoint import validate_model
+
+    validate_model(ckpt, where)
     kind = ckpt["model"]["kind"]
-    if kind not in MODELS:
-        raise CocosError(f"checkpoint holds an unknown model kind '{kind}'")
     try:
         model = build_model(kind, **ckpt["model"]["hparams"])
         model.load_state_dict(ckpt["state_dict"])
     except (RuntimeError, TypeError, ValueError, AttributeError) as exc:
-        raise CocosError(f"checkpoint weights do not fit a {kind} model ({str(exc).splitlines()[0]})") from None
+        raise CocosError(f"{where}: weights do not fit a {kind} model ({str(exc).splitlines()[0]})") from None
     model.eval()
     return model, Vocabulary.from_tokens(ckpt["vocab"])
 
@@ -146,13 +161,22 @@ class Trainer:
         self.cfg, self.progress, self.log = cfg, progress, log
         self.out = Path(cfg.out)
         self.last_path, self.best_path = self.out / "last.pt", self.out / "model_best.pt"
-        if self.out.exists() and any(self.out.iterdir()) and not (resume or overwrite):
+        self.epoch_running = 0  # the epoch being trained (0: none yet)
+        if self.out.exists() and not self.out.is_dir():
+            raise CocosError(f"{self.out}: exists and is not a folder; choose another --out")
+        if Path(cfg.data).exists() and self.out.resolve() == Path(cfg.data).resolve():
+            raise CocosError(f"{self.out}: is the data folder; choose another --out")
+        if self.out.is_dir() and self._foreign_entries() and not (resume or overwrite):
             raise CocosError(f"{self.out} exists; pass --resume to continue or --overwrite to start over")
         if resume and not self.last_path.exists():
             raise CocosError(f"{self.last_path}: nothing to resume")
         self.device = resolve_device(cfg.device)
-        self.train_split = PrecompSplit(cfg.data, "train", k=cfg.k)
-        self.dev_split = PrecompSplit(cfg.data, "dev", k=cfg.k)
+        self.train_split = PrecompSplit(cfg.data, "train", k=cfg.k, check_finite=True)
+        self.dev_split = PrecompSplit(cfg.data, "dev", k=cfg.k, check_finite=True)
+        if self.dev_split.feature_shape != self.train_split.feature_shape:
+            raise CocosError(f"{self.dev_split.features_path}: dev features have shape "
+                             f"{self.dev_split.feature_shape} per image but the training features "
+                             f"{self.train_split.feature_shape}")
         self.fingerprint = data_fingerprint(cfg.data)
 
         resume_ckpt = load_checkpoint(self.last_path) if resume else None
@@ -195,17 +219,51 @@ class Trainer:
                                         compat=cfg.compat)
         self.epoch, self.step_count, self.best_rsum, self.history, self.step_log = 0, 0, -math.inf, [], []
         if resume_ckpt is not None:
-            self.model.load_state_dict(resume_ckpt["state_dict"])
-            self.optimizer.load_state_dict(resume_ckpt["optimizer"])
-            self.scheduler.load_state_dict(resume_ckpt["scheduler"])
-            if self.ltd is not None:
-                self.ltd.load(resume_ckpt["ltd"])
-            self.epoch = int(resume_ckpt["epoch"])
-            self.step_count = int(resume_ckpt.get("step", 0))
-            self.best_rsum = float(resume_ckpt["best_rsum"])
-            self.history = list(resume_ckpt["history"])
-            torch.set_rng_state(resume_ckpt["rng"]["torch"])
-            self._restore_logs()
+            self._resume_from(resume_ckpt)
+
+    def _resume_from(self, ckpt: dict) -> None:
+        """Load model, optimizer, scheduler, LTD and RNG state; anything that does not fit is one line."""
+        if dict(self.model.hparams) != ckpt["model"]["hparams"]:
+            raise CocosError(f"{self.last_path}: holds a model with {ckpt['model']['hparams']}, but this run builds "
+                             f"{dict(self.model.hparams)}; resume with the same flags and data")
+        if ckpt["epoch"] > self.cfg.epochs:
+            raise CocosError(f"{self.last_path}: already holds epoch {ckpt['epoch']}, beyond --epochs "
+                             f"{self.cfg.epochs}")
+        if self.ltd is not None and not isinstance(ckpt.get("ltd"), dict):
+            raise CocosError(f"{self.last_path}: holds no LTD state; it was trained without --ltd")
+        if self.ltd is not None and ckpt["ltd"]["hparams"]["target_dim"] != self.targets.shape[1]:
+            raise CocosError(f"{self.last_path}: its LTD decoder reconstructs {ckpt['ltd']['hparams']['target_dim']}-d "
+                             f"targets, but the targets of this run are {self.targets.shape[1]}-d")
+        rng = torch.get_rng_state()
+        for what, load in (("model weights", lambda: self.model.load_state_dict(ckpt["state_dict"])),
+                           ("optimizer state", lambda: self.optimizer.load_state_dict(ckpt["optimizer"])),
+                           ("scheduler state", lambda: self.scheduler.load_state_dict(ckpt["scheduler"])),
+                           ("LTD state", lambda: self.ltd.load(ckpt["ltd"]) if self.ltd is not None else None),
+                           ("random generator state", lambda: torch.set_rng_state(ckpt["rng"]["torch"]))):
+            try:
+                load()
+            except (RuntimeError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+                torch.set_rng_state(rng)
+                reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+                raise CocosError(f"{self.last_path}: its {what} does not fit this run ({reason})") from None
+        if self.scheduler.step_size != self.cfg.lr_update:
+            raise CocosError(f"{self.last_path}: its learning-rate schedule drops after {self.scheduler.step_size} "
+                             f"epochs, not --lr-update {self.cfg.lr_update}; resume with the same flags")
+        self.epoch = int(ckpt["epoch"])
+        self.step_count = int(ckpt.get("step", 0))
+        self.best_rsum = float(ckpt["best_rsum"])
+        self.history = list(ckpt["history"])
+        self._restore_logs()
+
+    def _foreign_entries(self) -> list[Path]:
+        """What the out folder holds besides temporaries of this command's own outputs (a killed run's)."""
+        from cocos.io import is_own_temporary
+
+        return [p for p in self.out.iterdir() if not is_own_temporary(p.name, OUTPUT_NAMES, OUTPUT_PATTERNS)]
+
+    def saved(self) -> dict[str, int | None]:
+        """What the out folder holds now: the epoch of ``last.pt`` and ``model_best.pt`` (None: none)."""
+        return {"last": peek_epoch(self.last_path), "best": peek_epoch(self.best_path)}
 
     def trained_parameters(self) -> list[torch.nn.Parameter]:
         """What Adam trains and the gradient clip covers: the model, and LTD's decoder (not λ)."""
@@ -242,6 +300,10 @@ class Trainer:
 
     def _check_resume(self, ckpt: dict) -> None:
         cfg = self.cfg
+        lacking = [k for k in (*RESUME_KEYS, "best_rsum", "history") if ckpt.get(k) is None]
+        if lacking:
+            raise CocosError(f"{self.last_path}: holds no {', '.join(lacking)} to resume from (only a last.pt "
+                             "written by cocos train can be resumed)")
         if ckpt["model"]["kind"] != cfg.model:
             raise CocosError(f"{self.last_path}: checkpoint is a {ckpt['model']['kind']} model, not {cfg.model}")
         if ckpt["loss"]["name"] != cfg.loss:
@@ -284,6 +346,7 @@ class Trainer:
 
     def step(self, img: np.ndarray, cap: np.ndarray, caption_image, loss_fn=None, epoch: int = 0) -> float:
         """One optimiser step; logs its losses (and tracks COCOS when due) from this forward pass."""
+        check_interrupt()  # a Ctrl-C that something swallowed on its way up
         self.step_count += 1
         feats = self.train_split.features_for(img).to(self.device)
         tokens, lengths = pad_batch([self.train_ids[c] for c in cap])
@@ -351,35 +414,57 @@ class Trainer:
         return ckpt
 
     def fit(self) -> dict:
-        """Train the remaining epochs; returns the best checkpoint's validation metrics."""
-        self.out.mkdir(parents=True, exist_ok=True)
-        while self.epoch < self.cfg.epochs:
-            epoch = self.epoch + 1
-            lr = self.optimizer.param_groups[0]["lr"]
-            loss, rate = self.train_epoch(epoch)
-            self.scheduler.step()
-            metrics = evaluate_model(self.model, self.dev_split, self.dev_ids, device=self.device)
-            self.epoch = epoch
-            improved = metrics["rsum"] > self.best_rsum
-            if improved:
-                self.best_rsum = metrics["rsum"]
-            # only values that the seed, data and flags determine: a checkpoint is reproducible byte for byte
-            self.history.append({"epoch": epoch, "loss": loss, "lr": lr,
-                                 **{k: metrics[k] for k in ("rsum", "i2t_R@1", "t2i_R@1")}})
-            self.write_logs()  # before last.pt: a resume cuts the logs back to its epoch
-            if improved:
-                save_checkpoint(self.best_path, self.checkpoint(metrics, full=False))
-            if self.cfg.save_every and epoch % self.cfg.save_every == 0:
-                save_checkpoint(self.out / f"epoch_{epoch:03d}.pt", self.checkpoint(metrics, full=False))
-            save_checkpoint(self.last_path, self.checkpoint(metrics, full=True))
-            self.log(
-                f"epoch {epoch:>3}  loss {loss:.4f}  {rate:,.0f} cap/s  "
-                f"i2t R@1/5/10 {metrics['i2t_R@1']:.1f}/{metrics['i2t_R@5']:.1f}/{metrics['i2t_R@10']:.1f}  "
-                f"t2i {metrics['t2i_R@1']:.1f}/{metrics['t2i_R@5']:.1f}/{metrics['t2i_R@10']:.1f}  "
-                f"rsum {metrics['rsum']:.1f}{'  *best' if improved else ''}"
-                + (f"  (warm-up: {self.loss_fn.objective.warmup_loss} loss)" if epoch <= self.cfg.warmup_epochs else "")
-            )
+        """Train the remaining epochs; returns the best checkpoint's validation metrics.
+
+        The out folder is made (and checked writable) before the first step; temporaries of its
+        own outputs that a killed run left there are removed. If this run made the folder and
+        fails or is interrupted before it saved a checkpoint, the folder is removed again: a
+        failed run leaves no partial output.
+        """
+        from cocos.io import make_dirs, remove_created, remove_stale_temporaries
+
+        created = make_dirs(self.out)
+        remove_stale_temporaries(self.out, OUTPUT_NAMES, OUTPUT_PATTERNS)
+        saved = False
+        try:
+            while self.epoch < self.cfg.epochs:
+                saved = self._fit_epoch() or saved
+        except BaseException:
+            if created and not saved:
+                remove_created(created)
+            raise
         return load_checkpoint(self.best_path)["metrics"]
+
+    def _fit_epoch(self) -> bool:
+        """Train, validate and save one epoch; returns True once a checkpoint of it is on disk."""
+        epoch = self.epoch + 1
+        self.epoch_running = epoch
+        lr = self.optimizer.param_groups[0]["lr"]
+        loss, rate = self.train_epoch(epoch)
+        self.scheduler.step()
+        metrics = evaluate_model(self.model, self.dev_split, self.dev_ids, device=self.device)
+        self.epoch = epoch
+        improved = metrics["rsum"] > self.best_rsum
+        if improved:
+            self.best_rsum = metrics["rsum"]
+        # only values that the seed, data and flags determine: a checkpoint is reproducible byte for byte
+        self.history.append({"epoch": epoch, "loss": loss, "lr": lr,
+                             **{k: metrics[k] for k in ("rsum", "i2t_R@1", "t2i_R@1")}})
+        self.write_logs()  # before last.pt: a resume cuts the logs back to its epoch
+        if improved:
+            save_checkpoint(self.best_path, self.checkpoint(metrics, full=False))
+        if self.cfg.save_every and epoch % self.cfg.save_every == 0:
+            save_checkpoint(self.out / f"epoch_{epoch:03d}.pt", self.checkpoint(metrics, full=False))
+        save_checkpoint(self.last_path, self.checkpoint(metrics, full=True))
+        self.epoch_running = 0
+        self.log(
+            f"epoch {epoch:>3}  loss {loss:.4f}  {rate:,.0f} cap/s  "
+            f"i2t R@1/5/10 {metrics['i2t_R@1']:.1f}/{metrics['i2t_R@5']:.1f}/{metrics['i2t_R@10']:.1f}  "
+            f"t2i {metrics['t2i_R@1']:.1f}/{metrics['t2i_R@5']:.1f}/{metrics['t2i_R@10']:.1f}  "
+            f"rsum {metrics['rsum']:.1f}{'  *best' if improved else ''}"
+            + (f"  (warm-up: {self.loss_fn.objective.warmup_loss} loss)" if epoch <= self.cfg.warmup_epochs else "")
+        )
+        return True
 
     def write_logs(self) -> None:
         """``train_log.csv`` (every step) and ``cocos_track.csv`` (every N steps), rewritten atomically."""
