@@ -92,6 +92,14 @@ def diagram(
             stem += f"_x_{file_slug(pair_weight.strip().rstrip('+-'))}"
         out = Path("reports") / f"diagram_{stem}"
 
+    from cocos.io import check_output_file
+
+    from .analyze import _inputs
+
+    inputs = _inputs(checkpoint, data) if checkpoint is not None else []
+    for stem in (str(out), f"{out}_pair"):  # the figures never land on (or inside) what is read
+        for suffix in (".png", ".pdf"):
+            check_output_file(stem + suffix, inputs)
     points = None
     if checkpoint is not None:
         from cocos.embed import encode_checkpoint

@@ -216,3 +216,13 @@ def test_cli_with_checkpoint_reports_the_active_share(tmp_path, tiny_checkpoint)
         assert printed == [pytest.approx(w, abs=0.051) for w in want]
         assert not math.isnan(sum(printed))
 
+
+
+def test_cli_never_writes_into_the_data_folder_it_reads(tmp_path, tiny_checkpoint):
+    data = tiny_checkpoint.parent.parent / "data"
+    before = sorted(p.name for p in data.iterdir())
+    res = runner.invoke(app, ["diagram", "--checkpoint", str(tiny_checkpoint), "--device", "cpu", "--no-progress",
+                              "--out", str(data / "figure")])
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert res.exit_code == 2 and len(lines) == 1 and "would overwrite the input" in lines[0], res.output
+    assert sorted(p.name for p in data.iterdir()) == before
