@@ -48,12 +48,11 @@ def analyze(
                                                "file may run. Only for files you trust."),
 ) -> None:
     """Encode the training set with the frozen model, count every loss both ways, write tables and figures."""
-    from cocos.embed import save_embeddings as write_embeddings
     from cocos.errors import CocosError
     from cocos.io import check_output_dir, check_output_file
     from cocos.objectives import parse_names
     from cocos.report.analyze import analyze_checkpoint
-    from cocos.report.folder import default_out, summary_lines, write_results_folder
+    from cocos.report.folder import default_out
 
     if len(checkpoints) > 1 and label is not None:
         raise CocosError("--label names one checkpoint; analyse several without it (cocos report --label epoch "
@@ -82,19 +81,31 @@ def analyze(
     if trust_checkpoint:
         typer.echo("warning: --trust-checkpoint: checkpoints are loaded with full pickle, code in them may run",
                    err=True)
-    for checkpoint, target in zip(checkpoints, targets, strict=True):
-        analysis = analyze_checkpoint(checkpoint, data, losses=losses, batch_size=batch_size, seed=seed,
-                                      compat=compat, split=split, device=device, eps=eps, label=label,
-                                      progress=progress, vocab=vocab, trust=trust_checkpoint)
-        files = write_results_folder(analysis.results, analysis.run, target, inputs[checkpoint], overwrite,
-                                     per_query=per_query, embeddings=analysis.embeddings, latex_width=latex_width,
-                                     logs=analysis.logs)
-        if save_embeddings is not None:  # last: a failed or interrupted analysis leaves no embeddings file
-            write_embeddings(save_embeddings, analysis.embeddings)
-        for line in summary_lines(analysis.results):
-            typer.echo(line)
-        typer.echo(f"wrote {target}/: {', '.join(f.name for f in files)}"
-                   + (f"; embeddings {save_embeddings}" if save_embeddings is not None else ""))
+    from cocos.distributed import context
+
+    with context() as group:  # under torchrun: ranks split encoding and counting, rank 0 writes
+        for checkpoint, target in zip(checkpoints, targets, strict=True):
+            analysis = analyze_checkpoint(checkpoint, data, losses=losses, batch_size=batch_size, seed=seed,
+                                          compat=compat, split=split, device=device, eps=eps, label=label,
+                                          progress=progress, vocab=vocab, trust=trust_checkpoint)
+            if group.is_main:
+                _write(analysis, checkpoint, target, inputs, save_embeddings, overwrite, per_query, latex_width)
+
+
+def _write(analysis, checkpoint, target, inputs, save_embeddings, overwrite, per_query, latex_width) -> None:
+    """The report folder, then the embeddings (last: a failed or interrupted analysis leaves no embeddings file)."""
+    from cocos.embed import save_embeddings as write_embeddings
+    from cocos.report.folder import summary_lines, write_results_folder
+
+    files = write_results_folder(analysis.results, analysis.run, target, inputs[checkpoint], overwrite,
+                                 per_query=per_query, embeddings=analysis.embeddings, latex_width=latex_width,
+                                 logs=analysis.logs)
+    if save_embeddings is not None:
+        write_embeddings(save_embeddings, analysis.embeddings)
+    for line in summary_lines(analysis.results):
+        typer.echo(line)
+    typer.echo(f"wrote {target}/: {', '.join(f.name for f in files)}"
+               + (f"; embeddings {save_embeddings}" if save_embeddings is not None else ""))
 
 
 def _inputs(checkpoint: Path, data: Path | None, vocab: Path | None = None) -> list[Path]:

@@ -93,13 +93,16 @@ def _interrupt_handling() -> Iterator[None]:
     clear_interrupt()
     try:
         previous = signal.signal(signal.SIGINT, _on_sigint)
+        # SIGTERM (torchrun stopping the other workers when one dies, a batch system's kill) cleans up the same way
+        previous_term = signal.signal(signal.SIGTERM, _on_sigint)
     except (ValueError, OSError, AttributeError):  # not the main thread: leave signals alone
-        previous = False
+        previous = previous_term = False
     try:
         yield
     finally:
         if previous is not False:
             signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+            signal.signal(signal.SIGTERM, previous_term if previous_term is not None else signal.SIG_DFL)
         clear_interrupt()
 
 

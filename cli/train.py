@@ -69,9 +69,19 @@ def train(
     cfg.validate()  # nonsense flags first, before any file is looked at
     if json_path is not None:
         _check_json(json_path, cfg)
-    trainer = Trainer(cfg, resume=resume, overwrite=overwrite, progress=progress, log=typer.echo)
+    from cocos.distributed import context
+
+    with context() as group:  # under torchrun: every rank trains its block of each global batch
+        trainer = Trainer(cfg, resume=resume, overwrite=overwrite, progress=progress, log=typer.echo)
+        try:
+            metrics = trainer.fit()
+        except KeyboardInterrupt:
+            if group.is_main:
+                typer.echo(interrupted_message(trainer), err=True)
+            raise typer.Exit(code=130) from None
+    if not group.is_main:
+        return
     try:
-        metrics = trainer.fit()
         from cocos.io import check_interrupt
 
         check_interrupt()  # a Ctrl-C swallowed after the last step: no figures, no --json

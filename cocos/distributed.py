@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -95,6 +96,7 @@ def context() -> Iterator[Dist]:
     group = from_env()
     try:
         yield group
+        barrier(group)  # every rank leaves together (rank 0 may still be writing); gloo dislikes early leavers
     finally:
         if group.active and dist.is_initialized():
             with contextlib.suppress(Exception):
@@ -115,6 +117,16 @@ def block(n: int, group: Dist = SINGLE) -> range:
     lo = n * group.rank // group.world
     hi = n * (group.rank + 1) // group.world
     return range(lo, hi)
+
+
+def aligned_block(n: int, step: int, group: Dist = SINGLE) -> range:
+    """Rank ``group.rank``'s block of ``range(n)`` made of whole chunks of ``step`` items (the one-process chunks).
+
+    Work done in chunks (a batch of captions encoded together, batches counted together)
+    then sees exactly the chunks one process sees, so even the rounding is the same.
+    """
+    chunks = block(-(-n // step), group)
+    return range(min(chunks.start * step, n), min(chunks.stop * step, n))
 
 
 def gather_blocks(value, group: Dist = SINGLE) -> list:
@@ -164,7 +176,9 @@ def all_gather_with_grad(x: torch.Tensor, group: Dist = SINGLE) -> torch.Tensor:
         dist.all_gather(all_sizes, sizes)
         largest = int(max(int(n) for n in all_sizes))
         padded = x if x.shape[0] == largest else torch.cat([x, x.new_zeros(largest - x.shape[0], *x.shape[1:])])
-        parts = all_gather(padded)
+        with warnings.catch_warnings():  # deprecated in favour of a private API; still the public one with autograd
+            warnings.simplefilter("ignore", FutureWarning)
+            parts = all_gather(padded)
     except RuntimeError as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise CocosError(f"rank {group.rank}: another process stopped ({first})") from None

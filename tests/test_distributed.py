@@ -94,6 +94,7 @@ def _global_batch_worker(rank: int, world: int, store: str, out: str) -> None:
     average_gradients(model.parameters(), group)
     if rank == 0:
         torch.save({"loss": loss.detach(), "w": model.weight.grad, "b": model.bias.grad}, out)
+    dist.barrier()
     dist.destroy_process_group()
 
 
@@ -112,3 +113,85 @@ def test_global_batch_gradient_on_two_processes_equals_one(tmp_path):
     assert torch.allclose(two["loss"], loss.detach(), atol=1e-6)
     assert torch.allclose(two["w"], model.weight.grad, atol=1e-6)  # uneven blocks (3 + 4 rows) included
     assert torch.allclose(two["b"], model.bias.grad, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A tiny data folder and a one-epoch checkpoint, trained in this process."""
+    from cocos.data.synth import make_synthetic
+    from cocos.training.trainer import TrainConfig, Trainer
+
+    root = tmp_path_factory.mktemp("dist")
+    data = make_synthetic(root / "data", n_train=90, n_dev=20, n_test=20, feature_dim=16, seed=5)
+    Trainer(TrainConfig(data=str(data), out=str(root / "ck"), loss="triplet_sh", epochs=1, lr=5e-3, batch_size=32,
+                        embed_size=16, word_dim=8, device="cpu"), progress=False, log=lambda *a: None).fit()
+    return root
+
+
+TRAIN = ["train", "--data", "data", "--loss", "triplet_sh", "--epochs", "1", "--lr", "5e-3", "--batch-size", "30",
+         "--embed-size", "16", "--word-dim", "8", "--device", "cpu", "--no-progress", "--track-cocos", "2"]
+
+
+@needs_torchrun
+def test_analyze_on_two_processes_equals_one(run):
+    import pandas as pd
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    args = ["analyze", "ck/model_best.pt", "--no-progress", "--overwrite"]
+    one = subprocess.run(["cocos", *args, "--out", "one"], cwd=run, env=env, capture_output=True, text=True)
+    assert one.returncode == 0, one.stderr
+    two = _torchrun(2, [*args, "--out", "two"], run)
+    assert two.returncode == 0, two.stderr[-2000:]
+    a, b = (json.loads((run / f / "results.json").read_text()) for f in ("one", "two"))
+    for key in ("stats", "alt_stats", "sweep", "evaluation", "counting", "data"):
+        _close(a[key], b[key], key)
+    x, y = (pd.read_csv(run / f / "batches.csv") for f in ("one", "two"))  # every batch, in the same order
+    pd.testing.assert_frame_equal(x.drop(columns="value"), y.drop(columns="value"))
+    np.testing.assert_allclose(x["value"], y["value"], rtol=1e-6, atol=1e-9)
+
+
+@needs_torchrun
+def test_train_on_two_processes_equals_one(run):
+    import pandas as pd
+    import torch
+
+    from cocos.training.checkpoint import load_checkpoint
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # 450 captions in global batches of 30 (15 rows per rank), with COCOS tracked on the global batch
+    one = subprocess.run(["cocos", *TRAIN, "--out", "t1", "--overwrite"], cwd=run, env=env, capture_output=True,
+                         text=True)
+    assert one.returncode == 0, one.stderr
+    two = _torchrun(2, [*TRAIN, "--out", "t2", "--overwrite"], run)
+    assert two.returncode == 0, two.stderr[-2000:]
+    assert two.stdout.count("best validation rsum") == 1  # rank 0 alone prints and writes
+    a, b = (load_checkpoint(run / f / "last.pt") for f in ("t1", "t2"))
+    for name, tensor in a["state_dict"].items():
+        assert torch.allclose(tensor.float(), b["state_dict"][name].float(), atol=1e-4), name
+    assert a["metrics"]["rsum"] == pytest.approx(b["metrics"]["rsum"], abs=1e-6)
+    x, y = (pd.read_csv(run / f / "train_log.csv") for f in ("t1", "t2"))
+    assert x["loss"].iloc[0] == pytest.approx(y["loss"].iloc[0], rel=1e-6)  # the first step: same global batch
+    np.testing.assert_allclose(x["loss"], y["loss"], rtol=1e-4)
+    x, y = (pd.read_csv(run / f / "cocos_track.csv") for f in ("t1", "t2"))
+    np.testing.assert_allclose(x["value"], y["value"], rtol=1e-5, atol=1e-6)
+
+
+@needs_torchrun
+def test_a_process_that_dies_stops_the_others_and_leaves_no_output(run, tmp_path):
+    # rank 1 dies at its third step (a sitecustomize that only this test puts on the path)
+    (tmp_path / "sitecustomize.py").write_text(
+        "import os\n"
+        "if os.environ.get('RANK') == '1':\n"
+        "    import cocos.training.trainer as t\n"
+        "    original = t.Trainer.step\n"
+        "    def step(self, *a, **k):\n"
+        "        if self.step_count >= 2:\n"
+        "            os._exit(3)\n"
+        "        return original(self, *a, **k)\n"
+        "    t.Trainer.step = step\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "COCOS_DIST_TIMEOUT": "60", "OMP_NUM_THREADS": "1"}
+    cmd = [TORCHRUN, "--standalone", "--nproc_per_node=2", "--no-python", "cocos", *TRAIN, "--out", "dead"]
+    res = subprocess.run(cmd, cwd=run, env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0
+    assert "error: rank 0: another process stopped" in res.stdout + res.stderr
+    assert not (run / "dead").exists()

@@ -249,9 +249,11 @@ class _Collector:
     def merge(self, parts: list) -> None:
         """Join the collectors of all ranks (``(batch, queries)`` dicts), in rank order: the one-process lists."""
         self.batch, queries = defaultdict(list), defaultdict(lambda: defaultdict(list))
+        first: dict = {}  # NaN (no eps) never equals itself: match keys by a canonical form, keep the first
         for batch, query in parts:
             for key, arrays in batch.items():
-                self.batch[key].extend(arrays)
+                canon = tuple("nan" if isinstance(x, float) and x != x else x for x in key)
+                self.batch[first.setdefault(canon, key)].extend(arrays)
             for key, cols in query.items():
                 for col, arrays in cols.items():
                     queries[key][col].extend(arrays)
@@ -357,11 +359,11 @@ def count_embeddings(
     for o in objectives:
         by_layout[o.layout].append(o)
     plans = {layout: make_plan(emb, layout, batch_size, seed) for layout in ("pair", "ranking") if by_layout[layout]}
-    from cocos.distributed import block, current, gather_blocks
+    from cocos.distributed import aligned_block, current, gather_blocks
 
     group = current() if group is None else group
     collect = _Collector(keep_per_query)
-    mine = {layout: block(plan.n_batches, group) for layout, plan in plans.items()}  # this rank's batches
+    mine = {layout: aligned_block(plan.n_batches, chunk, group) for layout, plan in plans.items()}  # whole chunks
     total = sum(len(r) for r in mine.values())
     device = emb.images.device
     with progress_bar(total, "counting", enabled=progress and group.is_main) as advance:

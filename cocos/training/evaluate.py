@@ -37,32 +37,44 @@ def encode_split(
     device: torch.device | str = "cpu",
     progress: bool = False,
     description: str = "encoding",
+    group=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Embeddings of all images ``(N, e)`` and captions ``(N k, e)`` of a split, in eval mode.
 
     Every item is encoded on its own (no batch statistics in eval mode), so the
     result does not depend on ``batch_size``. Raises CocosError on NaN embeddings.
+    Under torchrun (``group``, default the joined one) each rank encodes its
+    contiguous block of the images and of the captions, and every rank gets the
+    whole split back in order (:mod:`cocos.distributed`).
     """
+    from cocos.distributed import aligned_block, current, gather_blocks
+
+    group = current() if group is None else group
     check_compatible(model, split)
     was_training = model.training
     model.eval()
     images, captions = [], []
-    n_img, n_cap = split.n_images, split.n_captions
-    total = -(-n_img // batch_size) + -(-n_cap // batch_size)
+    rows_img = aligned_block(split.n_images, batch_size, group)  # whole one-process chunks: the same rounding
+    rows_cap = aligned_block(split.n_captions, batch_size, group)
+    total = -(-len(rows_img) // batch_size) + -(-len(rows_cap) // batch_size)
     try:
-        with progress_bar(total, description, enabled=progress) as advance:
-            for start in range(0, n_img, batch_size):
+        with progress_bar(total, description, enabled=progress and group.is_main) as advance:
+            for start in range(rows_img.start, rows_img.stop, batch_size):
                 check_interrupt()
-                feats = split.features_for(np.arange(start, min(start + batch_size, n_img)))
+                feats = split.features_for(np.arange(start, min(start + batch_size, rows_img.stop)))
                 images.append(model.encode_images(feats.to(device)).float().cpu())
                 advance(1)
-            for start in range(0, n_cap, batch_size):
+            for start in range(rows_cap.start, rows_cap.stop, batch_size):
                 check_interrupt()
-                tokens, lengths = pad_batch(token_ids[start : start + batch_size])
+                tokens, lengths = pad_batch(token_ids[start : min(start + batch_size, rows_cap.stop)])
                 captions.append(model.encode_captions(tokens.to(device), lengths).float().cpu())
                 advance(1)
     finally:
         model.train(was_training)
+    if group.active:  # every rank's blocks, in rank order: the whole split
+        parts = gather_blocks((images, captions), group)
+        images = [x for own, _ in parts for x in own]
+        captions = [x for _, own in parts for x in own]
     img, cap = torch.cat(images), torch.cat(captions)
     for name, emb in (("image", img), ("caption", cap)):
         bad = ~torch.isfinite(emb).all(-1)

@@ -157,8 +157,12 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False,
                  progress: bool = True, log=print):
+        from cocos.distributed import current
+
         cfg.validate()
-        self.cfg, self.progress, self.log = cfg, progress, log
+        self.group = current()  # under torchrun: this rank; rank 0 alone prints and writes
+        self.cfg, self.progress = cfg, progress and self.group.is_main
+        self.log = log if self.group.is_main else (lambda *a, **k: None)
         self.out = Path(cfg.out)
         self.last_path, self.best_path = self.out / "last.pt", self.out / "model_best.pt"
         self.epoch_running = 0  # the epoch being trained (0: none yet)
@@ -344,15 +348,39 @@ class Trainer:
             return len(img) == min(self.cfg.batch_size, self.train_split.n_images)
         return len(cap) == min(self.cfg.batch_size, len(self.train_split.caption_image))
 
+    def _local_rows(self, img: np.ndarray, cap: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
+        """This rank's contiguous block of the global batch (images and their captions), and whether it is split.
+
+        A batch with fewer items than processes is not split: every rank computes all of it.
+        """
+        from cocos.distributed import block
+
+        group = self.group
+        if self.loss_fn.batch_layout == "ranking":
+            if not group.active or len(img) < group.world:
+                return img, cap, False
+            rows, k = block(len(img), group), len(cap) // len(img)
+            return img[rows.start:rows.stop], cap[rows.start * k:rows.stop * k], True
+        if not group.active or len(cap) < group.world:
+            return img, cap, False
+        rows = block(len(cap), group)
+        return img[rows.start:rows.stop], cap[rows.start:rows.stop], True
+
     def step(self, img: np.ndarray, cap: np.ndarray, caption_image, loss_fn=None, epoch: int = 0) -> float:
         """One optimiser step; logs its losses (and tracks COCOS when due) from this forward pass."""
+        from cocos.distributed import all_gather_with_grad, average_gradients
+
         check_interrupt()  # a Ctrl-C that something swallowed on its way up
         self.step_count += 1
-        feats = self.train_split.features_for(img).to(self.device)
-        tokens, lengths = pad_batch([self.train_ids[c] for c in cap])
+        local_img, local_cap, split = self._local_rows(img, cap)
+        feats = self.train_split.features_for(local_img).to(self.device)
+        tokens, lengths = pad_batch([self.train_ids[c] for c in local_cap])
         img_emb, cap_emb = self.model(feats, tokens.to(self.device), lengths)
+        if split:  # the loss sees the global batch: every rank's rows, in order, with their gradients
+            img_emb, cap_emb = all_gather_with_grad(img_emb, self.group), all_gather_with_grad(cap_emb, self.group)
         image_ids = torch.as_tensor(img, device=self.device)
-        if self.tracker is not None and self.tracker.due(self.step_count) and self._full_batch(img, cap):
+        if (self.tracker is not None and self.group.is_main and self.tracker.due(self.step_count)
+                and self._full_batch(img, cap)):
             self.tracker.observe(self.step_count, epoch, img_emb, cap_emb, caption_image, image_ids)
         loss_con = (loss_fn or self.loss_fn)(img_emb, cap_emb, caption_image=caption_image, image_ids=image_ids)
         loss, record = loss_con, {}
@@ -361,6 +389,8 @@ class Trainer:
             loss = loss_con + term
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if split:  # each rank holds world x its rows' share of the gradient: the mean is the whole gradient
+            average_gradients(self.trained_parameters(), self.group)
         if self.cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.trained_parameters(), self.cfg.grad_clip)
         self.optimizer.step()
@@ -421,10 +451,13 @@ class Trainer:
         fails or is interrupted before it saved a checkpoint, the folder is removed again: a
         failed run leaves no partial output.
         """
+        from cocos.distributed import barrier
         from cocos.io import make_dirs, remove_created, remove_stale_temporaries
 
-        created = make_dirs(self.out)
-        remove_stale_temporaries(self.out, OUTPUT_NAMES, OUTPUT_PATTERNS)
+        main = self.group.is_main
+        created = make_dirs(self.out) if main else None
+        if main:
+            remove_stale_temporaries(self.out, OUTPUT_NAMES, OUTPUT_PATTERNS)
         saved = False
         try:
             while self.epoch < self.cfg.epochs:
@@ -433,6 +466,7 @@ class Trainer:
             if created and not saved:
                 remove_created(created)
             raise
+        barrier(self.group)  # rank 0 has written the last checkpoint
         return load_checkpoint(self.best_path)["metrics"]
 
     def _fit_epoch(self) -> bool:
@@ -450,12 +484,13 @@ class Trainer:
         # only values that the seed, data and flags determine: a checkpoint is reproducible byte for byte
         self.history.append({"epoch": epoch, "loss": loss, "lr": lr,
                              **{k: metrics[k] for k in ("rsum", "i2t_R@1", "t2i_R@1")}})
-        self.write_logs()  # before last.pt: a resume cuts the logs back to its epoch
-        if improved:
-            save_checkpoint(self.best_path, self.checkpoint(metrics, full=False))
-        if self.cfg.save_every and epoch % self.cfg.save_every == 0:
-            save_checkpoint(self.out / f"epoch_{epoch:03d}.pt", self.checkpoint(metrics, full=False))
-        save_checkpoint(self.last_path, self.checkpoint(metrics, full=True))
+        if self.group.is_main:  # rank 0 alone writes (every rank holds the same weights)
+            self.write_logs()  # before last.pt: a resume cuts the logs back to its epoch
+            if improved:
+                save_checkpoint(self.best_path, self.checkpoint(metrics, full=False))
+            if self.cfg.save_every and epoch % self.cfg.save_every == 0:
+                save_checkpoint(self.out / f"epoch_{epoch:03d}.pt", self.checkpoint(metrics, full=False))
+            save_checkpoint(self.last_path, self.checkpoint(metrics, full=True))
         self.epoch_running = 0
         self.log(
             f"epoch {epoch:>3}  loss {loss:.4f}  {rate:,.0f} cap/s  "
