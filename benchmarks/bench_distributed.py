@@ -30,16 +30,19 @@ from pathlib import Path
 import numpy as np
 
 
-def _run(cmd: list[str], cwd: Path) -> float:
+def _run(cmd: list[str], cwd: Path, threads: int | None = None) -> float:
+    env = {**os.environ, "COCOS_DIST_TIMEOUT": "900"}
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
     start = time.perf_counter()
-    res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env={**os.environ, "COCOS_DIST_TIMEOUT": "900"})
+    res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=env)
     if res.returncode:
         raise SystemExit(f"failed: {' '.join(cmd)}\n{res.stderr[-3000:]}")
     return time.perf_counter() - start
 
 
-def _best(cmd: list[str], cwd: Path, repeats: int) -> float:
-    return min(_run(cmd, cwd) for _ in range(repeats))
+def _best(cmd: list[str], cwd: Path, repeats: int, threads: int | None = None) -> float:
+    return min(_run(cmd, cwd, threads) for _ in range(repeats))
 
 
 def _max_diff(a, b) -> float:
@@ -77,10 +80,12 @@ def main() -> None:
         del images, captions
         count = ["cocos", "count", "emb.npz", "--no-progress"]
         t1 = _best([*count, "--json", "one.json"], tmp, args.repeats)
+        t1s = _best([*count, "--json", "one_t1.json"], tmp, args.repeats, threads=1)
         tn = _best([*_torchrun(args.nproc), *count, "--json", "many.json"], tmp, args.repeats)
         diff = _max_diff(*(json.loads((tmp / f).read_text())["stats"] for f in ("one.json", "many.json")))
-        print(f"cocos count ({n:,} images, {5 * n:,} captions, d 1024): 1 process {t1:.1f} s, {args.nproc} processes "
-              f"{tn:.1f} s, speed-up {t1 / tn:.2f}x; largest relative difference {diff:.1e}")
+        print(f"cocos count ({n:,} images, {5 * n:,} captions, d 1024): 1 process {t1:.1f} s (1 thread {t1s:.1f} s), "
+              f"{args.nproc} processes x 1 thread {tn:.1f} s: speed-up {t1 / tn:.2f}x ({t1s / tn:.2f}x per thread); "
+              f"largest relative difference {diff:.1e}")
         if args.skip_analyze:
             return
         from cocos.data.synth import make_synthetic
@@ -95,11 +100,12 @@ def main() -> None:
         save_checkpoint(tmp / "ck" / "model_best.pt", trainer.checkpoint(metrics={"rsum": 0.0}, full=False))
         analyze = ["cocos", "analyze", "ck/model_best.pt", "--no-progress", "--overwrite"]
         t1 = _best([*analyze, "--out", "r1"], tmp, args.repeats)
+        t1s = _best([*analyze, "--out", "r1s"], tmp, args.repeats, threads=1)
         tn = _best([*_torchrun(args.nproc), *analyze, "--out", "rn"], tmp, args.repeats)
         diff = _max_diff(*(json.loads((tmp / f / "results.json").read_text())["stats"] for f in ("r1", "rn")))
         print(f"cocos analyze (VSE++ embed 1024, {n:,} x 2048 training features, 1,000 test images): 1 process "
-              f"{t1:.1f} s, {args.nproc} processes {tn:.1f} s, speed-up {t1 / tn:.2f}x; largest relative "
-              f"difference {diff:.1e}")
+              f"{t1:.1f} s (1 thread {t1s:.1f} s), {args.nproc} processes x 1 thread {tn:.1f} s: speed-up "
+              f"{t1 / tn:.2f}x ({t1s / tn:.2f}x per thread); largest relative difference {diff:.1e}")
 
 
 if __name__ == "__main__":

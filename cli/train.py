@@ -168,8 +168,13 @@ def evaluate(
     dev = resolve_device(device)
     model, vocab = build_from_checkpoint(ckpt, checkpoint)
     split_data = PrecompSplit(folder, split, k=int(ckpt["data"]["k"]), check_finite=True)
-    metrics = evaluate_model(model.to(dev), split_data, tokenize_split(split_data, vocab), device=dev,
-                             progress=progress)
+    from cocos.distributed import context
+
+    with context() as group:  # under torchrun: ranks split the encoding, rank 0 prints and writes
+        metrics = evaluate_model(model.to(dev), split_data, tokenize_split(split_data, vocab), device=dev,
+                                 progress=progress)
+    if not group.is_main:
+        return
     check_interrupt()  # a Ctrl-C swallowed during the evaluation: stop before anything is written
     typer.echo(format_metrics(metrics, f"{checkpoint} on {split}"))
     if json_path is not None:
