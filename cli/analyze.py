@@ -71,13 +71,16 @@ def analyze(
     if vocab is not None and not vocab.is_file():
         raise CocosError(f"{vocab}: no such vocabulary file")
     inputs = {}
-    for checkpoint, target in zip(checkpoints, targets, strict=True):  # all before minutes of encoding
+    for checkpoint in checkpoints:
         if not checkpoint.exists():
             raise CocosError(f"{checkpoint}: no such checkpoint")
         inputs[checkpoint] = _inputs(checkpoint, data, vocab)
-        check_output_dir(target, inputs[checkpoint], overwrite)
+    every_input = [p for found in inputs.values() for p in found]
+    for checkpoint, target in zip(checkpoints, targets, strict=True):  # all before minutes of encoding
+        inputs[checkpoint] = every_input  # no report folder may hold any checkpoint's input
+        check_output_dir(target, every_input, overwrite)
         if save_embeddings is not None:
-            check_output_file(save_embeddings, inputs[checkpoint] + [target])
+            check_output_file(save_embeddings, every_input + [target])
     if trust_checkpoint:
         typer.echo("warning: --trust-checkpoint: checkpoints are loaded with full pickle, code in them may run",
                    err=True)

@@ -23,6 +23,7 @@ def import_checkpoint(
                                    "new checkpoint). Required."),
     out: Path = typer.Option(None, "--out", metavar="PATH", help="The cocos checkpoint to write (e.g. model.pt). "
                                                                  "Required."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out file."),
     trust_checkpoint: bool = typer.Option(False, "--trust-checkpoint",
                                           help="Load the checkpoint with full pickle (weights_only=False): code in "
                                                "the file may run. Only for files you trust."),
@@ -44,6 +45,8 @@ def import_checkpoint(
     if not data.is_dir():
         raise CocosError(f"{data}: no such data folder")
     check_output_file(out, [checkpoint, vocab, data])
+    if out.exists() and not overwrite:
+        raise CocosError(f"{out}: exists; pass --overwrite to replace it")
     if trust_checkpoint:
         typer.echo("warning: --trust-checkpoint: the checkpoint is loaded with full pickle, code in it may run",
                    err=True)

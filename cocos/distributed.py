@@ -75,11 +75,17 @@ def from_env() -> Dist:
     if not dist.is_available():
         raise CocosError("this torch build has no torch.distributed; run a single process")
     if not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
+        # Gloo carries CPU tensors, NCCL CUDA ones: a --device cpu run on a GPU node works too
+        cuda = torch.cuda.is_available() and dist.is_nccl_available()
+        backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"
         timeout = datetime.timedelta(seconds=_env_int(TIMEOUT_ENV) or DEFAULT_TIMEOUT)
-        if backend == "nccl":
+        if cuda:
             local = _env_int("LOCAL_RANK") or 0
-            torch.cuda.set_device(local % max(1, torch.cuda.device_count()))
+            if local >= torch.cuda.device_count():
+                raise CocosError(f"LOCAL_RANK {local} but this node has {torch.cuda.device_count()} GPU(s); start "
+                                 "at most one process per GPU (--nproc_per_node), or run on the CPU with "
+                                 "CUDA_VISIBLE_DEVICES=''")
+            torch.cuda.set_device(local)
         try:
             dist.init_process_group(backend=backend, timeout=timeout)
         except (RuntimeError, ValueError) as exc:
@@ -183,6 +189,20 @@ def all_gather_with_grad(x: torch.Tensor, group: Dist = SINGLE) -> torch.Tensor:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise CocosError(f"rank {group.rank}: another process stopped ({first})") from None
     return torch.cat([part[: int(n)] for part, n in zip(parts, all_sizes, strict=True)], dim=0)
+
+
+def broadcast_buffers(module: torch.nn.Module, group: Dist = SINGLE) -> None:
+    """Rank 0's buffers (BatchNorm running statistics) on every rank, as DistributedDataParallel keeps them."""
+    if not group.active:
+        return
+    import torch.distributed as dist
+
+    try:
+        for buffer in module.buffers():
+            dist.broadcast(buffer, src=0)
+    except RuntimeError as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise CocosError(f"rank {group.rank}: another process stopped ({first})") from None
 
 
 def average_gradients(parameters, group: Dist = SINGLE) -> None:

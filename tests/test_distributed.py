@@ -195,3 +195,23 @@ def test_a_process_that_dies_stops_the_others_and_leaves_no_output(run, tmp_path
     assert res.returncode != 0
     assert "error: rank 0: another process stopped" in res.stdout + res.stderr
     assert not (run / "dead").exists()
+
+
+@needs_torchrun
+def test_vsrn_on_two_processes_saves_the_model_it_validated(tmp_path):
+    """BatchNorm: rank 0's running statistics on every rank (the recorded dev rsum is the saved model's), and
+    a global batch too small for two rows per rank (the epoch's last, 2 captions) is computed whole."""
+    from cocos.data.synth import make_synthetic
+
+    make_synthetic(tmp_path / "data", n_train=41, n_dev=12, n_test=12, feature_dim=8, regions=True, seed=1)
+    args = ["train", "--data", "data", "--model", "vsrn", "--epochs", "1", "--batch-size", "7", "--embed-size", "8",
+            "--word-dim", "8", "--lr", "1e-2", "--device", "cpu", "--no-progress", "--out", "v"]
+    res = _torchrun(2, args, tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    from cocos.training.checkpoint import load_checkpoint
+
+    recorded = load_checkpoint(tmp_path / "v" / "last.pt")["metrics"]["rsum"]
+    again = subprocess.run(["cocos", "evaluate", "v/last.pt", "--split", "dev", "--json", "dev.json",
+                            "--no-progress"], cwd=tmp_path, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    assert json.loads((tmp_path / "dev.json").read_text())["rsum"] == pytest.approx(recorded, abs=1e-9)

@@ -287,6 +287,11 @@ def test_vsepp_checkpoint_analyzes_to_the_original_embeddings_and_imports_once(v
                               str(tmp_path / "model.pt")])
     assert res.exit_code == 0, res.output
     assert "triplet_sh" in res.output
+    written = (tmp_path / "model.pt").read_bytes()
+    res = runner.invoke(app, ["import", str(ckpt), "--vocab", str(vocab), "--data", str(folder), "--out",
+                              str(tmp_path / "model.pt")])
+    assert res.exit_code == 2 and "--overwrite" in res.output  # an existing file is replaced only when asked
+    assert (tmp_path / "model.pt").read_bytes() == written
     res = analyze(tmp_path / "model.pt", tmp_path / "r2", "--save-embeddings", tmp_path / "e2.npz")
     assert res.exit_code == 0, res.output
     again = load_npz(tmp_path / "e2.npz")
@@ -418,6 +423,8 @@ def test_trust_checkpoint_loads_with_full_pickle_and_warns(vsepp_run, tmp_path):
     ({"criterion": "infonce"}, "infonce"),
     ({"data_name": "f30k"}, "raw images"),
     ({"img_dim": DIM + 1}, "img_dim"),
+    ({"margin": float("nan")}, "opt.margin"),  # present but not a number: never silently the default
+    ({"margin": "abc"}, "opt.margin"),
 ])
 def test_what_cocos_cannot_represent_is_refused(vsepp_run, tmp_path, change, words):
     ckpt, vocab, folder, _ = vsepp_run

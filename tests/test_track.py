@@ -174,3 +174,36 @@ def test_track_figure_panels_follow_the_statistics(tmp_path):
     assert drawn.data == {"panels": ["C_q", "C_B", "C_0"], "series": ["Triplet loss"]}
     frame = pd.concat([frame, frame.assign(loss="ntxent", stat="W_qv-")])
     assert plot_track(frame, tmp_path / "u").data["panels"] == ["C_q", "C_B", "C_0", "W_qv-"]
+
+
+def test_resume_with_a_damaged_log_is_one_line(data, tmp_path):
+    out = tmp_path / "run"
+    Trainer(_cfg(data, out, epochs=1, track_cocos=3), **QUIET).fit()
+    base = ["train", "--data", str(data), "--out", str(out), "--resume", "--epochs", "2", "--loss", "triplet",
+            "--lr", "0.003", "--batch-size", "24", "--embed-size", "16", "--word-dim", "8", "--device", "cpu",
+            "--track-cocos", "3", "--no-progress"]
+    for name, damage in (("train_log.csv", lambda t: t.replace("\n1,1,", "\n1,x,", 1)),
+                         ("cocos_track.csv", lambda t: "\n".join(",".join(r.split(",")[:5]) for r in t.splitlines()))):
+        path = out / name
+        good = path.read_text()
+        path.write_text(damage(good))
+        before = {p.name: p.read_bytes() for p in out.iterdir()}
+        res = runner.invoke(app, base)
+        lines = [line for line in res.output.splitlines() if line.strip()]
+        assert res.exit_code == 2 and len(lines) == 1 and name in lines[0], (name, res.output)
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+        path.write_text(good)
+
+
+def test_no_report_folder_of_several_checkpoints_may_hold_another_ones_input(data, tmp_path):
+    out = tmp_path / "ck" / "run"
+    Trainer(_cfg(data, out, epochs=1), **QUIET).fit()
+    reports = tmp_path / "reports"
+    hidden = reports / "run_last"  # the default folder of the second checkpoint below
+    hidden.mkdir(parents=True)
+    (hidden / ".cocos-output").write_text("")  # even a folder cocos wrote
+    (hidden / "other.pt").write_bytes((out / "model_best.pt").read_bytes())
+    res = runner.invoke(app, ["analyze", str(hidden / "other.pt"), str(out / "last.pt"), "--out", str(reports),
+                              "--overwrite", "--no-progress"])
+    assert res.exit_code == 2 and "would replace the input" in res.output, res.output
+    assert (hidden / "other.pt").is_file()

@@ -225,12 +225,19 @@ def loss_from_opt(opt: dict, path: str | os.PathLike) -> tuple[str, dict]:
         raise CocosError(f"{path}: trained with criterion {criterion!r}, which cocos does not know "
                          f"(triplet, ntxent, ranking)")
     name = _CRITERIA[criterion]
+    def setting(key: str, default: float) -> float:  # absent: the default; present but not a number: refused
+        if opt.get(key) is None:
+            return default
+        value = _float(opt[key], None)
+        if value is None:
+            raise CocosError(f"{path}: opt.{key} = {opt[key]!r} is not a finite number")
+        return value
+
     if name is None:
         name = "triplet_sh" if _bool(opt.get("max_violation")) else "triplet"
-        params = {"margin": _float(opt.get("margin"), 0.2)}
+        params = {"margin": setting("margin", 0.2)}
     else:
-        default = {"ntxent": 0.1, "smoothap": 0.01}[name]
-        params = {"tau": _float(opt.get("tau"), default)}
+        params = {"tau": setting("tau", {"ntxent": 0.1, "smoothap": 0.01}[name])}
     try:
         return name, get_loss(name, **params).params()
     except CocosError as exc:

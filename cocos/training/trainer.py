@@ -222,6 +222,7 @@ class Trainer:
             self.tracker = CocosTracker(cfg.track_cocos, cfg.loss, self.loss_fn.params(), self.loss_fn.batch_layout,
                                         compat=cfg.compat)
         self.epoch, self.step_count, self.best_rsum, self.history, self.step_log = 0, 0, -math.inf, [], []
+        self.best_metrics: dict = {}  # of this process's run (rank 0 returns the file's, which also covers a resume)
         if resume_ckpt is not None:
             self._resume_from(resume_ckpt)
 
@@ -276,31 +277,27 @@ class Trainer:
 
     def _ltd_targets(self) -> torch.Tensor:
         from cocos.data.targets import read_targets, sentence_targets
+        from cocos.distributed import barrier
 
         n = len(self.train_split.captions)
         if self.cfg.ltd_targets:
-            targets = read_targets(self.cfg.ltd_targets, n)
-        else:
-            targets = sentence_targets(self.train_split, progress=self.progress, log=self.log)
+            return torch.from_numpy(read_targets(self.cfg.ltd_targets, n))
+        if not self.group.is_main:  # rank 0 computes and caches them; the others then read the cache
+            barrier(self.group)
+        targets = sentence_targets(self.train_split, progress=self.progress, log=self.log)
+        if self.group.is_main:
+            barrier(self.group)
         return torch.from_numpy(targets)
 
     def _restore_logs(self) -> None:
         """Keep the rows of the epochs the resumed checkpoint holds (a crash may have left later ones)."""
-        import pandas as pd
+        from cocos.report.training import read_logs
 
-        for name, restore in ((TRAIN_LOG, None), (TRACK_LOG, self.tracker)):
-            path = self.out / name
-            if not path.is_file():
-                continue
-            try:
-                frame = pd.read_csv(path)
-                frame = frame[frame["epoch"] <= self.epoch]
-            except (ValueError, KeyError, OSError) as exc:
-                raise CocosError(f"{path}: not a readable log ({str(exc).splitlines()[0]})") from None
-            if restore is not None:
-                restore.restore(frame)
-            elif name == TRAIN_LOG:
-                self.step_log = frame.to_dict("records")
+        logs = read_logs(self.out, max_epoch=self.epoch)  # the checked reader: a damaged log is one line
+        if logs.steps is not None:
+            self.step_log = logs.steps.to_dict("records")
+        if logs.track is not None and self.tracker is not None:
+            self.tracker.restore(logs.track)
 
     def _check_resume(self, ckpt: dict) -> None:
         cfg = self.cfg
@@ -356,19 +353,22 @@ class Trainer:
         from cocos.distributed import block
 
         group = self.group
+        # a model with BatchNorm (VSRN) needs two rows on every rank in training mode
+        least = group.world * (2 if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+                                        for m in self.model.modules()) else 1)
         if self.loss_fn.batch_layout == "ranking":
-            if not group.active or len(img) < group.world:
+            if not group.active or len(img) < least:
                 return img, cap, False
             rows, k = block(len(img), group), len(cap) // len(img)
             return img[rows.start:rows.stop], cap[rows.start * k:rows.stop * k], True
-        if not group.active or len(cap) < group.world:
+        if not group.active or len(cap) < least:
             return img, cap, False
         rows = block(len(cap), group)
         return img[rows.start:rows.stop], cap[rows.start:rows.stop], True
 
     def step(self, img: np.ndarray, cap: np.ndarray, caption_image, loss_fn=None, epoch: int = 0) -> float:
         """One optimiser step; logs its losses (and tracks COCOS when due) from this forward pass."""
-        from cocos.distributed import all_gather_with_grad, average_gradients
+        from cocos.distributed import all_gather_with_grad, average_gradients, broadcast_buffers
 
         check_interrupt()  # a Ctrl-C that something swallowed on its way up
         self.step_count += 1
@@ -394,6 +394,8 @@ class Trainer:
         if self.cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.trained_parameters(), self.cfg.grad_clip)
         self.optimizer.step()
+        if split:  # BatchNorm running statistics saw this rank's rows: every rank takes rank 0's (as DDP)
+            broadcast_buffers(self.model, self.group)
         if self.ltd is not None:
             self.ltd.step()  # gradient ascent on λ, from the same backward pass
         value = float(loss.detach())
@@ -467,6 +469,8 @@ class Trainer:
                 remove_created(created)
             raise
         barrier(self.group)  # rank 0 has written the last checkpoint
+        if not self.group.is_main:  # other nodes need not share rank 0's file system
+            return dict(self.best_metrics)
         return load_checkpoint(self.best_path)["metrics"]
 
     def _fit_epoch(self) -> bool:
@@ -480,7 +484,7 @@ class Trainer:
         self.epoch = epoch
         improved = metrics["rsum"] > self.best_rsum
         if improved:
-            self.best_rsum = metrics["rsum"]
+            self.best_rsum, self.best_metrics = metrics["rsum"], metrics
         # only values that the seed, data and flags determine: a checkpoint is reproducible byte for byte
         self.history.append({"epoch": epoch, "loss": loss, "lr": lr,
                              **{k: metrics[k] for k in ("rsum", "i2t_R@1", "t2i_R@1")}})
