@@ -1,4 +1,5 @@
-"""Test helpers: embeddings that realise a chosen similarity matrix exactly."""
+"""Test helpers: embeddings that realise a chosen similarity matrix exactly; file snapshots and the one-line
+error check of the CLI."""
 
 from __future__ import annotations
 
@@ -21,3 +22,22 @@ def embed_similarities(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     captions[:, :b] = s.T
     captions[np.arange(m), b + np.arange(m)] = np.sqrt(1 - norms)
     return images, captions
+
+
+def snapshot(*folders) -> dict:
+    """Every file under the folders with its bytes (hidden temporaries included): compare before and after."""
+    from pathlib import Path
+
+    out = {}
+    for folder in folders:
+        for p in sorted(Path(folder).rglob("*")):
+            out[str(p)] = p.read_bytes() if p.is_file() else None
+    return out
+
+
+def one_error_line(res) -> str:
+    """A CLI result that is bad input: exit code 2 and exactly one line, ``error: ...``; returns it."""
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert res.exit_code == 2, (res.exit_code, res.output, res.exception)
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.output
+    return lines[0]

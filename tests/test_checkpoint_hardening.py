@@ -24,6 +24,7 @@ from cocos.errors import CocosError
 from cocos.training.checkpoint import HASH_KEY, content_hash, load_checkpoint, save_checkpoint, validate_checkpoint
 from cocos.training.trainer import TrainConfig, Trainer, build_from_checkpoint
 from cocos_cli.main import app
+from tests.helpers import one_error_line, snapshot
 
 runner = CliRunner()
 QUIET = {"progress": False, "log": lambda *a: None}
@@ -42,20 +43,6 @@ def world(tmp_path_factory):
     return root, data
 
 
-def _snapshot(*folders: Path) -> dict:
-    """Every file under the folders with its bytes (hidden temporaries included)."""
-    out = {}
-    for folder in folders:
-        for p in sorted(Path(folder).rglob("*")):
-            out[str(p)] = p.read_bytes() if p.is_file() else None
-    return out
-
-
-def _one_error_line(res) -> str:
-    lines = [line for line in res.output.splitlines() if line.strip()]
-    assert res.exit_code == 2, (res.exit_code, res.output, res.exception)
-    assert len(lines) == 1 and lines[0].startswith("error: "), res.output
-    return lines[0]
 
 
 # -- structure: one line from evaluate, analyze, diagram and resume ----------------------------------------
@@ -124,7 +111,7 @@ def test_structure_faults_are_one_line_from_every_command(world, tmp_path, case)
     folder.mkdir()
     path = folder / "last.pt"
     save_checkpoint(path, ckpt)  # a valid hash over a bad structure: the structure check must find it
-    before = _snapshot(tmp_path, data)
+    before = snapshot(tmp_path, data)
     commands = {
         "evaluate": ["evaluate", str(path), "--data", str(data), "--json", str(tmp_path / "m.json")],
         "analyze": ["analyze", str(path), "--data", str(data), "--out", str(tmp_path / "rep")],
@@ -136,8 +123,8 @@ def test_structure_faults_are_one_line_from_every_command(world, tmp_path, case)
     }
     lines = {}
     for name, args in commands.items():
-        lines[name] = _one_error_line(runner.invoke(app, args + ["--no-progress"]))
-        assert _snapshot(tmp_path, data) == before, name  # inputs byte-identical, nothing new
+        lines[name] = one_error_line(runner.invoke(app, args + ["--no-progress"]))
+        assert snapshot(tmp_path, data) == before, name  # inputs byte-identical, nothing new
     assert len(set(lines.values())) == 1, lines  # one validation, on load: the same line everywhere
     assert expected in lines["evaluate"] and str(path) in lines["evaluate"], lines["evaluate"]
 
@@ -165,7 +152,7 @@ def test_ltd_state_is_validated_when_present(world, tmp_path):
         path = tmp_path / f"{name}.pt"
         save_checkpoint(path, ckpt)
         res = runner.invoke(app, ["evaluate", str(path), "--data", str(data), "--no-progress"])
-        line = _one_error_line(res)
+        line = one_error_line(res)
         assert expected in line, (name, line)
 
 
@@ -196,12 +183,12 @@ def test_flipped_bytes_in_tensor_data_are_found_by_every_command(world, tmp_path
         raw[start + (size // 2 - 32) + i] ^= 0xFF
     path.write_bytes(bytes(raw))
     assert torch.load(path, weights_only=True)["epoch"] == 1  # torch itself reads it without complaint
-    before = _snapshot(tmp_path, data)
+    before = snapshot(tmp_path, data)
     for args in (["evaluate", str(path), "--data", str(data), "--json", str(tmp_path / "m.json")],
                  ["analyze", str(path), "--data", str(data), "--out", str(tmp_path / "rep")]):
-        line = _one_error_line(runner.invoke(app, args + ["--no-progress"]))
+        line = one_error_line(runner.invoke(app, args + ["--no-progress"]))
         assert f"{path}: is corrupted" in line and member in line, line
-        assert _snapshot(tmp_path, data) == before
+        assert snapshot(tmp_path, data) == before
 
 
 def test_content_hash_finds_changes_the_crc_cannot_and_old_checkpoints_still_load(world, tmp_path):
@@ -345,7 +332,7 @@ def test_evaluate_json_never_replaces_an_input(world, tmp_path):
     ckpt = tmp_path / "ck.pt"
     shutil.copy(root / "run" / "model_best.pt", ckpt)
     (tmp_path / "file").write_text("a file")
-    before = _snapshot(tmp_path, data)
+    before = snapshot(tmp_path, data)
     cases = {
         str(ckpt): "would overwrite the input",
         str(data / "test_caps.txt"): "would overwrite the input",
@@ -354,10 +341,10 @@ def test_evaluate_json_never_replaces_an_input(world, tmp_path):
     }
     for target, expected in cases.items():
         for extra in (["--data", str(data)], []):  # given, or recorded in the checkpoint
-            line = _one_error_line(runner.invoke(app, ["evaluate", str(ckpt), "--json", target, "--no-progress",
+            line = one_error_line(runner.invoke(app, ["evaluate", str(ckpt), "--json", target, "--no-progress",
                                                        *extra]))
             assert expected in line, (target, line)
-            assert _snapshot(tmp_path, data) == before
+            assert snapshot(tmp_path, data) == before
 
 
 # -- data a checkpoint is evaluated on ------------------------------------------------------------------------
@@ -375,11 +362,11 @@ def test_evaluate_refuses_nan_inf_features_and_non_utf8_captions(world, tmp_path
         copy_ = tmp_path / name
         shutil.copytree(data, copy_)
         damage(copy_)
-        before = _snapshot(tmp_path)
-        line = _one_error_line(runner.invoke(app, ["evaluate", str(ckpt), "--data", str(copy_), "--json",
+        before = snapshot(tmp_path)
+        line = one_error_line(runner.invoke(app, ["evaluate", str(ckpt), "--data", str(copy_), "--json",
                                                    str(tmp_path / f"{name}.json"), "--no-progress"]))
         assert ("NaN" in line or "UTF-8" in line) and "test_" in line, line
-        assert _snapshot(tmp_path) == before
+        assert snapshot(tmp_path) == before
 
 
 def _poke(path: Path, value: float) -> None:

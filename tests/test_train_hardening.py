@@ -24,6 +24,7 @@ from cocos.io import MARKER
 from cocos.training.checkpoint import load_checkpoint, save_checkpoint
 from cocos.training.trainer import TrainConfig, Trainer
 from cocos_cli.main import app
+from tests.helpers import one_error_line, snapshot
 
 runner = CliRunner()
 QUIET = {"progress": False, "log": lambda *a: None}
@@ -41,19 +42,6 @@ def world(tmp_path_factory):
     return root, data
 
 
-def _snapshot(*folders: Path) -> dict:
-    out = {}
-    for folder in folders:
-        for p in sorted(Path(folder).rglob("*")):
-            out[str(p)] = p.read_bytes() if p.is_file() else None
-    return out
-
-
-def _one_error_line(res) -> str:
-    lines = [line for line in res.output.splitlines() if line.strip()]
-    assert res.exit_code == 2, (res.exit_code, res.output, res.exception)
-    assert len(lines) == 1 and lines[0].startswith("error: "), res.output
-    return lines[0]
 
 
 def _train(data, out, *extra):
@@ -118,10 +106,10 @@ def test_resume_from_a_bad_last_pt_is_one_line(world, tmp_path, case, no_steps):
     ckpt = load_checkpoint(out / "last.pt")
     mutate(ckpt)
     save_checkpoint(out / "last.pt", ckpt)
-    before = _snapshot(tmp_path, data)
-    line = _one_error_line(_train(data, out, "--resume", "--epochs", "2"))
+    before = snapshot(tmp_path, data)
+    line = one_error_line(_train(data, out, "--resume", "--epochs", "2"))
     assert expected in line and "last.pt" in line, line
-    assert _snapshot(tmp_path, data) == before
+    assert snapshot(tmp_path, data) == before
 
 
 def test_resume_from_a_valid_last_pt_still_works(world, tmp_path):
@@ -145,10 +133,10 @@ def test_resume_from_a_valid_last_pt_still_works(world, tmp_path):
 ])
 def test_flags_refused_up_front(world, tmp_path, flags, expected, no_steps):
     _, data = world
-    before = _snapshot(tmp_path, data)
-    line = _one_error_line(_train(data, tmp_path / "out", "--epochs", "1", *flags))
+    before = snapshot(tmp_path, data)
+    line = one_error_line(_train(data, tmp_path / "out", "--epochs", "1", *flags))
     assert expected in line, line
-    assert _snapshot(tmp_path, data) == before
+    assert snapshot(tmp_path, data) == before
 
 
 def test_a_large_seed_below_the_limit_trains(world, tmp_path):
@@ -162,17 +150,17 @@ def test_dev_features_of_another_dimension_are_found_before_training(world, tmp_
     other = tmp_path / "data"
     shutil.copytree(data, other)
     np.save(other / "dev_ims.npy", np.zeros((16, 20), dtype=np.float32))
-    before = _snapshot(tmp_path)
-    line = _one_error_line(_train(other, tmp_path / "out", "--epochs", "1"))
+    before = snapshot(tmp_path)
+    line = one_error_line(_train(other, tmp_path / "out", "--epochs", "1"))
     assert "dev_ims.npy" in line and "(20,)" in line and "(16,)" in line, line
-    assert _snapshot(tmp_path) == before
+    assert snapshot(tmp_path) == before
 
 
 def test_json_is_checked_before_training(world, tmp_path, no_steps, monkeypatch):
     _, data = world
     (tmp_path / "file").write_text("not a folder")
     out = tmp_path / "out"
-    before = _snapshot(tmp_path, data)
+    before = snapshot(tmp_path, data)
     cases = {
         str(data / "train_caps.txt"): "would overwrite the input",
         str(data / "cache" / "m.json"): "would overwrite the input",
@@ -182,17 +170,17 @@ def test_json_is_checked_before_training(world, tmp_path, no_steps, monkeypatch)
         str(out / "epoch_003.pt"): "is one of the files cocos train writes",
     }
     for target, expected in cases.items():
-        line = _one_error_line(_train(data, out, "--epochs", "1", "--json", target))
+        line = one_error_line(_train(data, out, "--epochs", "1", "--json", target))
         assert expected in line, (target, line)
-        assert _snapshot(tmp_path, data) == before
+        assert snapshot(tmp_path, data) == before
     # a folder this user cannot write (root can write anywhere: the permission check is simulated)
     import cocos.io
 
     real = os.access
     monkeypatch.setattr(cocos.io.os, "access", lambda p, mode: False if Path(p) == tmp_path else real(p, mode))
-    line = _one_error_line(_train(data, out, "--epochs", "1", "--json", str(tmp_path / "new" / "m.json")))
+    line = one_error_line(_train(data, out, "--epochs", "1", "--json", str(tmp_path / "new" / "m.json")))
     assert "is not writable" in line, line
-    assert _snapshot(tmp_path, data) == before
+    assert snapshot(tmp_path, data) == before
 
 
 # -- partial outputs ---------------------------------------------------------------------------------------------
@@ -208,19 +196,19 @@ def test_a_failed_first_write_leaves_no_folder(world, tmp_path, monkeypatch):
 
     monkeypatch.setattr(pd.DataFrame, "to_csv", full)
     out = tmp_path / "a" / "b" / "run"
-    before = _snapshot(tmp_path, data)
-    line = _one_error_line(_train(data, out, "--epochs", "1"))
+    before = snapshot(tmp_path, data)
+    line = one_error_line(_train(data, out, "--epochs", "1"))
     assert "No space left on device" in line and "train_log.csv" in line, line
-    assert _snapshot(tmp_path, data) == before  # not even the parents this run made
+    assert snapshot(tmp_path, data) == before  # not even the parents this run made
     # a read-only place: refused before the first step, nothing made
     import cocos.io
 
     real = os.access
     monkeypatch.setattr(cocos.io.os, "access", lambda p, mode: real(p, mode) and tmp_path not in Path(p).parents)
     monkeypatch.setattr(Trainer, "step", lambda *a, **k: pytest.fail("trained on a read-only --out"))
-    line = _one_error_line(_train(data, out, "--epochs", "1"))
+    line = one_error_line(_train(data, out, "--epochs", "1"))
     assert "cannot write" in line, line
-    assert _snapshot(tmp_path, data) == before
+    assert snapshot(tmp_path, data) == before
 
 
 def test_a_failure_after_a_saved_epoch_keeps_it(world, tmp_path, monkeypatch):
@@ -266,7 +254,7 @@ def test_stale_temporaries_of_its_own_outputs_are_removed_and_nothing_else(world
     fresh = tmp_path / "fresh"
     fresh.mkdir()
     (fresh / "notes.txt").write_text("mine")
-    assert "exists; pass --resume" in _one_error_line(_train(data, fresh, "--epochs", "1"))
+    assert "exists; pass --resume" in one_error_line(_train(data, fresh, "--epochs", "1"))
 
 
 # -- Ctrl-C --------------------------------------------------------------------------------------------------------
@@ -403,17 +391,17 @@ def _demo(tmp_path, *extra):
 def test_demo_refuses_a_foreign_data_or_report_folder_unless_overwrite(tmp_path, monkeypatch):
     (tmp_path / "syn").mkdir()
     (tmp_path / "syn" / "thesis.tex").write_text("mine")
-    before = _snapshot(tmp_path)
-    line = _one_error_line(_demo(tmp_path))
+    before = snapshot(tmp_path)
+    line = one_error_line(_demo(tmp_path))
     assert "syn: exists, holds no train_ims.npy and was not written by cocos" in line and "--overwrite" in line
-    assert _snapshot(tmp_path) == before
+    assert snapshot(tmp_path) == before
     (tmp_path / "syn" / "thesis.tex").unlink()
     (tmp_path / "rep").mkdir()  # e.g. what an interrupted demo of an earlier version left: no marker
     (tmp_path / "rep" / "triplet").mkdir()
-    before = _snapshot(tmp_path)
-    line = _one_error_line(_demo(tmp_path))
+    before = snapshot(tmp_path)
+    line = one_error_line(_demo(tmp_path))
     assert "rep: exists and was not written by cocos" in line
-    assert _snapshot(tmp_path) == before
+    assert snapshot(tmp_path) == before
     # --overwrite passes the checks (interrupted at the analysis, before the report: the old folder stays)
     import cocos.report.analyze
 
@@ -448,10 +436,10 @@ def test_interrupted_demo_leaves_no_report_folder_and_exits_130(tmp_path, monkey
 def test_demo_checks_model_folders_it_did_not_write(tmp_path):
     (tmp_path / "ck" / "triplet").mkdir(parents=True)
     (tmp_path / "ck" / "triplet" / "paper.pdf").write_text("mine")
-    before = _snapshot(tmp_path)
-    line = _one_error_line(_demo(tmp_path))
+    before = snapshot(tmp_path)
+    line = one_error_line(_demo(tmp_path))
     assert "triplet: exists and was not written by cocos train" in line
-    assert _snapshot(tmp_path) == before
+    assert snapshot(tmp_path) == before
 
 
 def test_trainer_objects_keep_working_from_python(world, tmp_path):
