@@ -130,6 +130,7 @@ def test_resume_from_a_valid_last_pt_still_works(world, tmp_path):
     (["--seed", str(10**30)], "--seed must be an integer"),
     (["--seed", "-1"], "--seed must be an integer"),
     (["--model", "vsrn", "--batch-size", "1"], "--model vsrn needs --batch-size of at least 2"),
+    (["--batch-size", "1"], "a batch of one has no negatives"),
 ])
 def test_flags_refused_up_front(world, tmp_path, flags, expected, no_steps):
     _, data = world

@@ -95,6 +95,9 @@ class TrainConfig:
         if self.model == "vsrn" and self.batch_size < 2:
             raise CocosError(f"--model vsrn needs --batch-size of at least 2 (its BatchNorm needs two images), "
                              f"got {self.batch_size}")
+        if self.batch_size < 2:  # one caption, or one image, has nothing to contrast with
+            raise CocosError(f"--batch-size must be at least 2 (a batch of one has no negatives), got "
+                             f"{self.batch_size}")
         if self.grad_clip < 0:
             raise CocosError(f"gradient clipping must be >= 0, got {self.grad_clip}")
         if not 0 <= self.warmup_epochs < self.epochs:
