@@ -122,12 +122,10 @@ def _inputs(checkpoint: Path, data: Path | None, vocab: Path | None = None) -> l
 
 
 def _recorded_data(checkpoint: Path) -> Path | None:
-    """The data folder a cocos checkpoint names (None for other files: they fail later with their own message)."""
-    from cocos.errors import CocosError
-    from cocos.training.checkpoint import load_checkpoint
+    """The data folder a cocos checkpoint names, peeked at (the analysis verifies the file once, later);
+    None for other files, which fail later with their own message."""
+    from cocos.training.checkpoint import peek
 
-    try:
-        path = load_checkpoint(checkpoint)["data"]["path"]
-    except (CocosError, KeyError, TypeError):
-        return None
+    data = peek(checkpoint).get("data")
+    path = data.get("path") if isinstance(data, dict) else None
     return Path(path) if isinstance(path, str) else None

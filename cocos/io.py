@@ -36,31 +36,8 @@ def _alive(pid: int) -> bool:
 
 
 def remove_stale(path: Path) -> None:
-    """Remove temporaries of ``path`` left by a killed cocos process (``.NAME.PID.*.tmp`` / ``.old``).
-
-    Every temporary name carries the writer's process id; one whose process is gone is
-    stale (a SIGKILL skips the cleanup). Those of a live process (a concurrent run) stay.
-    """
-    try:
-        siblings = list(path.parent.glob(f".{glob_escape(path.name)}.*"))
-    except OSError:
-        return
-    for item in siblings:
-        parts = item.name[len(path.name) + 2:].split(".")
-        if len(parts) < 3 or parts[-1] not in ("tmp", "old") or not parts[0].isdigit():
-            continue
-        if _alive(int(parts[0])):
-            continue
-        try:
-            shutil.rmtree(item) if item.is_dir() and not item.is_symlink() else item.unlink()
-        except OSError:
-            pass
-
-
-def glob_escape(name: str) -> str:
-    import glob
-
-    return glob.escape(name)
+    """Remove temporaries of ``path`` that a killed cocos process left (before writing ``path`` again)."""
+    remove_stale_temporaries(path.parent, names=(path.name,))
 
 
 def _umask() -> int:
@@ -309,9 +286,11 @@ def is_own_temporary(name: str, names=(), patterns=()) -> bool:
     return _own_temporary(name, names, patterns) is not None
 
 
-def remove_stale_temporaries(folder: str | os.PathLike, names=(), patterns=()) -> list[Path]:
-    """Remove files in ``folder`` that are temporaries of cocos's own outputs ``names``/``patterns``
-    (see :func:`is_own_temporary`) left by a killed run; those of another live process stay. Returns them."""
+def remove_stale_temporaries(folder: str | os.PathLike, names=(), patterns=(), own: bool = False) -> list[Path]:
+    """Remove the temporaries in ``folder`` of cocos's outputs ``names``/``patterns`` (see :func:`is_own_temporary`)
+    that a killed run left: files of :func:`atomic_path`, folders of :func:`atomic_dir`. Every temporary name
+    carries its writer's process id; those of a live process (a concurrent run) stay, and this process's own
+    only with ``own`` (a run starting up: a same-numbered temporary is a dead process's). Returns what went."""
     folder = Path(folder)
     removed: list[Path] = []
     try:
@@ -320,13 +299,13 @@ def remove_stale_temporaries(folder: str | os.PathLike, names=(), patterns=()) -
         return removed
     for item in entries:
         found = _own_temporary(item.name, names, patterns)
-        if found is None or item.is_symlink() or not item.is_file():
+        if found is None or item.is_symlink():
             continue
         pid = found.group(1)
-        if pid is not None and int(pid) != os.getpid() and _alive(int(pid)):
+        if pid is not None and _alive(int(pid)) and not (own and int(pid) == os.getpid()):
             continue
         try:
-            item.unlink()
+            shutil.rmtree(item) if item.is_dir() else item.unlink()
             removed.append(item)
         except OSError:
             pass

@@ -35,7 +35,7 @@ import pickle
 import re
 import warnings
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -61,11 +61,16 @@ class CaptionTruncatedWarning(UserWarning):
 _TOKEN_RE = re.compile(r"(?<=\w)'\w+|\w+|[^\w\s]")
 
 
-def tokenize(text: str) -> list[str]:
-    """Lowercase, split punctuation off as separate tokens, split on whitespace."""
+def iter_tokens(text: str) -> Iterator[str]:
+    """The tokens of :func:`tokenize`, one at a time (a huge caption is never split whole)."""
     if not isinstance(text, str):
         raise CocosError(f"a caption must be a string, got {type(text).__name__}")
-    return _TOKEN_RE.findall(text.lower())
+    return (m.group() for m in _TOKEN_RE.finditer(text.lower()))
+
+
+def tokenize(text: str) -> list[str]:
+    """Lowercase, split punctuation off as separate tokens, split on whitespace."""
+    return list(iter_tokens(text))
 
 
 class Vocabulary:
@@ -179,11 +184,8 @@ class Vocabulary:
         text is tokenised lazily, so a huge caption costs no more memory than its first
         510 words.
         """
-        if not isinstance(text, str):
-            raise CocosError(f"a caption must be a string, got {type(text).__name__}")
-        limit = MAX_CAPTION_TOKENS - 2
-        words = _TOKEN_RE.finditer(text.lower())
-        ids = [START_ID] + [self._index.get(m.group(), UNK_ID) for m in itertools.islice(words, limit)]
+        words = iter_tokens(text)
+        ids = [START_ID] + [self._index.get(w, UNK_ID) for w in itertools.islice(words, MAX_CAPTION_TOKENS - 2)]
         if next(words, None) is not None:
             warnings.warn(TRUNCATION_MESSAGE, CaptionTruncatedWarning, stacklevel=2)
         ids.append(END_ID)

@@ -91,7 +91,7 @@ class LTDConfig:
     def validate(self) -> None:
         if self.mode not in MODES:
             raise CocosError(f"unknown --ltd-mode '{self.mode}' (choose from {', '.join(MODES)})")
-        if not self.eta > 0 or self.eta != self.eta or self.eta == float("inf"):
+        if not 0 < self.eta < float("inf"):  # NaN fails too
             raise CocosError(f"--ltd-eta must be a positive number, got {self.eta}")
         if not self.beta >= 0 or self.beta == float("inf"):
             raise CocosError(f"--ltd-beta must be a non-negative number, got {self.beta}")

@@ -314,8 +314,7 @@ def plot_triplet_diagram(
             fig.legend(handles=handles, loc="outside lower center", ncols=1 if ncols < 3 else min(3, len(handles)),
                        fontsize="small")
         if title:
-            fig.suptitle("\n".join(textwrap.wrap(title, int(12 * (3.3 * ncols + 0.4))))
-                         if len(title) > 12 * (3.3 * ncols + 0.4) else title)
+            style.suptitle(fig, title)
         result.paths = style.save(fig, Path(path_stem))
     return result
 

@@ -112,7 +112,7 @@ def plot_count_distributions(per_query: Mapping, path_stem: str | os.PathLike, l
                           label=r"mean over queries with a gradient ($C^{q}$ of the tables)")]
         fig.legend(handles=handles, loc="outside lower center", ncols=2)
         if title:
-            fig.suptitle(title)
+            style.suptitle(fig, title)
         paths = style.save(fig, path_stem)
     return FigureOutput(paths, data)
 
@@ -150,7 +150,7 @@ def plot_query_distributions(queries, stats, path_stem: str | os.PathLike, title
                 data[(stat, d)] = {"heights": np.rint(np.array([p.get_height() for p in ax.patches]) * values.size),
                                    "edges": np.asarray(edges)}
         if title:
-            fig.suptitle(title)
+            style.suptitle(fig, title)
         paths = style.save(fig, path_stem)
     return FigureOutput(paths, data)
 
@@ -201,7 +201,7 @@ def plot_eps_sweep(sweep: Mapping, path_stem: str | os.PathLike, labels: Mapping
             axes[0].text(0.5, 0.5, "no counter with a threshold", ha="center", va="center",
                          transform=axes[0].transAxes)
         if title:
-            fig.suptitle(title)
+            style.suptitle(fig, title)
         data["default_eps"] = eps
         paths = style.save(fig, path_stem)
     return FigureOutput(paths, data)
@@ -249,7 +249,7 @@ def plot_cocos_vs_rsum(rows, path_stem: str | os.PathLike, title: str | None = N
             Line2D([], [], color="0.3", marker="o", markerfacecolor="none", linestyle="", label="t2i (open)")]
         names = list(legend) + ["i2t (filled)", "t2i (open)"]
         fig.legend(handles, names, loc="outside right center")
-        fig.suptitle(title or "COCOS at the selected checkpoint vs retrieval")
+        style.suptitle(fig, title or "COCOS at the selected checkpoint vs retrieval")
         paths = style.save(fig, path_stem)
     return FigureOutput(paths, {"points": np.array(points, dtype=np.float64).reshape(-1, 2), "labels": labels,
                                 "panels": stats})

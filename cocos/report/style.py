@@ -54,6 +54,13 @@ def figure(width: float, height: float):
     return fig
 
 
+def suptitle(fig, text: str) -> None:
+    """The figure's title, wrapped to the figure's width (about 9 characters per inch): never cut off."""
+    import textwrap
+
+    fig.suptitle("\n".join(textwrap.wrap(text, max(20, int(9 * fig.get_figwidth())))))
+
+
 def save(fig, path_stem: str | os.PathLike) -> list[Path]:
     """Write ``fig`` as ``<stem>.png`` and ``<stem>.pdf`` atomically; return both paths."""
     from cocos.io import atomic_path

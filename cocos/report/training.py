@@ -182,7 +182,7 @@ def plot_track(track: pd.DataFrame, path_stem: str | os.PathLike, title: str | N
         handles = [Line2D([], [], color=c, linewidth=1.6) for c in colours.values()]
         handles += [Line2D([], [], color="0.3", linestyle=style.DIRECTION_DASHES[d]) for d in ("i2t", "t2i")]
         fig.legend(handles, [*colours, "i2t", "t2i"], loc="outside right center")
-        fig.suptitle(title or "COCOS of the training batches during training")
+        style.suptitle(fig, title or "COCOS of the training batches during training")
         return FigureOutput(style.save(fig, path_stem), {"panels": stats, "series": list(colours)})
 
 
@@ -222,5 +222,5 @@ def plot_training(steps: pd.DataFrame, path_stem: str | os.PathLike, title: str 
         if legend:
             fig.legend([Line2D([], [], color=colours[n], linewidth=1.6) for n in names], names,
                        loc="outside right center")
-        fig.suptitle(title or "Training curves")
+        style.suptitle(fig, title or "Training curves")
         return style.save(fig, path_stem)

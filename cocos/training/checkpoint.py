@@ -92,19 +92,25 @@ def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
     return validate_checkpoint(ckpt, path)
 
 
-def peek_epoch(path: str | os.PathLike) -> int | None:
-    """The ``epoch`` a checkpoint file records, read cheaply (tensors memory-mapped, nothing verified).
+def peek(path: str | os.PathLike) -> dict:
+    """A checkpoint file's dict read cheaply (tensors memory-mapped, nothing verified); ``{}`` if unreadable.
 
-    For messages about what is on disk (after Ctrl-C); ``None`` if there is no readable checkpoint.
+    For messages about what is on disk (after Ctrl-C) and checks made before the real load
+    (which verifies everything): never trust more than a plain field of it.
     """
     path = Path(path)
     if not path.is_file():
-        return None
+        return {}
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # noqa: BLE001 - a message helper: an unreadable file is "no epoch"
-        return None
-    epoch = ckpt.get("epoch") if isinstance(ckpt, dict) else None
+    except Exception:  # noqa: BLE001 - an unreadable file has nothing to peek at
+        return {}
+    return ckpt if isinstance(ckpt, dict) else {}
+
+
+def peek_epoch(path: str | os.PathLike) -> int | None:
+    """The ``epoch`` a checkpoint file records (:func:`peek`); ``None`` if there is no readable checkpoint."""
+    epoch = peek(path).get("epoch")
     return epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None
 
 

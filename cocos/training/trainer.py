@@ -462,7 +462,7 @@ class Trainer:
         main = self.group.is_main
         created = make_dirs(self.out) if main else None
         if main:
-            remove_stale_temporaries(self.out, OUTPUT_NAMES, OUTPUT_PATTERNS)
+            remove_stale_temporaries(self.out, OUTPUT_NAMES, OUTPUT_PATTERNS, own=True)
         saved = False
         try:
             while self.epoch < self.cfg.epochs:
