@@ -670,7 +670,7 @@ def write_report(report: Report, out: str | os.PathLike, readme: str | None = No
 def _run_label(r: Results) -> str:
     """A run's name in the training figures: model (without an epoch label) and training loss."""
     model = re.sub(r" \(epoch \d+\)$", "", r.model.label)
-    return f"{model} {loss_label(r.training.loss, r)}" if r.training is not None else model
+    return f"{model}, {loss_label(r.training.loss, r)}" if r.training is not None else model
 
 
 def training_logs(results: Sequence[Results]):
