@@ -65,7 +65,7 @@ def counting_stage(device: str, repeat: int) -> None:
 
 def whole_analyze(device: str) -> None:
     from cocos.data.synth import make_synthetic
-    from cocos.report.analyze import analyze_checkpoint
+    from cocos.pipelines.analyze import analyze_checkpoint
     from cocos.training.checkpoint import save_checkpoint
     from cocos.training.trainer import TrainConfig, Trainer
 

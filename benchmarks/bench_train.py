@@ -43,7 +43,7 @@ def throughput(model: str, regions: bool, steps: int, tmp: Path) -> float:
 
 
 def demo_training(tmp: Path) -> dict[str, float]:
-    from cocos.demo import DemoConfig, _train_config
+    from cocos.pipelines.demo import DemoConfig, _train_config
     from cocos.training.trainer import Trainer
 
     cfg = DemoConfig(data=str(tmp / "synth"), checkpoints=str(tmp / "ck"), device="cpu")

@@ -51,8 +51,8 @@ def analyze(
     from cocos.errors import CocosError
     from cocos.io import check_output_dir, check_output_file
     from cocos.objectives import parse_names
-    from cocos.report.analyze import analyze_checkpoint
-    from cocos.report.folder import default_out
+    from cocos.pipelines.analyze import analyze_checkpoint
+    from cocos.pipelines.folder import default_out
 
     if len(checkpoints) > 1 and label is not None:
         raise CocosError("--label names one checkpoint; analyse several without it (cocos report --label epoch "
@@ -98,7 +98,7 @@ def analyze(
 def _write(analysis, checkpoint, target, inputs, save_embeddings, overwrite, per_query, latex_width) -> None:
     """The report folder, then the embeddings (last: a failed or interrupted analysis leaves no embeddings file)."""
     from cocos.embed import save_embeddings as write_embeddings
-    from cocos.report.folder import summary_lines, write_results_folder
+    from cocos.pipelines.folder import summary_lines, write_results_folder
 
     files = write_results_folder(analysis.results, analysis.run, target, inputs[checkpoint], overwrite,
                                  per_query=per_query, embeddings=analysis.embeddings, latex_width=latex_width,

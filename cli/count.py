@@ -47,7 +47,7 @@ def count(
     from cocos.io import check_output_dir, check_output_file
     from cocos.objectives import parse_names
     from cocos.objectives.spec import format_value
-    from cocos.report.count import count_file
+    from cocos.pipelines.count import count_file
     from cocos.report.tables import count_rows
 
     check_latex_width(latex_width)
@@ -80,7 +80,7 @@ def count(
             table.add_row(*row)
         console.print(table)
     if out is not None:
-        from cocos.report.folder import write_results_folder
+        from cocos.pipelines.folder import write_results_folder
 
         files = write_results_folder(results, counted.run, out, inputs, overwrite, per_query=per_query,
                                      embeddings=counted.embeddings, latex_width=latex_width)

@@ -39,8 +39,8 @@ def demo(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
 ) -> None:
     """Synthetic data -> VSE++ with the four losses -> cocos analyze each -> combined report (reports/demo/)."""
-    from cocos.demo import ALL_LOSSES_EXTRA, DemoConfig, paper_losses, run_demo
     from cocos.objectives import parse_names
+    from cocos.pipelines.demo import ALL_LOSSES_EXTRA, DemoConfig, paper_losses, run_demo
 
     cfg = DemoConfig(
         out=str(out),

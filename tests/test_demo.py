@@ -39,7 +39,7 @@ def test_demo_unknown_loss(tmp_path):
 
 
 def test_demo_with_one_epoch_skips_the_warm_up(tmp_path):
-    from cocos.demo import DemoConfig, _train_config
+    from cocos.pipelines.demo import DemoConfig, _train_config
 
     cfg = DemoConfig(epochs=1, data=str(tmp_path / "d"))
     assert _train_config(cfg, "triplet_sh").warmup_epochs == 0  # scaled to fit: no warm-up in a 1-epoch demo

@@ -76,7 +76,7 @@ def _npz_bytes(arrays: dict) -> bytes:
 @example(names=["images", "captions"], dtype="f4", n=2, k=2, d=3, ndim=2, seed=0, cut=None)  # NaN/inf values
 @example(names=["images", "captions", "caption_image"], dtype="f8", n=3, k=1, d=2, ndim=2, seed=3, cut=None)
 def test_embeddings_npz(tmp_path, names, dtype, n, k, d, ndim, seed, cut):
-    from cocos.report.count import read_embeddings
+    from cocos.pipelines.count import read_embeddings
 
     rng = np.random.default_rng(seed)
     shapes = {"images": (n, d), "captions": (n * k, d), "caption_image": (n * k,), "other": (2,)}
@@ -99,7 +99,7 @@ def test_embeddings_npz(tmp_path, names, dtype, n, k, d, ndim, seed, cut):
 @FUZZ
 @given(data=st.binary(max_size=300))
 def test_embeddings_random_bytes(tmp_path, data):
-    from cocos.report.count import read_embeddings
+    from cocos.pipelines.count import read_embeddings
 
     path = tmp_path / "r.npz"
     path.write_bytes(data)

@@ -89,8 +89,8 @@ def test_every_combination_trains_the_tiny_model_well_above_an_untrained_one(tmp
         assert best > untrained + 10, (triplet_weight, pair_weight, untrained, best)  # chance is about 80
     # cocos analyze of a GOAL model: the paper's four counters and its own loss, at its own parameters, with the
     # distributions of its per-query weights and the diagram of its own triplet weight
-    from cocos.report.analyze import analyze_checkpoint
-    from cocos.report.folder import write_results_folder
+    from cocos.pipelines.analyze import analyze_checkpoint
+    from cocos.pipelines.folder import write_results_folder
 
     analysis = analyze_checkpoint(tmp_path / "cir-sig_ms" / "model_best.pt", device="cpu")
     results = analysis.results

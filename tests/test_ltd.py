@@ -158,7 +158,7 @@ def test_ltd_run_logs_lambda_keeps_the_model_init_and_stores_a_decoder_that_anal
     assert torch.equal(torch.as_tensor(a.images), torch.as_tensor(b.images))
     assert torch.equal(torch.as_tensor(a.captions), torch.as_tensor(b.captions))
 
-    from cocos.report.analyze import ltd_label
+    from cocos.pipelines.analyze import ltd_label
 
     assert ltd_label({"mode": "constraint", "eta": 0.2, "beta": 1.0}) == " + LTD η=0.2"
     assert ltd_label({"mode": "dual", "eta": 0.2, "beta": 1.0}) == " + LTD dual β=1"

@@ -15,8 +15,8 @@ from cocos.errors import CocosError
 from cocos.losses import get_loss
 from cocos.losses.functional import triplet_direction
 from cocos.objectives import OBJECTIVES, Note, Objective, get_objective, register, unregister
-from cocos.report.count import count_file
-from cocos.report.folder import main_per_query, write_results_folder
+from cocos.pipelines.count import count_file
+from cocos.pipelines.folder import main_per_query, write_results_folder
 from cocos.report.merge import build_tables, group_results
 from cocos.report.tables import to_latex, to_markdown
 from cocos_cli.main import app

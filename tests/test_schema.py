@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cocos.report.count import count_file
+from cocos.pipelines.count import count_file
 from cocos.report.results import FORMAT_VERSION, Results
 from tests.test_report_tables import as_results, make_results
 

@@ -162,8 +162,8 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True, log: Callable[[str], Non
     """
     from cocos.data.precomp import data_fingerprint
     from cocos.data.synth import make_synthetic
-    from cocos.report.analyze import analyze_checkpoint
-    from cocos.report.folder import write_results_folder
+    from cocos.pipelines.analyze import analyze_checkpoint
+    from cocos.pipelines.folder import write_results_folder
     from cocos.report.merge import build_report, write_report
     from cocos.training.trainer import Trainer
 
@@ -206,8 +206,8 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True, log: Callable[[str], Non
         log(f"[{loss}] test rsum {analyses[loss].results.evaluation.metrics['rsum']:.1f}; "
             f"analysis in {timings[loss][1]:.1f} s")
     # one square for the triplet diagrams of all models, chosen by the triplets of all of them
+    from cocos.pipelines.folder import diagram_points
     from cocos.report.diagram import common_extent
-    from cocos.report.folder import diagram_points
 
     check_interrupt()
     triplets = {loss: diagram_points(a.results, a.embeddings) for loss, a in analyses.items()}

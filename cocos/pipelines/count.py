@@ -70,7 +70,7 @@ def count_file(
 ) -> Counted:
     """Count an embeddings file; returns the results record, the tidy run and the embeddings."""
     from cocos.device import resolve_device
-    from cocos.report.analyze import counting_info, run_counts
+    from cocos.pipelines.analyze import counting_info, run_counts
 
     path = Path(path)
     emb = read_embeddings(path, device=str(resolve_device(device)))
