@@ -86,9 +86,11 @@ def train(
 
         check_interrupt()  # a Ctrl-C swallowed after the last step: no figures, no --json
         typer.echo(f"best validation rsum {metrics['rsum']:.1f} -> {trainer.best_path}")
+        from cocos.objectives import names
+        from cocos.pipelines.analyze import presentations
         from cocos.report.training import plot_run
 
-        for figure in plot_run(trainer.out):
+        for figure in plot_run(trainer.out, looks=presentations(names())):
             typer.echo(f"wrote {figure}")
         if json_path is not None:
             from cocos.io import write_json

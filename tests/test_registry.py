@@ -80,7 +80,7 @@ def test_a_family_registered_once_flows_through_losses_counting_engine_tables_an
     # the figures: the count distribution has a panel in the family's colour
     folder = tmp_path / "out"
     write_results_folder(counted.results, counted.run, folder)
-    per_query = main_per_query(counted.run, "corrected")
+    per_query = main_per_query(counted.run, "corrected", counted.results.presentation)
     assert "sqhinge" in per_query
     from cocos.report.figures import plot_count_distributions
 

@@ -6,6 +6,9 @@ import numpy as np
 import pytest
 
 from cocos.report.figures import plot_cocos_vs_rsum, plot_count_distributions, plot_eps_sweep
+from cocos.report.results import builtin_presentations
+
+LOOKS = builtin_presentations()
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -31,7 +34,7 @@ def per_query_fixture():
 
 def test_count_distributions_plot_the_input(tmp_path):
     pq = per_query_fixture()
-    out = plot_count_distributions(pq, tmp_path / "counts")
+    out = plot_count_distributions(pq, tmp_path / "counts", looks=LOOKS)
     check_files(out.paths, tmp_path)
     assert set(out.data) == {("triplet", "i2t"), ("triplet", "t2i"), ("ntxent", "i2t"), ("ntxent", "t2i"),
                              ("smoothap", "i2t")}
@@ -72,7 +75,7 @@ def sweep_fixture():
 
 
 def test_eps_sweep_lines_equal_the_input(tmp_path):
-    out = plot_eps_sweep(sweep_fixture(), tmp_path / "sweep")
+    out = plot_eps_sweep(sweep_fixture(), tmp_path / "sweep", looks=LOOKS)
     check_files(out.paths, tmp_path)
     x, y = out.data[("ntxent", "i2t")]
     np.testing.assert_allclose(x, [0.001, 0.005, 0.01, 0.1])

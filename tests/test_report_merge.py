@@ -49,7 +49,7 @@ def test_load_results_keeps_content_and_source(tmp_path):
     # written in the current format and read back: the same record
     loaded.write(tmp_path / "v2.json")
     again = Results.read(tmp_path / "v2.json")
-    assert again.to_dict() == loaded.to_dict() and again.format_version == 2
+    assert again.to_dict() == loaded.to_dict() and again.format_version == 3
 
 
 V2 = as_results(make_results()).to_dict()

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cocos import __version__
 from cocos.counting.engine import DEFAULT_SWEEP, CountRun, EmbeddingSet, count_embeddings
 from cocos.embed import FrozenModel, save_embeddings
 from cocos.errors import CocosError
-from cocos.objectives import counter_params
+from cocos.objectives import OBJECTIVES, counter_params, names
+from cocos.objectives.spec import Objective
+from cocos.presentation import LAST, Presentation, TableNote
 from cocos.report.results import (
     MODEL_NAMES,
     CountingInfo,
@@ -49,12 +51,32 @@ def run_counts(emb: EmbeddingSet, losses, *, batch_size: int, seed: int, compat:
 
 
 def counting_info(run: CountRun, compat: bool, sweep_eps) -> CountingInfo:
-    from cocos.objectives import OBJECTIVES
-
     return CountingInfo(compat=compat, seed=run.seed, batch_size=run.batch_size, n_batches=run.n_batches,
                         losses=run.losses, params=run.params,
                         eps_sweep=[float(e) for e in sweep_eps or ()],
                         labels={n: lab for n, lab in run.labels.items() if n not in OBJECTIVES})
+
+
+def presentation_of(spec: Objective, rank: int = LAST) -> Presentation:
+    """A family's presentation: the spec's own record where it has one, else built from its fields."""
+    look = getattr(spec, "presentation", None)
+    if not isinstance(look, Presentation):
+        look = Presentation(label=spec.label, stats=tuple(spec.stats), main_stat=spec.main_stat, table=spec.table,
+                            color=spec.color, marker=spec.marker, params=dict(spec.defaults),
+                            notes=tuple(TableNote(n.text, n.latex, n.when) for n in spec.notes))
+    return replace(look, rank=rank)
+
+
+def presentations(losses, labels: dict | None = None) -> dict[str, Presentation]:
+    """What results.json says about how each of these losses is shown (the report never asks the registry)."""
+    known = names()
+    out = {}
+    for name in dict.fromkeys(n for n in losses if n is not None):
+        if name in OBJECTIVES:
+            out[name] = presentation_of(OBJECTIVES[name], known.index(name))
+        else:
+            out[name] = Presentation(label=(labels or {}).get(name, name))
+    return out
 
 
 def analyze_checkpoint(
@@ -83,7 +105,7 @@ def analyze_checkpoint(
     the original VSE++/VSRN code (:mod:`cocos.models.legacy`); ``trust`` loads a checkpoint with
     ``weights_only=False`` (code in it may run: only for files the user trusts).
     """
-    from cocos.objectives import OBJECTIVES, paper_names
+    from cocos.objectives import paper_names
 
     clock = time.perf_counter()
     timings = {}
@@ -125,6 +147,7 @@ def analyze_checkpoint(
         counting=counting_info(run, compat, sweep_eps),
         stats=run.stats(shown), alt_stats=run.stats(other), sweep=run.sweep(shown),
         evaluation=Evaluation(eval_split.split, metrics), cocos_version=__version__,
+        presentation=presentations([*run.losses, trained], {**run.labels, trained: ckpt["loss"].get("label", trained)}),
     )
     results = Results.from_dict(results.to_dict())  # exactly what results.json will hold
     logs = read_logs(Path(checkpoint).parent, max_epoch=int(ckpt["epoch"]))  # beside the checkpoint, if any

@@ -70,7 +70,7 @@ def count_file(
 ) -> Counted:
     """Count an embeddings file; returns the results record, the tidy run and the embeddings."""
     from cocos.device import resolve_device
-    from cocos.pipelines.analyze import counting_info, run_counts
+    from cocos.pipelines.analyze import counting_info, presentations, run_counts
 
     path = Path(path)
     emb = read_embeddings(path, device=str(resolve_device(device)))
@@ -86,5 +86,6 @@ def count_file(
         model=ModelInfo(label=label),
         counting=counting_info(run, compat, sweep_eps),
         stats=run.stats(shown), alt_stats=run.stats(other), sweep=run.sweep(shown), cocos_version=__version__,
+        presentation=presentations(run.losses, run.labels),
     )
     return Counted(Results.from_dict(results.to_dict()), run, emb)

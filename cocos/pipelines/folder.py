@@ -45,7 +45,7 @@ def _params(params: dict) -> str:
     return "(" + ", ".join(f"{k} {format_value(v)}" for k, v in params.items()) + ")"
 
 
-def main_per_query(run: CountRun, mode: str) -> dict:
+def main_per_query(run: CountRun, mode: str, looks: dict) -> dict:
     """``{loss: {direction: {main stat: values}}}`` of one mode, for the count distributions."""
     from cocos.report.style import loss_style
 
@@ -53,7 +53,7 @@ def main_per_query(run: CountRun, mode: str) -> dict:
     q = q[q["mode"] == mode]
     out: dict = {}
     for (loss, d), part in q.groupby(["loss", "direction"], sort=False):
-        stat = loss_style(loss, run.labels)[3]
+        stat = loss_style(loss, looks)[3]
         out.setdefault(loss, {})[d] = {stat: part[stat].to_numpy()}
     return out
 
@@ -100,11 +100,12 @@ def write_results_folder(
                + "\n\n".join(to_latex(t, width=latex_width) for t in tables) + "\n")
         (tmp / "tables.tex").write_text(tex, encoding="utf-8")
         if run.queries is not None:
-            plot_count_distributions(main_per_query(run, shown), tmp / "counts", labels=run.labels,
+            plot_count_distributions(main_per_query(run, shown, results.presentation), tmp / "counts",
+                                     looks=results.presentation,
                                      title=f"{name}: contributing candidates per query ({shown} counting)")
         if results.sweep:
             used = [p["eps"] for p in results.counting.params.values() if "eps" in p]
-            plot_eps_sweep(results.sweep, tmp / "eps_sweep", labels=run.labels, eps=used[0] if used else 0.01,
+            plot_eps_sweep(results.sweep, tmp / "eps_sweep", looks=results.presentation, eps=used[0] if used else 0.01,
                            title=f"{name}: COCOS vs threshold ε ({shown} counting)")
         if run.queries is not None:
             _distributions(results, run, shown, tmp, name)
@@ -116,7 +117,7 @@ def write_results_folder(
 
             trained = f" trained with {loss_label(results.training.loss, results)}" if results.training else ""
             write_logs(logs, tmp, title=f"{results.model.label}{trained} on {results.data.name}, "
-                                        f"to epoch {results.source.epoch}")
+                                        f"to epoch {results.source.epoch}", looks=results.presentation)
     return sorted(p for p in out.iterdir() if not p.name.startswith("."))
 
 
@@ -161,7 +162,7 @@ def _diagram(results: Results, embeddings: EmbeddingSet, stem: Path, extent=None
     else:
         tau = c.params.get("ntxent", {}).get("tau", 0.1)
         weights, params = ["T_con", "T_nca"], {"margin": trained.get("margin", 0.2), "tau": 1.0 / tau}
-    by = f" trained with the {loss_label(results.training.loss)}" if results.training else ""
+    by = f" trained with the {loss_label(results.training.loss, results)}" if results.training else ""
     title = (f"{results.model.label}{by} on {results.data.name}: training triplets "
              f"({mode_name(c.compat)} counting)")
     points = triplets if triplets is not None else diagram_points(results, embeddings)

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from cocos.objectives.spec import DEFAULT_EPS
+from cocos.presentation import ranked
 from cocos.report import style
 from cocos.report.tables import DIRECTIONS
 
@@ -27,12 +28,6 @@ LOG_TAIL_RATIO = 50.0  # a log y axis when the tallest bar is this many times th
 class FigureOutput:
     paths: list[Path]
     data: dict = field(default_factory=dict)
-
-
-def _order(losses) -> list[str]:
-    from cocos.objectives import order
-
-    return order(losses)
 
 
 def _bins(values: np.ndarray) -> tuple[np.ndarray, bool]:
@@ -49,7 +44,7 @@ def _bins(values: np.ndarray) -> tuple[np.ndarray, bool]:
     return np.linspace(lo, hi, 31), False
 
 
-def plot_count_distributions(per_query: Mapping, path_stem: str | os.PathLike, labels: Mapping | None = None,
+def plot_count_distributions(per_query: Mapping, path_stem: str | os.PathLike, looks: Mapping | None = None,
                              title: str | None = None) -> FigureOutput:
     """How many candidates contribute per query: a grid of losses (rows) × directions (columns).
 
@@ -64,13 +59,13 @@ def plot_count_distributions(per_query: Mapping, path_stem: str | os.PathLike, l
     """
     import seaborn as sns
 
-    losses = _order(per_query)
+    losses = ranked(per_query, looks or {})
     data: dict = {}
     with style.paper_style():
         fig = style.figure(3.4 * len(DIRECTIONS), 2.3 * max(1, len(losses)) + 0.7)
         axes = fig.subplots(max(1, len(losses)), len(DIRECTIONS), squeeze=False)
         for i, loss in enumerate(losses):
-            name, color, _, stat = style.loss_style(loss, labels)
+            name, color, _, stat = style.loss_style(loss, looks)
             for j, d in enumerate(DIRECTIONS):
                 ax = axes[i][j]
                 ax.set_title(f"{name}, {d}")
@@ -164,7 +159,7 @@ def _share_formatter():
     return FuncFormatter(share)
 
 
-def plot_eps_sweep(sweep: Mapping, path_stem: str | os.PathLike, labels: Mapping | None = None,
+def plot_eps_sweep(sweep: Mapping, path_stem: str | os.PathLike, looks: Mapping | None = None,
                    title: str | None = None, eps: float = DEFAULT_EPS) -> FigureOutput:
     """Count vs threshold ε (log x), one panel per loss (each with its own y scale), i2t solid, t2i dashed.
 
@@ -172,14 +167,14 @@ def plot_eps_sweep(sweep: Mapping, path_stem: str | os.PathLike, labels: Mapping
     results.json shape, eps as strings). The threshold the run counted with (``eps``) is marked. ``data[(loss,
     direction)] = (eps, mean count)`` read back from the drawn line.
     """
-    losses = [x for x in _order(sweep) if sweep[x]]
+    losses = [x for x in ranked(sweep, looks or {}) if sweep[x]]
     data: dict = {}
     with style.paper_style():
         n = max(1, len(losses))
         fig = style.figure(3.3 * n, 2.9)
         axes = fig.subplots(1, n, squeeze=False)[0]
         for ax, loss in zip(axes, losses, strict=False):
-            name, color, marker, stat = style.loss_style(loss, labels)
+            name, color, marker, stat = style.loss_style(loss, looks)
             for d in DIRECTIONS:
                 points = sweep[loss].get(d) or {}
                 xy = sorted((float(eps), (entry.get(stat) or {}).get("mean")) for eps, entry in points.items())
@@ -207,7 +202,8 @@ def plot_eps_sweep(sweep: Mapping, path_stem: str | os.PathLike, labels: Mapping
     return FigureOutput(paths, data)
 
 
-def plot_cocos_vs_rsum(rows, path_stem: str | os.PathLike, title: str | None = None) -> FigureOutput:
+def plot_cocos_vs_rsum(rows, path_stem: str | os.PathLike, title: str | None = None,
+                       looks: Mapping | None = None) -> FigureOutput:
     """Each model's COCOS (the main count of its own training loss) against its rsum.
 
     One panel per statistic family (triplet-style ``C^q``; NT-Xent ``C^{qv-}``), both
@@ -228,7 +224,7 @@ def plot_cocos_vs_rsum(rows, path_stem: str | os.PathLike, title: str | None = N
         axes = fig.subplots(1, n, squeeze=False, sharey=True)[0]
         for ax, stat in zip(axes, stats, strict=False):
             for _, r in rows[rows["stat"] == stat].iterrows():
-                name, color, marker, _ = style.loss_style(r["loss"])
+                name, color, marker, _ = style.loss_style(r["loss"], looks)
                 xerr = r.get("cocos_std") if "cocos_std" in r and np.isfinite(r.get("cocos_std", np.nan)) else None
                 yerr = r.get("rsum_std") if "rsum_std" in r and np.isfinite(r.get("rsum_std", np.nan)) else None
                 filled = r["direction"] == "i2t"

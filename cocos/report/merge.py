@@ -42,6 +42,8 @@ import numpy as np
 import pandas as pd
 
 from cocos.errors import CocosError
+from cocos.objectives.spec import format_value
+from cocos.presentation import LAST, Presentation, ranked
 from cocos.report.results import Results
 from cocos.report.tables import (
     COMPANION_STATS,
@@ -68,16 +70,9 @@ def dataset_name(name: str) -> str:
     return DATASET_NAMES.get(name, name)
 
 
-def loss_label(name: str | None, results: Results | None = None) -> str:
-    from cocos.objectives import OBJECTIVES
-
-    if name is None:
-        return NO_LOSS
-    if name in OBJECTIVES:
-        return OBJECTIVES[name].label
-    if results is not None:
-        return results.counting.labels.get(name, name)
-    return name
+def loss_label(name: str | None, results: Results) -> str:
+    """A loss's label as the results file describes it ("-" for none)."""
+    return NO_LOSS if name is None else results.look(name).label
 
 
 def load_results(paths: Iterable[str | os.PathLike]) -> list[Results]:
@@ -122,19 +117,14 @@ class Group:
         return f"{self.dataset}/{self.model}/{self.loss or NO_LOSS}"
 
     def counters(self, which: str = "own") -> list[str]:
-        """The counters this group shows (see the module docstring), in registry order."""
-        from cocos.objectives import order
-
-        counted = [n for n in self.results[0].counting.losses]
+        """The counters this group shows (see the module docstring), in the families' order."""
+        counted = list(self.results[0].counting.losses)
         if which == "own" and self.loss is not None:
             return [self.loss] if self.loss in counted else []
-        return order(counted)
+        return ranked(counted, self.results[0].presentation)
 
     def sort_key(self):
-        from cocos.objectives import names
-
-        known = names()
-        rank = known.index(self.loss) if self.loss in known else len(known)
+        rank = self.results[0].look(self.loss).rank if self.loss is not None else LAST
         shown = dataset_name(self.dataset)
         return ({"Flickr30k": 0, "MS-COCO": 1}.get(shown, 2), self.dataset, _natural(self.model), rank,
                 self.loss or "")
@@ -291,26 +281,24 @@ def _stat_columns(stats: Sequence[str]) -> tuple[Column, ...]:
                  for d in DIRECTIONS for s in stats)
 
 
-def _shown_params(loss: str | None, params: dict) -> dict:
-    """The hyper-parameters Table 1 shows: those that differ from the spec's defaults, else the first one
-    (the paper's α or τ); a loss outside the registry shows them all."""
-    from cocos.objectives import OBJECTIVES
-
-    spec = OBJECTIVES.get(loss) if loss else None
-    if spec is None:
+def _shown_params(g: Group) -> dict:
+    """The hyper-parameters Table 1 shows: those that differ from the family's defaults, else the first one
+    (the paper's α or τ); a family without recorded defaults shows them all."""
+    r = g.results[0]
+    params = r.training.params if r.training is not None else {}
+    defaults = r.look(g.loss).params if g.loss is not None else {}
+    if not defaults:
         return dict(params)
-    changed = {k: v for k, v in params.items() if k in spec.defaults and v != spec.defaults[k]}
+    changed = {k: v for k, v in params.items() if k in defaults and v != defaults[k]}
     if changed:
         return changed
-    first = next(iter(spec.defaults), None)
-    return {first: params.get(first, spec.defaults[first])} if first else {}
+    first = next(iter(defaults))
+    return {first: params.get(first, defaults[first])}
 
 
 def _params_text(params: dict) -> tuple[str, str]:
     plain, tex = [], []
     for k, v in params.items():
-        from cocos.objectives.spec import format_value
-
         sym, sym_tex = PARAM_SYMBOLS.get(k, (k, latex_escape(k)))
         plain.append(f"{sym}={format_value(v)}")
         tex.append(f"${sym_tex}={latex_escape(format_value(v))}$")
@@ -340,7 +328,7 @@ def retrieval_table(groups: Sequence[Group]) -> Table | None:
             ok = values[~np.isnan(values)]
             mean = float(ok.mean()) if ok.size else None
             cells.append(Cell(mean, float(ok.std(ddof=1)) if ok.size > 1 else None, digits=digits))
-        params = _shown_params(g.loss, g.results[0].training.params if g.results[0].training else {})
+        params = _shown_params(g)
         context = ((dataset_name(g.dataset),) if len(datasets) > 1 else ()) + ((g.model,) if len(models) > 1 else ())
         rows.append(Row((*context, str(i), loss_label(g.loss, g.results[0]), _params_text(params)[0]),
                         tuple(cells)))
@@ -369,35 +357,26 @@ class TableSpec:
     stats: tuple[str, ...]
 
 
-def table_specs(counters: Iterable[str], labels: dict[str, str]) -> list[TableSpec]:
-    """The COCOS tables for these counters, from their specs: the paper's tables in order, then one per other family."""
-    from cocos.objectives import OBJECTIVES, order
-
+def table_specs(counters: Iterable[str], looks: dict[str, Presentation]) -> list[TableSpec]:
+    """The COCOS tables for these counters, from their presentations: the paper's tables in order, then one per
+    other family."""
     by_key: dict[str, list[str]] = {}
-    for name in order(counters):
-        spec = OBJECTIVES.get(name)
-        key = f"table{spec.table}" if spec is not None and spec.table else name
+    for name in ranked(counters, looks):
+        key = f"table{looks[name].table}" if looks[name].table else name
         by_key.setdefault(key, []).append(name)
     out = []
     for key, members in by_key.items():
-        stats: list[str] = []
-        for name in members:
-            spec = OBJECTIVES.get(name)
-            for s in (spec.stats if spec is not None else ("C_q", "C_B", "C_0")):
-                if s not in stats:
-                    stats.append(s)
-        names = " and ".join(labels.get(n, loss_label(n)) for n in members)
+        stats = list(dict.fromkeys(s for name in members for s in looks[name].stats))
+        names = " and ".join(looks[n].label for n in members)
         number = f"Table {key[5:]}: " if key.startswith("table") else ""
         out.append(TableSpec(key, f"{number}COCOS w.r.t. query q, {names}", tuple(members), tuple(stats)))
     return out
 
 
-def _notes_for(counters: Sequence[str], compat_shown: bool, differs_in: set[str], marks: Marks) -> None:
-    from cocos.objectives import OBJECTIVES
-
+def _notes_for(counters: Sequence[str], looks: dict[str, Presentation], compat_shown: bool, differs_in: set[str],
+               marks: Marks) -> None:
     for name in counters:
-        spec = OBJECTIVES.get(name)
-        for note in (spec.notes if spec is not None else ()):
+        for note in looks[name].notes:
             if note.when == "always" or compat_shown or name in differs_in:
                 marks.note(note.text, note.latex)
 
@@ -418,7 +397,8 @@ def cocos_tables(groups: Sequence[Group], compat: bool | None = None, counters: 
     shown = frame[frame["which"] == "shown"]
     modes = {gi: set(map(bool, v)) for gi, v in shown.groupby("group")["compat"]}
     pairs = [(gi, c) for gi, g in enumerate(groups) for c in g.counters(counters)]
-    labels = {c: loss_label(c, groups[gi].results[0]) for gi, c in pairs}
+    looks = {c: groups[gi].results[0].look(c) for gi, c in pairs}
+    labels = {c: look.label for c, look in looks.items()}
     single = len(groups) == 1
     extra_counter = not single and any(groups[gi].loss != c for gi, c in pairs)
     contexts = {(groups[gi].dataset, groups[gi].model) for gi, _ in pairs}
@@ -445,7 +425,7 @@ def cocos_tables(groups: Sequence[Group], compat: bool | None = None, counters: 
         dataset, model = next(iter(contexts))
         about = f": {model} on {dataset_name(dataset)}"
     tables = []
-    for spec in table_specs([c for _, c in pairs], labels):
+    for spec in table_specs([c for _, c in pairs], looks):
         chosen = [(gi, c) for gi, c in pairs if c in spec.counters]
         gis = sorted({gi for gi, _ in chosen})
         marks = Marks()
@@ -473,7 +453,7 @@ def cocos_tables(groups: Sequence[Group], compat: bool | None = None, counters: 
                                     _num(main["std"]) if keep_std else None, mark=mark))
             rows.append(Row(row_labels(gi, c), tuple(row)))
         _mode_note(shown_modes(gis), other_values, marks)
-        _notes_for(spec.counters, True in shown_modes(gis), differs_in, marks)
+        _notes_for(spec.counters, looks, True in shown_modes(gis), differs_in, marks)
         if skipped:
             marks.note("Batches where no query has a gradient have no C^q and are left out of its mean: "
                        + "; ".join(skipped) + ".",
@@ -555,13 +535,11 @@ def build_tables(groups: Sequence[Group], compat: bool | None = None, counters: 
 def cocos_vs_rsum_rows(groups: Sequence[Group], compat: bool | None = None) -> pd.DataFrame:
     """Tidy rows per group with a training loss and an evaluation, both directions: the main count of the
     group's own loss and the test rsum, means over seeds with their sample std over seeds (NaN for one seed)."""
-    from cocos.objectives import OBJECTIVES
-
     rows = []
     for g in groups:
         if g.loss is None or any(r.evaluation is None for r in g.results):
             continue
-        stat = OBJECTIVES[g.loss].main_stat if g.loss in OBJECTIVES else "C_q"
+        stat = g.results[0].look(g.loss).main_stat
         rsum = np.array([r.evaluation.metrics.get("rsum", np.nan) for r in g.results], dtype=float)
         for d in DIRECTIONS:
             vals = [select_stats(r, compat)[0].get(g.loss, {}).get(d, {}).get(stat, {}).get("mean") for r in g.results]
@@ -592,6 +570,15 @@ class Report:
     @property
     def sources(self) -> list[str]:
         return [r.where for r in self.results]
+
+    @property
+    def looks(self) -> dict[str, Presentation]:
+        """Every loss's presentation, as the results files describe it (the first file that does wins)."""
+        out: dict[str, Presentation] = {}
+        for r in self.results:
+            for name, look in r.presentation.items():
+                out.setdefault(name, look)
+        return out
 
 
 LABELS = ("epoch",)  # cocos report --label: what tells results of one run apart
@@ -657,7 +644,7 @@ def write_report(report: Report, out: str | os.PathLike, readme: str | None = No
         (tmp / "tables.md").write_text(md, encoding="utf-8")
         (tmp / "tables.tex").write_text(tex, encoding="utf-8")
         plot_cocos_vs_rsum(cocos_vs_rsum_rows(report.groups, compat=report.compat), tmp / "cocos_vs_rsum",
-                           title=report_title(report))
+                           title=report_title(report), looks=report.looks)
         _training_figures(report, tmp)
         if readme is not None:
             (tmp / "README.md").write_text(readme, encoding="utf-8")
@@ -703,16 +690,14 @@ def training_logs(results: Sequence[Results]):
 def epoch_rows(groups: Sequence[Group], compat: bool | None = None) -> pd.DataFrame:
     """Tidy rows (label, loss, epoch, direction, stat, value) of each checkpoint: its own loss's paper statistics
     and its test rsum (stat ``rsum``, direction ``both``), means over seeds."""
-    from cocos.objectives import OBJECTIVES
-
     rows = []
     for g in groups:
         r0 = g.results[0]
-        if g.loss is None or r0.source.epoch is None or g.loss not in OBJECTIVES:
+        if g.loss is None or r0.source.epoch is None:
             continue
         label = _run_label(r0)
         for d in DIRECTIONS:
-            for stat in OBJECTIVES[g.loss].stats:
+            for stat in r0.look(g.loss).stats:
                 vals = [select_stats(r, compat)[0].get(g.loss, {}).get(d, {}).get(stat, {}).get("mean")
                         for r in g.results]
                 vals = [v for v in vals if v is not None]
@@ -729,11 +714,12 @@ def _training_figures(report: Report, folder: Path) -> None:
 
     track, steps = training_logs(report.results)
     if track is not None and len(track):
-        plot_track(track, folder / "cocos_track", title="COCOS of each model's training loss on its training batches")
+        plot_track(track, folder / "cocos_track", title="COCOS of each model's training loss on its training batches",
+                   looks=report.looks)
     if steps is not None and len(steps):
         plot_training(steps, folder / "ltd", title="LTD during training")
     if report.label == "epoch":
         rows = epoch_rows(report.groups, report.compat)
         if len(rows):
-            plot_track(rows, folder / "cocos_by_epoch", x="epoch", markers=True,
+            plot_track(rows, folder / "cocos_by_epoch", x="epoch", markers=True, looks=report.looks,
                        title="COCOS of each model's training loss at its saved checkpoints, and test rsum")

@@ -19,9 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from cocos.errors import CocosError
+from cocos.presentation import Presentation
 
 FORMAT = "cocos-results"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: each loss's presentation is stored (``presentation``); 1 and 2 are still read
+# Presentations of the built-in families as cocos 0.1 showed them: for files of versions 1 and 2, which lack them.
+BUILTIN_PRESENTATION = Path(__file__).with_name("builtin_presentation.json")
 KINDS = ("analyze", "count")
 MODEL_NAMES = {"vsepp": "VSE++", "vsrn": "VSRN"}
 
@@ -94,6 +97,7 @@ class Results:
     training: TrainingInfo | None = None
     evaluation: Evaluation | None = None
     cocos_version: str = ""
+    presentation: dict = field(default_factory=dict)  # loss -> Presentation: how reports show it
     format: str = FORMAT
     format_version: int = FORMAT_VERSION
     path: str | None = field(default=None, compare=False)  # the file it was read from (not written)
@@ -109,9 +113,14 @@ class Results:
     def where(self) -> str:
         return self.path or self.source.path
 
+    def look(self, loss: str) -> Presentation:
+        """How ``loss`` is shown, as this file says (a loss it does not describe: its name, grey)."""
+        return self.presentation.get(loss) or Presentation(label=loss)
+
     def to_dict(self) -> dict:
         out = asdict(self)
         out.pop("path")
+        out["presentation"] = {name: look.to_dict() for name, look in self.presentation.items()}
         return _clean(out)
 
     def write(self, path: str | os.PathLike) -> None:
@@ -170,6 +179,7 @@ class Results:
                 training=_typed(TrainingInfo, data, "training") if data.get("training") is not None else None,
                 evaluation=_typed(Evaluation, data, "evaluation") if data.get("evaluation") is not None else None,
                 cocos_version=str(data.get("cocos_version", "")),
+                presentation=_presentation(data, version),
                 format_version=FORMAT_VERSION,  # read in any supported version, held (and written) in the current one
             )
         except CocosError:
@@ -178,6 +188,28 @@ class Results:
             raise CocosError(f"not a cocos results file ({str(exc).splitlines()[0]})") from None
         _check_contents(results)
         return results
+
+
+def _presentation(data: dict, version: int) -> dict:
+    """``presentation`` of a version-3 file; for older files, the built-in families as cocos 0.1 showed them and
+    the labels the file recorded for other losses."""
+    if version >= 3:
+        node = data.get("presentation")
+        if not isinstance(node, dict):
+            raise CocosError("not a cocos results file ('presentation' must be an object)")
+        return {str(k): Presentation.from_dict(v) for k, v in node.items()}
+    builtin = builtin_presentations()
+    counting, training = data.get("counting") or {}, data.get("training") or {}
+    labels = counting.get("labels") or {}
+    wanted = [*(counting.get("losses") or []), *([training["loss"]] if training.get("loss") else [])]
+    return {str(n): builtin[n] if n in builtin else Presentation(label=str(labels.get(n, n)))
+            for n in wanted if isinstance(n, str)}
+
+
+def builtin_presentations() -> dict[str, Presentation]:
+    """The built-in families as cocos 0.1 showed them (what files of versions 1 and 2 are read with)."""
+    data = json.loads(BUILTIN_PRESENTATION.read_text(encoding="utf-8"))
+    return {name: Presentation.from_dict(look) for name, look in data.items()}
 
 
 # -- validation -------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ pyplot state) inside :func:`paper_style`, a ``matplotlib.rc_context`` holding
 seaborn's ``paper`` context and ``ticks`` style, so nothing leaks into the user's
 own plots. :func:`save` writes ``<stem>.png`` and ``<stem>.pdf`` atomically and
 without time stamps (the same input gives the same bytes). A loss's colour,
-marker and label come from its spec (:mod:`cocos.objectives`); statistics are
+marker and label come from its presentation in the results (:mod:`cocos.presentation`); statistics are
 labelled in math (``$C^{q}$``).
 """
 
@@ -16,11 +16,12 @@ import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+from cocos.presentation import GREY, Presentation  # noqa: F401  (GREY: style.GREY for the figures)
+
 DPI = 150
 FONT_SCALE = 1.1
 # Fixed metadata: no creation dates, so the same input gives the same bytes.
 _META = {"png": {"Software": "cocos"}, "pdf": {"Creator": "cocos", "Producer": "cocos", "CreationDate": None}}
-GREY = "#7f7f7f"
 DIRECTION_DASHES = {"i2t": "-", "t2i": "--"}
 
 
@@ -76,14 +77,10 @@ def save(fig, path_stem: str | os.PathLike) -> list[Path]:
     return paths
 
 
-def loss_style(loss: str, labels: Mapping | None = None) -> tuple[str, str, str, str]:
-    """``(label, colour, marker, main statistic)`` of a loss from its spec (grey ``o``/``C_q`` outside the registry)."""
-    from cocos.objectives import OBJECTIVES
-
-    spec = OBJECTIVES.get(loss)
-    if spec is None:
-        return (labels or {}).get(loss, loss), GREY, "o", "C_q"
-    return spec.label, spec.color, spec.marker, spec.main_stat
+def loss_style(loss: str, looks: Mapping[str, Presentation] | None = None) -> tuple[str, str, str, str]:
+    """``(label, colour, marker, main statistic)`` of a loss from its presentation (grey ``o``/``C_q`` without)."""
+    look = (looks or {}).get(loss) or Presentation(label=loss)
+    return look.label, look.color, look.marker, look.main_stat
 
 
 def stat_math(stat: str) -> str:

@@ -11,6 +11,7 @@ inputs together.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,7 +72,8 @@ def read_logs(folder: str | os.PathLike, max_epoch: int | None = None) -> Traini
     return TrainingLogs(steps, track)
 
 
-def write_logs(logs: TrainingLogs, folder: str | os.PathLike, title: str | None = None) -> list[Path]:
+def write_logs(logs: TrainingLogs, folder: str | os.PathLike, title: str | None = None,
+               looks: Mapping | None = None) -> list[Path]:
     """The CSVs and their figures (``training.png``, ``cocos_track.png``) into ``folder``; ``title`` names the run."""
     from cocos.io import write_csv
 
@@ -79,15 +81,16 @@ def write_logs(logs: TrainingLogs, folder: str | os.PathLike, title: str | None 
     for frame, name in ((logs.steps, TRAIN_LOG), (logs.track, TRACK_LOG)):
         if frame is not None:
             write_csv(folder / name, frame, float_format="%.10g")
-    return plot_logs(logs, folder, title)
+    return plot_logs(logs, folder, title, looks)
 
 
-def plot_run(folder: str | os.PathLike) -> list[Path]:
+def plot_run(folder: str | os.PathLike, looks: Mapping | None = None) -> list[Path]:
     """``cocos train``'s figures of its own logs, into the checkpoint folder; returns the PNGs."""
-    return [p for p in plot_logs(read_logs(folder), folder, title=Path(folder).name) if p.suffix == ".png"]
+    return [p for p in plot_logs(read_logs(folder), folder, Path(folder).name, looks) if p.suffix == ".png"]
 
 
-def plot_logs(logs: TrainingLogs, folder: str | os.PathLike, title: str | None = None) -> list[Path]:
+def plot_logs(logs: TrainingLogs, folder: str | os.PathLike, title: str | None = None,
+              looks: Mapping | None = None) -> list[Path]:
     """``training.png`` and ``cocos_track.png`` (with their PDFs) of the logs there are; ``title`` names the run."""
     folder, paths = Path(folder), []
     if logs.steps is not None and len(logs.steps):
@@ -95,7 +98,7 @@ def plot_logs(logs: TrainingLogs, folder: str | os.PathLike, title: str | None =
                                title=f"{title}: training curves" if title else None)
     if logs.track is not None and len(logs.track):
         paths += plot_track(logs.track, folder / "cocos_track",
-                            title=f"{title}: COCOS of the training batches" if title else None).paths
+                            title=f"{title}: COCOS of the training batches" if title else None, looks=looks).paths
     return paths
 
 
@@ -108,12 +111,12 @@ def _smooth(values: pd.Series, n_points: int) -> pd.Series:
     return values.rolling(window, center=True, min_periods=1).mean()
 
 
-def _colours(frame: pd.DataFrame, key: str) -> dict:
+def _colours(frame: pd.DataFrame, key: str, looks: Mapping | None) -> dict:
     """A colour per series: its loss's colour where that is unique, seaborn's palette otherwise."""
     import seaborn as sns
 
     series = list(dict.fromkeys(frame[key]))
-    by_loss = {s: style.loss_style(frame.loc[frame[key] == s, "loss"].iloc[0])[1] for s in series}
+    by_loss = {s: style.loss_style(frame.loc[frame[key] == s, "loss"].iloc[0], looks)[1] for s in series}
     if len(set(by_loss.values())) == len(series):
         return by_loss
     return dict(zip(series, sns.color_palette("colorblind", len(series)), strict=True))
@@ -132,7 +135,7 @@ def _log_axis(ax, values: np.ndarray) -> None:
 
 
 def plot_track(track: pd.DataFrame, path_stem: str | os.PathLike, title: str | None = None,
-               series: str = "label", x: str = "step", markers: bool = False):
+               series: str = "label", x: str = "step", markers: bool = False, looks: Mapping | None = None):
     """COCOS over training: one panel per statistic, a colour per series, i2t solid and t2i dashed.
 
     ``track`` is tidy (``x``, loss, direction, stat, value), e.g. ``cocos_track.csv``; a
@@ -148,9 +151,9 @@ def plot_track(track: pd.DataFrame, path_stem: str | os.PathLike, title: str | N
 
     track = track[track["stat"].isin(TRACK_STATS)].copy()
     if series not in track:
-        track[series] = [style.loss_style(x)[0] for x in track["loss"]]
+        track[series] = [style.loss_style(x, looks)[0] for x in track["loss"]]
     stats = [s for s in TRACK_STATS if s in set(track["stat"])]
-    colours = _colours(track, series) if len(track) else {}
+    colours = _colours(track, series, looks) if len(track) else {}
     with style.paper_style():
         cols = min(3, max(1, len(stats)))
         rows = max(1, -(-len(stats) // cols))
