@@ -29,6 +29,7 @@ A column never mixes kinds of spread, and every caption says which it shows:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -46,6 +47,7 @@ from cocos.objectives.spec import format_value
 from cocos.presentation import LAST, Presentation, ranked
 from cocos.report.results import Results
 from cocos.report.tables import (
+    ALT_TOLERANCE,
     COMPANION_STATS,
     DIRECTIONS,
     STAT_HEADERS,
@@ -308,43 +310,55 @@ def _params_text(params: dict) -> tuple[str, str]:
 # Table 1 as in the paper: #, loss, hyper-parameters, R@1/5/10 both ways, rsum, mAP@5 (i2t).
 TABLE1_KEYS = (("i2t", "R@1", "i2t_R@1", 1), ("i2t", "R@5", "i2t_R@5", 1), ("i2t", "R@10", "i2t_R@10", 1),
                ("t2i", "R@1", "t2i_R@1", 1), ("t2i", "R@5", "t2i_R@5", 1), ("t2i", "R@10", "t2i_R@10", 1),
-               ("", "rsum", "rsum", 1), ("", "mAP@5", "mAP@5", 2))
+               ("", "rsum", "rsum", 1), ("", "mAP@5", "mAP@5", 1))
+PERCENT = {"mAP@5": 100.0}  # results.json holds mAP@5 on a 0-1 scale; Table 1 shows it in percent like the recalls
 
 
 def retrieval_table(groups: Sequence[Group]) -> Table | None:
-    """Table 1 over the groups that were evaluated (None if none was): the paper's columns."""
+    """Table 1 over the groups that were evaluated (None if none was): the paper's columns, one compact table.
+
+    Label columns that are the same in every row (a loss over epochs) go to the caption. With seeds the LaTeX
+    cells of the recalls and mAP@5 show the mean (their std is in markdown); rsum keeps its ± there too.
+    """
     evaluated = [g for g in groups if all(r.evaluation is not None for r in g.results)]
     if not evaluated:
         return None
-    datasets = {g.dataset for g in evaluated}
-    models = {g.model for g in evaluated}
-    labels = (("Dataset",) if len(datasets) > 1 else ()) + (("Model",) if len(models) > 1 else ()) \
-        + ("#", "Loss", "Hyper-param.")
-    rows = []
-    for i, g in enumerate(evaluated, start=1):
-        cells = []
-        for _, _, key, digits in TABLE1_KEYS:
-            values = np.array([r.evaluation.metrics.get(key, np.nan) for r in g.results], dtype=float)
-            ok = values[~np.isnan(values)]
-            mean = float(ok.mean()) if ok.size else None
-            cells.append(Cell(mean, float(ok.std(ddof=1)) if ok.size > 1 else None, digits=digits))
-        params = _shown_params(g)
-        context = ((dataset_name(g.dataset),) if len(datasets) > 1 else ()) + ((g.model,) if len(models) > 1 else ())
-        rows.append(Row((*context, str(i), loss_label(g.loss, g.results[0]), _params_text(params)[0]),
-                        tuple(cells)))
+    seeds = any(g.n > 1 for g in evaluated)
+    names = ("Dataset", "Model", "#", "Loss", "Param.")
+    rows = [((dataset_name(g.dataset), g.model, str(i), loss_label(g.loss, g.results[0]),
+              _params_text(_shown_params(g))[0]), _metric_cells(g)) for i, g in enumerate(evaluated, start=1)]
+    varies = {name for j, name in enumerate(names) if len({labels[j] for labels, _ in rows}) > 1}
+    keep = [j for j, name in enumerate(names) if name in varies or name == "#" or
+            (len(rows) == 1 and name in ("Loss", "Param."))]
+    fixed = {name: rows[0][0][j] for j, name in enumerate(names) if j not in keep}
+    where = "".join(text.format(fixed[name]) for name, text in (
+        ("Model", " of {}"), ("Loss", " trained with the {}"), ("Param.", " ({})"), ("Dataset", " on {}"))
+        if name in fixed)
     split = "/".join(sorted({r.evaluation.split for g in evaluated for r in g.results}))
-    where = (f" of {next(iter(models))}" if len(models) == 1 else "") + \
-        (f" on {dataset_name(next(iter(datasets)))}" if len(datasets) == 1 else "")
-    notes = [Footnote("Recalls in percent; rsum is the sum of the six recalls; mAP@5 (image to text) on a 0-1 scale.")]
     ns = sorted({g.n for g in evaluated})
-    if ns == [1]:
-        spread = "one run per row"
-    else:
-        spread = (f"mean ± sample std over {', '.join(str(n) for n in ns if n > 1)} seeds"
-                  + (" (rows of one seed: the value alone)" if 1 in ns else ""))
+    spread = "one run per row" if not seeds else (
+        f"mean ± sample std over {', '.join(str(n) for n in ns if n > 1)} seeds"
+        + (" (rows of one seed: the value alone)" if 1 in ns else ""))
     title = f"Table 1: Retrieval on the {split} split{where}, {spread}"
-    columns = tuple(Column(name, group) for group, name, _, _ in TABLE1_KEYS)
-    return Table(title, labels, columns, rows, notes, key="cocos-retrieval")
+    columns = tuple(Column(name, group, latex_std=not seeds or name == "rsum") for group, name, _, _ in TABLE1_KEYS)
+    notes = [Footnote("Recalls and mAP@5 (image to text) in percent; rsum is the sum of the six recalls."
+                      + (" In LaTeX only rsum shows its std (the others are in tables.md)." if seeds else ""))]
+    return Table(title, tuple(names[j] for j in keep), columns,
+                 [Row(tuple(labels[j] for j in keep), cells) for labels, cells in rows], notes, key="retrieval",
+                 stack=False)
+
+
+def _metric_cells(g: Group) -> tuple[Cell, ...]:
+    return tuple(Cell(*over_seeds([PERCENT.get(key, 1.0) * r.evaluation.metrics.get(key, np.nan) for r in g.results]),
+                      digits=digits) for _, _, key, digits in TABLE1_KEYS)
+
+
+def over_seeds(values) -> tuple[float | None, float | None]:
+    """The one aggregation over replicates: mean and sample std (ddof 1) of the values that are not NaN (mean None
+    without any, std None with fewer than two)."""
+    v = np.asarray(values, dtype=float)
+    v = v[~np.isnan(v)]
+    return (float(v.mean()) if v.size else None), (float(v.std(ddof=1)) if v.size > 1 else None)
 
 
 @dataclass(frozen=True)
@@ -462,7 +476,7 @@ def cocos_tables(groups: Sequence[Group], compat: bool | None = None, counters: 
         _eps_note([c for _, c in chosen], groups, gis, marks)
         tables.append(Table(f"{spec.title}{about}; {_spread_phrase([groups[i] for i in gis])}", label_columns,
                             _stat_columns(spec.stats), rows, marks.footnotes,
-                            key=f"cocos-{spec.key}" if not single else f"{_slug(groups[0])}-{spec.key}"))
+                            key=spec.key))
     comp = [(gi, c) for gi, c in pairs if any(cell(gi, c, d, s, "shown") is not None
                                                for d in DIRECTIONS for s in COMPANION_STATS)]
     if comp:
@@ -488,7 +502,7 @@ def cocos_tables(groups: Sequence[Group], compat: bool | None = None, counters: 
         tables.append(Table(f"Companions: the effective number of contributing negatives{about}; "
                             f"{_spread_phrase([groups[i] for i in gis])}", label_columns,
                             _stat_columns(COMPANION_STATS), rows, marks.footnotes,
-                            key="cocos-companions" if not single else f"{_slug(groups[0])}-companions"))
+                            key="companions"))
     return tables
 
 
@@ -504,8 +518,8 @@ def _mode_note(modes: set, other_values: list[tuple[str, str]], marks: Marks) ->
         marks.note(head)
         return
     plain = f"{head} {DAGGER} differs in {other} counting: " + "; ".join(p for p, _ in other_values) + "."
-    tex = (latex_escape(head) + r" $\dagger$ differs in " + latex_escape(other) + " counting: "
-           + "; ".join(t for _, t in other_values) + ".")
+    tex = (latex_escape(head) + r" $\dagger$ differs by more than " + f"{ALT_TOLERANCE:g} in " + latex_escape(other)
+           + " counting (values in tables.md).")
     marks.note(plain, tex)
 
 
@@ -513,10 +527,17 @@ def _num(x) -> float | None:
     return None if x is None or pd.isna(x) else float(x)
 
 
-def _slug(g: Group) -> str:
-    r = g.results[0]
-    parts = [g.dataset, r.model.kind or g.model, g.loss, r.replicate]
-    return "-".join(str(p) for p in parts if p is not None)
+def label_prefix(groups: Sequence[Group], *options) -> str:
+    """What makes LaTeX labels unique: a readable part (one result: its dataset, model, loss and seed) and a digest
+    of the results and the options that shaped the tables, so the tables of every report can go into one paper
+    without a multiply defined label."""
+    results = [r for g in groups for r in g.results]
+    what = sorted(f"{r.source.sha256}/{r.model.label}/{r.replicate}/{r.counting.compat}" for r in results)
+    digest = hashlib.sha256("\n".join([*what, *map(str, options)]).encode()).hexdigest()[:6]
+    if len(results) > 1:
+        return f"report-{digest}"
+    r, g = results[0], groups[0]
+    return "-".join(str(p) for p in (g.dataset, g.model, g.loss, f"s{r.replicate}", digest) if p is not None)
 
 
 def _eps_note(counters: Sequence[str], groups: Sequence[Group], gis: Sequence[int], marks: Marks) -> None:
@@ -529,7 +550,11 @@ def _eps_note(counters: Sequence[str], groups: Sequence[Group], gis: Sequence[in
 def build_tables(groups: Sequence[Group], compat: bool | None = None, counters: str = "own") -> list[Table]:
     """Table 1 (when any group was evaluated) and the COCOS tables."""
     t1 = retrieval_table(groups)
-    return ([t1] if t1 is not None else []) + cocos_tables(groups, compat, counters)
+    tables = ([t1] if t1 is not None else []) + cocos_tables(groups, compat, counters)
+    prefix = label_prefix(groups, compat, counters)
+    for t in tables:
+        t.key = f"{prefix}-{t.key}"
+    return tables
 
 
 def cocos_vs_rsum_rows(groups: Sequence[Group], compat: bool | None = None) -> pd.DataFrame:

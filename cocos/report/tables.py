@@ -51,6 +51,7 @@ class Column:
     name: str
     group: str = ""
     latex: str | None = None
+    latex_std: bool = True  # LaTeX shows the cells' ± (False: the mean alone, to keep a table compact)
 
     @property
     def flat(self) -> str:
@@ -73,8 +74,8 @@ class Cell:
 
     @property
     def plain(self) -> str:
-        """Markdown and terminal: at least two decimals (the compact paper style is for LaTeX)."""
-        return self.text if self.text is not None else fmt(self.mean, self.std, max(self.digits, 2))
+        """Markdown and terminal: the same decimals as LaTeX (which writes the std compactly, ``30.8±.7``)."""
+        return self.text if self.text is not None else fmt(self.mean, self.std, self.digits)
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,7 @@ class Table:
     rows: list[Row] = field(default_factory=list)
     footnotes: list[Footnote] = field(default_factory=list)
     key: str = "table"  # LaTeX \label{tab:<key>}
+    stack: bool = True  # too wide for the width: stack the column groups as panels (False: set it smaller)
 
     def __post_init__(self) -> None:
         self.label_columns = tuple(self.label_columns)
@@ -271,26 +273,36 @@ def _groups(columns: Sequence[Column]) -> list[tuple[str, int, int]]:
     return runs
 
 
-# Page geometry (LNCS, the format of ECIR): one column is 12.2 cm = 347 pt; a two-column ``table*``
-# on an A4 article page with 2.5 cm margins has 16 cm = 455 pt.
-WIDTHS_PT = {"column": 347.0, "page": 455.0}
-_FONT = r"\footnotesize"
-_CHAR_PT = 4.4  # mean glyph width of \footnotesize (8 pt) text and digits
+# Page geometry (LNCS, the format of ECIR): the text is one column of 12.2 cm = 347 pt, and a ``table*`` in
+# ``llncs`` spans that same width; ``page`` sets ``table*`` (for two-column documents) at the LNCS width, so
+# that every table cocos writes compiles in an ``llncs`` paper.
+WIDTHS_PT = {"column": 347.0, "page": 347.0}
+_FONTS = ((r"\footnotesize", 8.0), (r"\scriptsize", 7.0))  # LNCS (10 pt) sizes; never smaller than 7 pt
 _TABCOLSEP_PT = 3.0
+# Widths in em of Computer Modern Roman glyphs (digits and most lower-case letters are half an em).
+_EM = {**dict.fromkeys("0123456789abcdeghknopqsuvxyz?#$", 0.5), **dict.fromkeys("fjrt", 0.38),
+       **dict.fromkeys("il.,:;'!", 0.28), **dict.fromkeys("mw", 0.8), **dict.fromkeys("()[]", 0.39),
+       **dict.fromkeys("+=x", 0.78), " ": 0.33, "-": 0.33, "/": 0.5, "@": 0.78, "%": 0.83}
+
+
+_CALIBRATION = 1.15  # measured tabulars in llncs are 1.08-1.15 times the sum of these glyph widths
 
 
 def _visible(tex: str) -> str:
     """Roughly what a LaTeX cell prints: commands and braces dropped, math symbols as one character."""
-    tex = re.sub(r"\\textsuperscript\{[^}]*\}", "x", tex)
-    tex = re.sub(r"\\(pm|mathcal|mathrm|ldots|cdot|tau|varepsilon|alpha|mid)\b", "x", tex)
+    tex = re.sub(r"\\textsuperscript\{[^}]*\}", "i", tex)
+    tex = re.sub(r"\\(pm|mathcal|mathrm|ldots|cdot|tau|varepsilon|alpha|mid|lambda|beta|eta)\b", "x", tex)
     tex = re.sub(r"\\[a-zA-Z]+", "", tex)
     return re.sub(r"[{}$^_\\]", "", tex)
 
 
-def _estimate_pt(rows: Sequence[Sequence[str]]) -> float:
-    """Width of a tabular with these cell texts (per column the widest cell)."""
-    widths = [max(len(_visible(r[i])) for r in rows) for i in range(len(rows[0]))]
-    return sum(w * _CHAR_PT + 2 * _TABCOLSEP_PT for w in widths)
+def _width_em(tex: str) -> float:
+    return sum(_EM.get(ch, 0.75 if ch.isupper() else 0.55) for ch in _visible(tex))
+
+
+def _estimate_pt(rows: Sequence[Sequence[str]], size: float = 8.0, colsep: float = _TABCOLSEP_PT) -> float:
+    """Width of a tabular with these cell texts (per column the widest cell) at font ``size`` pt."""
+    return sum(max(_width_em(r[i]) for r in rows) * size * _CALIBRATION + 2 * colsep for i in range(len(rows[0])))
 
 
 def _panels(table: Table) -> list[list[int]]:
@@ -323,24 +335,17 @@ def to_latex(table: Table, collapse_labels: bool = True, width: str = "column") 
                     break
         previous = tuple(row.labels)
         label_rows.append([latex_escape(x) for x in labels])
-    cells = [[_latex_cell(c) for c in row.cells] for row in table.rows]
+    cells = [[_latex_cell(c if col.latex_std else Cell(c.mean, None, c.text, c.mark, c.digits))
+              for c, col in zip(row.cells, table.columns, strict=True)] for row in table.rows]
     heads = [latex_escape(x) for x in table.label_columns]
     value_heads = [c.latex_name for c in table.columns]
     runs = _groups(table.columns)
     grouped = any(g for g, _, _ in runs)
     wide_rows = [heads + value_heads] + [lab + val for lab, val in zip(label_rows, cells, strict=True)]
-    budget = 0.95 * WIDTHS_PT[width]  # 5% for the estimate's error
-    stacked = grouped and _estimate_pt(wide_rows) > budget
-    font = _FONT
-    if stacked:  # still too wide stacked (long labels): one size smaller
-        panel_width = max(len(p) for p in _panels(table))
-        narrow = [heads + value_heads[:panel_width]] + [lab + val[:panel_width]
-                                                        for lab, val in zip(label_rows, cells, strict=True)]
-        if _estimate_pt(narrow) > budget:
-            font = r"\scriptsize"
+    stacked, font, colsep = _layout(table, wide_rows, heads, value_heads, label_rows, cells, WIDTHS_PT[width])
     env = "table*" if width == "page" else "table"
     caption = _sentence(re.sub(r"^Table \d+:\s*", "", table.title))  # LaTeX numbers the table itself
-    out = [rf"\begin{{{env}}}[t]", r"\centering", font, rf"\setlength{{\tabcolsep}}{{{_TABCOLSEP_PT:g}pt}}",
+    out = [rf"\begin{{{env}}}[t]", r"\centering", font, rf"\setlength{{\tabcolsep}}{{{colsep:g}pt}}",
            rf"\caption{{{latex_escape(caption).replace('query q,', 'query $q$,')}}}",
            rf"\label{{tab:{_latex_key(table.key)}}}"]
     if not stacked:
@@ -382,6 +387,25 @@ def to_latex(table: Table, collapse_labels: bool = True, width: str = "column") 
         out.append("}")
     out.append(rf"\end{{{env}}}")
     return _check_latex_ascii("\n".join(out) + "\n")
+
+
+def _layout(table: Table, wide_rows, heads, value_heads, label_rows, cells,
+            width_pt: float) -> tuple[bool, str, float]:
+    """``(stacked, font, tabcolsep)``: the largest font (8 pt, else 7 pt) at which the table fits side by side, else
+    its column groups stacked as panels (where the table allows it), else narrower column gaps."""
+    budget = 0.97 * width_pt  # 3% for the estimate's error
+    panel_width = max(len(p) for p in _panels(table))
+    narrow = [heads + value_heads[:panel_width]] + [lab + val[:panel_width]
+                                                    for lab, val in zip(label_rows, cells, strict=True)]
+    options = [(False, rows) for rows in [wide_rows]]
+    if table.stack and any(c.group for c in table.columns):
+        options.append((True, narrow))
+    for colsep in (_TABCOLSEP_PT, 1.5):
+        for stacked, rows in options:
+            for font, size in _FONTS:
+                if _estimate_pt(rows, size, colsep) <= budget:
+                    return stacked, font, colsep
+    return options[-1][0], _FONTS[-1][0], 1.5
 
 
 def _sentence(text: str) -> str:
