@@ -10,25 +10,35 @@ from .common import handle_errors
 from .main import app
 
 
+def canonical(text: str, table, prefix: str) -> str | None:
+    """One spelling for weight names: ``sig_ms`` (as ``cocos train --pair-weight``), ``P_sig-ms`` or ``sig-ms``."""
+    short = text.strip().replace("\u2212", "-")
+    if short[:2].lower() == prefix.lower():
+        short = short[2:]
+    lookup = {k[2:].lower().replace("-", "_"): k for k in table}
+    return lookup.get(short.lower().replace("-", "_"))
+
+
 def weight_names(weight: str, pair_weight: str | None) -> list[str]:
     """The panel names: each of ``weight`` (comma list), or ``T*P+`` and ``T*P-`` with a pair weight."""
     from cocos.errors import CocosError
-    from cocos.losses.goal import PAIR_WEIGHTS, parse_weight
+    from cocos.losses.goal import PAIR_WEIGHTS, TRIPLET_WEIGHTS, parse_weight
 
-    names = [w.strip() for w in weight.split(",") if w.strip()]
+    names = [canonical(w, TRIPLET_WEIGHTS, "T_") or w.strip() for w in weight.split(",") if w.strip()]
     if not names:
         raise CocosError("--weight is empty")
     specs = [parse_weight(n) for n in names]
     if pair_weight is None:
         return [s.name for s in specs]
-    pair = parse_weight(f"{pair_weight.strip().rstrip('+-')}+")
-    if pair.triplet is not None:
-        raise CocosError(f"unknown pair weight '{pair_weight}' (choose from {', '.join(PAIR_WEIGHTS)})")
+    pair = canonical(pair_weight.strip().rstrip("+"), PAIR_WEIGHTS, "P_")
+    if pair is None:
+        choices = ", ".join(k[2:].replace("-", "_") for k in PAIR_WEIGHTS)
+        raise CocosError(f"unknown pair weight '{pair_weight}' (choose from {choices})")
     out = []
     for s in specs:
         if s.triplet is None or s.pair is not None:
             raise CocosError(f"--pair-weight needs triplet weights in --weight, got '{s.name}'")
-        out += [f"{s.triplet}*{pair.pair}+", f"{s.triplet}*{pair.pair}-"]
+        out += [f"{s.triplet}*{pair}+", f"{s.triplet}*{pair}-"]
     return out
 
 
@@ -49,12 +59,12 @@ def parse_extent(text: str) -> tuple[float, float] | None:
 @app.command("diagram")
 @handle_errors
 def diagram(
-    weight: str = typer.Option("T_con", "--weight", "-w",
-                               help="T_con, T_nca, T_cir, T*P+ / T*P- (e.g. T_nca*P_sig-), or a comma list "
-                                    "(one panel each)."),
+    weight: str = typer.Option("con", "--weight", "-w",
+                               help="Triplet weight con, nca or cir (as cocos train --triplet-weight; T_con also "
+                                    "works), T*P+ / T*P- (e.g. T_nca*P_sig-), or a comma list (one panel each)."),
     pair_weight: str = typer.Option(None, "--pair-weight",
-                                    help="P_con, P_lin, P_sig, P_lin-ms or P_sig-ms: draw T*P+ and T*P- "
-                                         "and the pair-weight curves."),
+                                    help="con, lin, sig, lin_ms or sig_ms (as cocos train --pair-weight; P_sig-ms "
+                                         "also works): draw T*P+ and T*P- and the pair-weight curves."),
     tau: float = typer.Option(None, help="Scale tau of T_nca and T_cir (default 10)."),
     margin: float = typer.Option(None, help="Margin of T_con (default 0.2)."),
     cir_offset: bool = typer.Option(False, "--cir-offset",
@@ -87,9 +97,10 @@ def diagram(
     check_params(tau=tau, margin=margin)
     params = {"tau": tau, "margin": margin, "offset": True if cir_offset else None}
     if out is None:
-        stem = "_".join(file_slug(w.strip()) for w in weight.split(",") if w.strip())
+        stem = "_".join(file_slug(n) for n in dict.fromkeys(n if pair_weight is None else n.split("*")[0]
+                                                             for n in names))
         if pair_weight:
-            stem += f"_x_{file_slug(pair_weight.strip().rstrip('+-'))}"
+            stem += f"_x_{file_slug(names[0].split('*')[1][:-1])}"
         out = Path("reports") / f"diagram_{stem}"
 
     from cocos.io import check_output_file
@@ -110,7 +121,7 @@ def diagram(
                                 compat=compat)
 
     result = plot_triplet_diagram(names, params=params, points=points, path_stem=out, extent=ext,
-                                  title=None if checkpoint is None else f"{checkpoint} (training split)")
+                                  points_label="training triplets")
     written = [str(p) for p in result.paths]
     if pair_weight is not None:
         pair = names[0].split("*")[1][:-1]

@@ -120,3 +120,21 @@ def test_failed_write_leaves_no_file(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError):
         plot_cocos_vs_rsum(_rsum_rows([("a", "triplet", 1.0, 2.0)]), tmp_path / "fig")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_cocos_vs_rsum_tells_an_ltd_model_from_a_plain_one_and_counts_from_zero(tmp_path):
+    rows = _rsum_rows([("F30k VSE++ NT-Xent", "ntxent", 337.1, 27.2), ("F30k VSE++ + LTD NT-Xent", "ntxent", 338.0, 27.6)])
+    rows["model"] = ["VSE++", "VSE++ + LTD"]
+    out = plot_cocos_vs_rsum(rows, tmp_path / "fig", looks=LOOKS)
+    assert out.data["legend"] == ["VSE++, NT-Xent", "VSE++ + LTD, NT-Xent"]
+    from cocos.report import style
+
+    captured = {}
+    real = style.save
+    style.save = lambda fig, stem: captured.setdefault("fig", fig) and real(fig, stem)
+    try:
+        plot_cocos_vs_rsum(rows, tmp_path / "again", looks=LOOKS)
+    finally:
+        style.save = real
+    lo, hi = captured["fig"].axes[0].get_xlim()
+    assert lo == 0 and hi > 27.6  # not auto-zoomed to 27.2-27.6

@@ -179,7 +179,7 @@ def test_cocos_cells_mean_over_seeds_of_each_checkpoints_mean_and_one_kind_of_sp
     assert md_cell(md, "Triplet loss", "t2i C^q") == "6.79 ± 0.00"
     # one seed in a table with seeds: the mean alone (its batch std is another kind of spread)
     assert md_cell(md, "Triplet loss SH", "t2i C^B") == "98.22"
-    assert "mean ± sample std over 2 seeds (rows of one seed: the mean alone)" in t2.title
+    assert "mean ± sample std over 2 training seeds (rows of one seed: the mean alone)" in t2.title
     check_latex(to_latex(t2))
 
 

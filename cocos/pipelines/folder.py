@@ -149,7 +149,7 @@ def _diagram(results: Results, embeddings: EmbeddingSet, stem: Path, extent=None
     """The triplet diagram with the run's training triplets: the model's own weights when its loss has a diagram
     (GOAL: its T and T*P+-), else T_con and T_nca (the paper's Figure 2)."""
     from cocos.objectives import OBJECTIVES
-    from cocos.report.diagram import plot_triplet_diagram
+    from cocos.report.diagram import DIRECTION_STYLE, plot_triplet_diagram
     from cocos.report.merge import loss_label, mode_name
 
     c = results.counting
@@ -163,11 +163,12 @@ def _diagram(results: Results, embeddings: EmbeddingSet, stem: Path, extent=None
         tau = c.params.get("ntxent", {}).get("tau", 0.1)
         weights, params = ["T_con", "T_nca"], {"margin": trained.get("margin", 0.2), "tau": 1.0 / tau}
     by = f" trained with the {loss_label(results.training.loss, results)}" if results.training else ""
-    title = (f"{results.model.label}{by} on {results.data.name}: training triplets "
-             f"({mode_name(c.compat)} counting)")
+    which = "training triplets" if results.data.split_counted == "train" else "triplets"
+    title = f"{results.model.label}{by} on {results.data.name}: {which} ({mode_name(c.compat)} counting)"
     points = triplets if triplets is not None else diagram_points(results, embeddings)
-    plot_triplet_diagram(weights, params=params, points=points, path_stem=stem,
-                         extent=extent, title=title)
+    color = results.look(results.training.loss).color if results.training else DIRECTION_STYLE["i2t"][0]
+    plot_triplet_diagram(weights, params=params, points=points, path_stem=stem, extent=extent, title=title,
+                         color=color, points_label=which)
 
 
 def summary_lines(results: Results) -> list[str]:

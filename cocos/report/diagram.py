@@ -24,7 +24,6 @@ inputs give the same bytes.
 from __future__ import annotations
 
 import os
-import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +41,7 @@ DEFAULT_EXTENT = (0.0, 1.0)
 FULL_EXTENT = (-1.0, 1.0)
 DENSITY_LEVELS = (0.5, 0.9)  # contours enclosing these shares of the points
 DIRECTION_STYLE = {"i2t": ("#d62728", "solid"), "t2i": ("#ff9896", "dashed")}
-MAX_PANELS_PER_ROW = 3
+MAX_PANELS_PER_ROW = 2  # two panels across the 12.2 cm column
 
 
 # -- points ------------------------------------------------------------------------------
@@ -151,22 +150,36 @@ def density_grid(sp, sn, extent: tuple[float, float], bins: int = 80, sigma: flo
 
 def _bar_label(spec) -> str:
     if spec.triplet is None:
-        return f"{spec.name} (pair weight)"
-    if spec.pair is None:
-        return f"{spec.triplet} (triplet weight)"
-    return f"{spec.name} (gradient scalar)"
+        return "pair weight"
+    return "triplet weight" if spec.pair is None else "gradient scalar"
+
+
+def paper_notation(name: str) -> str:
+    """A weight in the GOAL paper's notation, as matplotlib math (``T_cir*P_sig-ms+`` -> T_cir · P+_sig-ms)."""
+    spec = parse_weight(name)
+
+    def sub(code: str) -> str:
+        return r"\mathrm{" + code.split("_", 1)[1].replace("-", r"}\text{-}\mathrm{") + "}"
+
+    parts = []
+    if spec.triplet is not None:
+        parts.append(f"T_{{{sub(spec.triplet)}}}")
+    if spec.pair is not None:
+        parts.append(f"P^{{{'+' if spec.sign == '+' else '-'}}}_{{{sub(spec.pair)}}}")
+    return "$" + r" \cdot ".join(parts) + "$"
+
+
+PARAM_MATH = {"margin": r"\alpha", "tau": r"\tau", "alpha": r"\alpha", "beta": r"\beta", "lam": r"\lambda",
+              "m_pos": r"m^{+}", "m_neg": r"m^{-}"}
 
 
 def _label(name: str, params: dict) -> str:
-    from cocos.losses.goal import weight_params
-
     used = weight_params(name, **params)
-    shown = {k: v for k, v in used.items() if k in ("margin", "tau", "offset", "alpha", "beta", "lam",
-                                                     "m_pos", "m_neg")}
-    if not shown.get("offset", True):
-        shown.pop("offset")
-    args = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items())
-    return name + ("\n" + "\n".join(textwrap.wrap(args, 34)) if args else "")
+    shown = {k: v for k, v in used.items() if k in PARAM_MATH}
+    args = [f"${PARAM_MATH[k]}={v:g}$" if isinstance(v, float) else f"${PARAM_MATH[k]}={v}$" for k, v in shown.items()]
+    args += ["offset"] if used.get("offset") else []
+    lines = [", ".join(args[i:i + 3]) for i in range(0, len(args), 3)]  # three per line: fits a 6 cm panel
+    return "\n".join([paper_notation(name), *lines])
 
 
 # -- the diagram -------------------------------------------------------------------------------
@@ -221,6 +234,8 @@ def plot_triplet_diagram(
     extent: tuple[float, float] | None = None,
     resolution: int = 301,
     title: str | None = None,
+    color: str = DIRECTION_STYLE["i2t"][0],
+    points_label: str = "triplets",
 ) -> DiagramResult:
     """Heat map(s) of weight(s) over ``(Sp, Sn)``, one panel per name, written as PNG and PDF.
 
@@ -228,7 +243,10 @@ def plot_triplet_diagram(
     (side-by-side panels, as the paper's Figure 2). ``params``: ``margin``, ``tau``,
     ``offset``, ``alpha``, ... (each weight takes what it uses). ``points``:
     ``{direction: (sp, sn)}`` (e.g. :func:`triplet_points`) or one ``(sp, sn)`` pair,
-    drawn as density contours. Writes ``path_stem.png`` and ``path_stem.pdf``.
+    drawn as density contours in ``color`` (the model's loss colour; i2t solid, t2i dashed), named ``points_label``
+    in the legend ("training triplets" for a model's own training data). Panels of a triplet weight ``T`` show the
+    share of triplets where it is active. Writes ``path_stem.png`` and ``path_stem.pdf`` (``title`` is their
+    metadata title: a figure's title belongs in its caption).
     """
     names = [weight] if isinstance(weight, str) else list(weight)
     if not names:
@@ -260,7 +278,8 @@ def plot_triplet_diagram(
     with style.paper_style():
         ncols = min(MAX_PANELS_PER_ROW, len(names))
         nrows = -(-len(names) // ncols)
-        fig = style.figure(3.3 * ncols + 0.4, 3.1 * nrows + (0.7 if title else 0.1) + (0.8 if pts else 0.0))
+        fig = style.figure(2.3 * nrows + (0.6 if pts else 0.1))
+        fig.get_layout_engine().set(rect=(0, 0, 0.97, 1))  # the layout misjudges the last colour bar's labels
         axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
         for ax in axes[len(names):]:
             ax.set_axis_off()
@@ -268,7 +287,8 @@ def plot_triplet_diagram(
             v = values[name]
             vmin, vmax = float(min(v.min(), 0.0)), float(max(v.max(), 1.0))
             im = ax.imshow(v, origin="lower", extent=(lo, hi, lo, hi), cmap="viridis", vmin=vmin, vmax=vmax,
-                           aspect="equal", interpolation="bilinear")
+                           aspect="auto", interpolation="bilinear")
+            ax.set_box_aspect(1)  # square panels that the layout engine can place (aspect="equal" it cannot)
             binary = bool(np.isin(v, (0.0, 1.0)).all())
             if spec.triplet == "T_con" and spec.pair is None:  # the exact boundary: Sn = Sp - margin
                 m = float(weight_params("T_con", **params).get("margin", 0.2))
@@ -280,20 +300,20 @@ def plot_triplet_diagram(
                 if levels:
                     cs = ax.contour(grid, grid, v, levels=levels, colors="white", linewidths=0.6, alpha=0.8)
                     if not binary:
-                        ax.clabel(cs, fontsize=6, fmt="%.2g")
+                        ax.clabel(cs, fontsize=style.SMALL_PT, fmt="%.2g")
             ax.plot([lo, hi], [lo, hi], color="0.85", linewidth=0.6, linestyle=":")
             for i, (key, (sp, sn)) in enumerate(pts.items()):
                 if sp.size < 2:
                     continue
-                color, line_style = DIRECTION_STYLE.get(key, (f"C{i}", "solid"))
+                line_style = DIRECTION_STYLE.get(key, (None, "solid"))[1]
                 centres, dens, dlevels = density_grid(sp, sn, (lo, hi))
                 if dlevels:
                     ax.contour(centres, centres, dens, levels=dlevels, colors=[color], linestyles=line_style,
                                linewidths=1.2)
                 share = result.active[name].get(key)
-                if share is not None:
+                if share is not None and spec.pair is None:  # T·P panels: the region is that of T, said once
                     ax.text(0.03, 0.97 - 0.09 * i, f"{key}: {100 * share:.1f}% active", transform=ax.transAxes,
-                            ha="left", va="top", fontsize="small", color="black",
+                            ha="left", va="top", fontsize=style.SMALL_PT, color="black",
                             bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "alpha": 0.8, "linewidth": 0})
             ax.set_xlim(lo, hi)
             ax.set_ylim(lo, hi)
@@ -301,20 +321,21 @@ def plot_triplet_diagram(
             ax.set_ylabel(r"$S_n$ (hardest negative)")
             ax.set_title(_label(name, params))
             ax.grid(False)
-            bar = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
-            bar.set_label(_bar_label(spec))
+            bar = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+            bar.set_label(_bar_label(spec), labelpad=1)
+            bar.ax.yaxis.set_label_position("left")  # between panel and bar: the layout keeps it inside the figure
         if pts:
             held = " / ".join(f"{q:.0%}" for q in DENSITY_LEVELS)
-            handles = [Line2D([], [], color=DIRECTION_STYLE.get(k, ("C0", "solid"))[0],
+            handles = [Line2D([], [], color=color,
                               linestyle=DIRECTION_STYLE.get(k, ("C0", "solid"))[1],
-                              label=f"{k} training triplets (contours hold {held})")
+                              label=f"{k} {points_label} (contours hold {held})")
                        for k, (sp, _) in pts.items() if sp.size >= 2]
-            handles.append(Patch(facecolor="none", edgecolor="none",
-                                 label=f"% active: share of triplets where T > {ACTIVE_THRESHOLD:g}"))
+            if any(spec.pair is None for spec in specs):
+                handles.append(Patch(facecolor="none", edgecolor="none",
+                                     label=f"% active: share of triplets where T > {ACTIVE_THRESHOLD:g}"))
             fig.legend(handles=handles, loc="outside lower center", ncols=1 if ncols < 3 else min(3, len(handles)),
-                       fontsize="small")
-        if title:
-            style.suptitle(fig, title)
+                       fontsize=style.SMALL_PT)
+        style.caption(fig, title)
         result.paths = style.save(fig, Path(path_stem))
     return result
 
@@ -358,19 +379,24 @@ def plot_pair_weights(
     from cocos.report import style
 
     with style.paper_style():
-        fig = style.figure(7.0, 3.0)
+        fig = style.figure(2.2)
         axes = fig.subplots(1, 2)
         for ax, curves, xlabel, title in ((axes[0], positive, r"$S_p$", r"$P_+$ (positive pairs)"),
                                           (axes[1], negative, r"$S_n$", r"$P_-$ (negative pairs)")):
             for i, (n, y) in enumerate(curves.items()):
-                ax.plot(s, y, color=f"C{i}", label=n, linewidth=1.4)
+                ax.plot(s, y, color=f"C{i}", label=_pair_name(n), linewidth=1.4)
             ax.set_xlim(lo, hi)
             ax.set_xlabel(xlabel)
             ax.set_ylabel("pair weight")
             ax.set_title(title)
-            ax.legend(fontsize="small")
+            ax.legend(fontsize=style.SMALL_PT)
         paths = style.save(fig, Path(path_stem))
     return PairCurves(paths=paths, s=s, positive=positive, negative=negative)
+
+
+def _pair_name(pair: str) -> str:
+    """A pair weight without its sign in the paper's notation: ``P_sig-ms`` -> ``$P_{sig-ms}$``."""
+    return paper_notation(f"{pair}+").replace("^{+}", "")
 
 
 def file_slug(name: str) -> str:

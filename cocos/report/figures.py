@@ -62,7 +62,7 @@ def plot_count_distributions(per_query: Mapping, path_stem: str | os.PathLike, l
     losses = ranked(per_query, looks or {})
     data: dict = {}
     with style.paper_style():
-        fig = style.figure(3.4 * len(DIRECTIONS), 2.3 * max(1, len(losses)) + 0.7)
+        fig = style.figure(1.45 * max(1, len(losses)) + 0.45)
         axes = fig.subplots(max(1, len(losses)), len(DIRECTIONS), squeeze=False)
         for i, loss in enumerate(losses):
             name, color, _, stat = style.loss_style(loss, looks)
@@ -105,9 +105,9 @@ def plot_count_distributions(per_query: Mapping, path_stem: str | os.PathLike, l
         handles = [Line2D([], [], color="black", linestyle="--", linewidth=1, label="mean over all queries"),
                    Line2D([], [], color="black", linestyle=":", linewidth=1,
                           label=r"mean over queries with a gradient ($C^{q}$ of the tables)")]
-        fig.legend(handles=handles, loc="outside lower center", ncols=2)
+        fig.legend(handles=handles, loc="outside lower center", ncols=1)
         if title:
-            style.suptitle(fig, title)
+            style.caption(fig, title)
         paths = style.save(fig, path_stem)
     return FigureOutput(paths, data)
 
@@ -123,7 +123,7 @@ def plot_query_distributions(queries, stats, path_stem: str | os.PathLike, title
 
     data: dict = {}
     with style.paper_style():
-        fig = style.figure(2.8 * len(stats) + 0.3, 2.3 * len(DIRECTIONS) + 0.5)
+        fig = style.figure(1.6 * len(DIRECTIONS) + 0.1)
         axes = fig.subplots(len(DIRECTIONS), len(stats), squeeze=False)
         for i, d in enumerate(DIRECTIONS):
             part = queries[queries["direction"] == d]
@@ -145,7 +145,7 @@ def plot_query_distributions(queries, stats, path_stem: str | os.PathLike, title
                 data[(stat, d)] = {"heights": np.rint(np.array([p.get_height() for p in ax.patches]) * values.size),
                                    "edges": np.asarray(edges)}
         if title:
-            style.suptitle(fig, title)
+            style.caption(fig, title)
         paths = style.save(fig, path_stem)
     return FigureOutput(paths, data)
 
@@ -171,8 +171,10 @@ def plot_eps_sweep(sweep: Mapping, path_stem: str | os.PathLike, looks: Mapping 
     data: dict = {}
     with style.paper_style():
         n = max(1, len(losses))
-        fig = style.figure(3.3 * n, 2.9)
-        axes = fig.subplots(1, n, squeeze=False)[0]
+        fig = style.figure(1.9 * -(-n // 2) + 0.1)
+        axes = fig.subplots(-(-n // 2), min(n, 2), squeeze=False).ravel()
+        for ax in axes[len(losses):]:
+            ax.set_visible(False)
         for ax, loss in zip(axes, losses, strict=False):
             name, color, marker, stat = style.loss_style(loss, looks)
             for d in DIRECTIONS:
@@ -191,12 +193,16 @@ def plot_eps_sweep(sweep: Mapping, path_stem: str | os.PathLike, looks: Mapping 
             ax.set_xlabel(r"threshold $\varepsilon$")
             ax.set_ylabel(f"{style.stat_math(stat)} (mean over batches)")
             ax.set_title(name)
-            ax.legend(title=f"counted at ε = {eps:g} (dotted)", fontsize="small", title_fontsize="small")
         if not losses:
             axes[0].text(0.5, 0.5, "no counter with a threshold", ha="center", va="center",
                          transform=axes[0].transAxes)
         if title:
-            style.suptitle(fig, title)
+            style.caption(fig, title)
+        from matplotlib.lines import Line2D
+
+        handles = [Line2D([], [], color="0.3", linestyle=style.DIRECTION_DASHES[d]) for d in DIRECTIONS]
+        handles.append(Line2D([], [], color="0.4", linestyle=":"))
+        fig.legend(handles, [*DIRECTIONS, f"counted at ε = {eps:g}"], loc="outside lower center", ncols=3)
         data["default_eps"] = eps
         paths = style.save(fig, path_stem)
     return FigureOutput(paths, data)
@@ -207,45 +213,58 @@ def plot_cocos_vs_rsum(rows, path_stem: str | os.PathLike, title: str | None = N
     """Each model's COCOS (the main count of its own training loss) against its rsum.
 
     One panel per statistic family (triplet-style ``C^q``; NT-Xent ``C^{qv-}``), both
-    directions (i2t filled, t2i open markers), a colour and marker per loss with a
-    legend, and error bars over seeds in both axes where there are seeds (sample std).
-    ``rows``: the tidy frame of :func:`cocos.report.merge.cocos_vs_rsum_rows` (label,
-    loss, direction, stat, rsum, cocos, and optionally rsum_std, cocos_std, n).
-    ``data["points"]`` is the ``(n, 2)`` array ``(cocos, rsum)`` read back from the
-    markers in row order, ``data["labels"]`` their labels, ``data["panels"]`` the statistics.
+    directions (i2t filled, t2i open markers), a colour per loss and a marker per model (an LTD
+    model and a plain one of the same loss look different), one legend entry per model and loss,
+    and error bars over seeds in both axes where there are seeds (sample std). The count axis
+    starts at 0 (counts are compared with none at all). ``rows``: the tidy frame of
+    :func:`cocos.report.merge.cocos_vs_rsum_rows` (label, model, loss, direction, stat, rsum, cocos,
+    and optionally rsum_std, cocos_std, n). ``data["points"]`` is the ``(n, 2)`` array ``(cocos,
+    rsum)`` read back from the markers in row order, ``data["labels"]`` their labels, ``data["panels"]``
+    the statistics, ``data["legend"]`` the legend's entries.
     """
     from matplotlib.lines import Line2D
 
-    stats = list(dict.fromkeys(rows["stat"])) if len(rows) else []
+    stats = list(dict.fromkeys(rows["stat"]))
+    models = list(dict.fromkeys(rows["model"] if "model" in rows else ["model"] * len(rows)))
     points, labels, legend = [], [], {}
     with style.paper_style():
-        n = max(1, len(stats))
-        fig = style.figure(3.4 * n + 1.6, 3.2)
-        axes = fig.subplots(1, n, squeeze=False, sharey=True)[0]
+        fig = style.figure(2.6 + 0.12 * len(set(zip(rows["loss"], rows.get("model", rows["loss"]), strict=True))))
+        axes = fig.subplots(1, max(1, len(stats)), squeeze=False, sharey=True)[0]
         for ax, stat in zip(axes, stats, strict=False):
-            for _, r in rows[rows["stat"] == stat].iterrows():
-                name, color, marker, _ = style.loss_style(r["loss"], looks)
-                xerr = r.get("cocos_std") if "cocos_std" in r and np.isfinite(r.get("cocos_std", np.nan)) else None
-                yerr = r.get("rsum_std") if "rsum_std" in r and np.isfinite(r.get("rsum_std", np.nan)) else None
-                filled = r["direction"] == "i2t"
-                container = ax.errorbar([r["cocos"]], [r["rsum"]], xerr=xerr, yerr=yerr, fmt=marker, color=color,
-                                        markersize=7, markerfacecolor=color if filled else "none",
-                                        markeredgewidth=1.3, elinewidth=1, capsize=2, zorder=3 if filled else 4)
-                xs, ys = container.lines[0].get_data()
-                points.append((float(xs[0]), float(ys[0])))
+            part = rows[rows["stat"] == stat]
+            for _, r in part.iterrows():
+                name, color, _, _ = style.loss_style(r["loss"], looks)
+                model = r.get("model", "model")
+                marker = MODEL_MARKERS[models.index(model) % len(MODEL_MARKERS)]
+                xs, ys = _errorbar(ax, r, color, marker, filled=r["direction"] == "i2t")
+                points.append((xs, ys))
                 labels.append(f"{r['label']} ({r['direction']})")
-                legend.setdefault(name, Line2D([], [], color=color, marker=marker, linestyle="", markersize=7))
-            ax.set_xlabel(f"{style.stat_math(stat)} of the training loss (COCOS)")
+                legend.setdefault(f"{model}, {name}" if len(models) > 1 else name,
+                                  Line2D([], [], color=color, marker=marker, linestyle="", markersize=5))
+            spread = part["cocos_std"].fillna(0) if "cocos_std" in part else 0
+            right = float(np.nanmax(part["cocos"] + spread)) if len(part) else 1.0
+            ax.set_xlim(0, 1.15 * right if right > 0 else 1.0)
+            ax.set_xlabel(f"{style.stat_math(stat)} of the training loss")
             ax.set_ylabel("rsum (test)")
-        if not stats:
-            axes[0].text(0.5, 0.5, "no results with both rsum and COCOS", ha="center", va="center",
-                         transform=axes[0].transAxes)
         handles = list(legend.values()) + [
-            Line2D([], [], color="0.3", marker="o", linestyle="", label="i2t (filled)"),
-            Line2D([], [], color="0.3", marker="o", markerfacecolor="none", linestyle="", label="t2i (open)")]
-        names = list(legend) + ["i2t (filled)", "t2i (open)"]
-        fig.legend(handles, names, loc="outside right center")
-        style.suptitle(fig, title or "COCOS at the selected checkpoint vs retrieval")
+            Line2D([], [], color="0.3", marker="o", linestyle="", markersize=5),
+            Line2D([], [], color="0.3", marker="o", markerfacecolor="none", linestyle="", markersize=5)]
+        fig.legend(handles, [*legend, "i2t (filled)", "t2i (open)"], loc="outside lower center", ncols=2)
+        style.caption(fig, title or "COCOS at the selected checkpoint vs retrieval")
         paths = style.save(fig, path_stem)
     return FigureOutput(paths, {"points": np.array(points, dtype=np.float64).reshape(-1, 2), "labels": labels,
-                                "panels": stats})
+                                "panels": stats, "legend": list(legend)})
+
+
+MODEL_MARKERS = ("o", "^", "s", "D", "v", "P", "X")
+
+
+def _errorbar(ax, r, color: str, marker: str, filled: bool) -> tuple[float, float]:
+    """One (COCOS, rsum) point with its error bars over seeds; returns where the marker was drawn."""
+    xerr = r.get("cocos_std") if np.isfinite(r.get("cocos_std", np.nan)) else None
+    yerr = r.get("rsum_std") if np.isfinite(r.get("rsum_std", np.nan)) else None
+    container = ax.errorbar([r["cocos"]], [r["rsum"]], xerr=xerr, yerr=yerr, fmt=marker, color=color, markersize=5,
+                            markerfacecolor=color if filled else "none", markeredgewidth=1.0, elinewidth=0.8,
+                            capsize=2, zorder=3 if filled else 4)
+    xs, ys = container.lines[0].get_data()
+    return float(xs[0]), float(ys[0])

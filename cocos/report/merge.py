@@ -275,7 +275,9 @@ def _spread_phrase(groups: Sequence[Group]) -> str:
         return f"mean ± std over the {where}batches" + (f" of {sizes[0]}" if len(sizes) == 1 else "")
     seeds = ", ".join(str(n) for n in ns if n > 1)
     single = " (rows of one seed: the mean alone)" if 1 in ns else ""
-    return f"mean ± sample std over {seeds} seeds{single}"
+    if all(r.source.kind == "count" for g in groups for r in g.results):  # replicates of count are batch samplings
+        return f"mean ± sample std over {seeds} counting seeds (batch samplings of the same embeddings){single}"
+    return f"mean ± sample std over {seeds} training seeds{single}"
 
 
 def _stat_columns(stats: Sequence[str]) -> tuple[Column, ...]:
@@ -557,6 +559,16 @@ def build_tables(groups: Sequence[Group], compat: bool | None = None, counters: 
     return tables
 
 
+def replicate_means(g: Group, counter: str, direction: str, stat: str, compat: bool | None = None) -> list[float]:
+    """The batch mean of one statistic in each replicate of a group that has it."""
+    out = []
+    for r in g.results:
+        entry = select_stats(r, compat)[0].get(counter, {}).get(direction, {}).get(stat)
+        if entry is not None and entry.get("mean") is not None:
+            out.append(float(entry["mean"]))
+    return out
+
+
 def cocos_vs_rsum_rows(groups: Sequence[Group], compat: bool | None = None) -> pd.DataFrame:
     """Tidy rows per group with a training loss and an evaluation, both directions: the main count of the
     group's own loss and the test rsum, means over seeds with their sample std over seeds (NaN for one seed)."""
@@ -565,17 +577,19 @@ def cocos_vs_rsum_rows(groups: Sequence[Group], compat: bool | None = None) -> p
         if g.loss is None or any(r.evaluation is None for r in g.results):
             continue
         stat = g.results[0].look(g.loss).main_stat
-        rsum = np.array([r.evaluation.metrics.get("rsum", np.nan) for r in g.results], dtype=float)
+        rsum, rsum_std = over_seeds([r.evaluation.metrics.get("rsum", np.nan) for r in g.results])
         for d in DIRECTIONS:
-            vals = [select_stats(r, compat)[0].get(g.loss, {}).get(d, {}).get(stat, {}).get("mean") for r in g.results]
-            vals = np.array([v for v in vals if v is not None], dtype=float)
-            if vals.size:
-                rows.append({"label": " ".join(g.labels), "loss": g.loss, "direction": d, "stat": stat,
-                             "rsum": float(np.nanmean(rsum)), "cocos": float(vals.mean()),
-                             "rsum_std": float(np.nanstd(rsum, ddof=1)) if g.n > 1 else np.nan,
-                             "cocos_std": float(vals.std(ddof=1)) if vals.size > 1 else np.nan, "n": g.n})
-    return pd.DataFrame(rows, columns=["label", "loss", "direction", "stat", "rsum", "cocos", "rsum_std", "cocos_std",
-                                       "n"])
+            cocos, cocos_std = over_seeds(replicate_means(g, g.loss, d, stat, compat))
+            if cocos is not None:
+                rows.append({"label": " ".join(g.labels), "model": g.model, "loss": g.loss, "direction": d,
+                             "stat": stat, "rsum": _nan(rsum), "cocos": cocos, "rsum_std": _nan(rsum_std),
+                             "cocos_std": _nan(cocos_std), "n": g.n})
+    return pd.DataFrame(rows, columns=["label", "model", "loss", "direction", "stat", "rsum", "cocos", "rsum_std",
+                                       "cocos_std", "n"])
+
+
+def _nan(x: float | None) -> float:
+    return np.nan if x is None else x
 
 
 # -- a whole report: build once, write atomically ---------------------------------------------
@@ -668,8 +682,9 @@ def write_report(report: Report, out: str | os.PathLike, readme: str | None = No
     with atomic_dir(out, report.sources, overwrite) as tmp:
         (tmp / "tables.md").write_text(md, encoding="utf-8")
         (tmp / "tables.tex").write_text(tex, encoding="utf-8")
-        plot_cocos_vs_rsum(cocos_vs_rsum_rows(report.groups, compat=report.compat), tmp / "cocos_vs_rsum",
-                           title=report_title(report), looks=report.looks)
+        rows = cocos_vs_rsum_rows(report.groups, compat=report.compat)
+        if len(rows):  # count results have no rsum: no figure
+            plot_cocos_vs_rsum(rows, tmp / "cocos_vs_rsum", title=report_title(report), looks=report.looks)
         _training_figures(report, tmp)
         if readme is not None:
             (tmp / "README.md").write_text(readme, encoding="utf-8")
@@ -713,29 +728,29 @@ def training_logs(results: Sequence[Results]):
 
 
 def epoch_rows(groups: Sequence[Group], compat: bool | None = None) -> pd.DataFrame:
-    """Tidy rows (label, loss, epoch, direction, stat, value) of each checkpoint: its own loss's paper statistics
-    and its test rsum (stat ``rsum``, direction ``both``), means over seeds."""
+    """Tidy rows (label, loss, epoch, direction, stat, value) of each checkpoint: the main statistic of every counter
+    it was counted with (the paper's and its training loss's own; ``loss`` names the counter) and its test rsum
+    (``loss`` and ``stat`` ``rsum``, direction ``both``), means over seeds."""
     rows = []
     for g in groups:
         r0 = g.results[0]
-        if g.loss is None or r0.source.epoch is None:
+        if r0.source.epoch is None:
             continue
         label = _run_label(r0)
-        for d in DIRECTIONS:
-            for stat in r0.look(g.loss).stats:
-                vals = [select_stats(r, compat)[0].get(g.loss, {}).get(d, {}).get(stat, {}).get("mean")
-                        for r in g.results]
-                vals = [v for v in vals if v is not None]
-                if vals:
-                    rows.append((label, g.loss, r0.source.epoch, d, stat, float(np.mean(vals))))
-        rsum = [r.evaluation.metrics.get("rsum") for r in g.results if r.evaluation is not None]
-        if rsum:
-            rows.append((label, g.loss, r0.source.epoch, "both", "rsum", float(np.mean(rsum))))
+        for counter in ranked(r0.counting.losses, r0.presentation):
+            stat = r0.look(counter).main_stat
+            for d in DIRECTIONS:
+                value, _ = over_seeds(replicate_means(g, counter, d, stat, compat))
+                if value is not None:
+                    rows.append((label, counter, r0.source.epoch, d, stat, value))
+        rsum, _ = over_seeds([r.evaluation.metrics.get("rsum", np.nan) for r in g.results if r.evaluation is not None])
+        if rsum is not None:
+            rows.append((label, "rsum", r0.source.epoch, "both", "rsum", rsum))
     return pd.DataFrame(rows, columns=["label", "loss", "epoch", "direction", "stat", "value"])
 
 
 def _training_figures(report: Report, folder: Path) -> None:
-    from cocos.report.training import plot_track, plot_training
+    from cocos.report.training import plot_by_epoch, plot_track, plot_training
 
     track, steps = training_logs(report.results)
     if track is not None and len(track):
@@ -746,5 +761,5 @@ def _training_figures(report: Report, folder: Path) -> None:
     if report.label == "epoch":
         rows = epoch_rows(report.groups, report.compat)
         if len(rows):
-            plot_track(rows, folder / "cocos_by_epoch", x="epoch", markers=True, looks=report.looks,
-                       title="COCOS of each model's training loss at its saved checkpoints, and test rsum")
+            plot_by_epoch(rows, folder / "cocos_by_epoch", looks=report.looks,
+                          title="COCOS of every counter at the saved checkpoints, and test rsum")

@@ -18,22 +18,31 @@ from pathlib import Path
 
 from cocos.presentation import GREY, Presentation  # noqa: F401  (GREY: style.GREY for the figures)
 
-DPI = 150
-FONT_SCALE = 1.1
+DPI = 300  # PNGs at print resolution (the figures are drawn at their printed size)
+# Print sizes: an LNCS text column is 12.2 cm wide; a figure* spans the same width in llncs.
+COLUMN_IN = 12.2 / 2.54
+WIDTHS_IN = {"column": COLUMN_IN, "page": COLUMN_IN}
+# Font sizes in points at print size: 8 pt text, 7 pt ticks and legends (the issue's 7-9 pt band).
+FONT_PT = {"font.size": 8, "axes.titlesize": 8, "axes.labelsize": 8, "xtick.labelsize": 7, "ytick.labelsize": 7,
+           "legend.fontsize": 7, "legend.title_fontsize": 7, "figure.titlesize": 9}
+SMALL_PT = 7  # the smallest text cocos draws
 # Fixed metadata: no creation dates, so the same input gives the same bytes.
 _META = {"png": {"Software": "cocos"}, "pdf": {"Creator": "cocos", "Producer": "cocos", "CreationDate": None}}
 DIRECTION_DASHES = {"i2t": "-", "t2i": "--"}
 
 
 def rc() -> dict:
-    """The rc parameters of cocos figures: seaborn's paper context and ticks style."""
+    """The rc parameters of cocos figures: seaborn's paper context and ticks style, at the print font sizes."""
     import seaborn as sns
 
     params = dict(sns.axes_style("ticks"))
-    params.update(sns.plotting_context("paper", font_scale=FONT_SCALE))
+    params.update(sns.plotting_context("paper"))
+    params.update(FONT_PT)
     params.update({"axes.spines.top": False, "axes.spines.right": False, "legend.frameon": False,
                    "savefig.dpi": DPI, "figure.dpi": 100, "axes.grid": True, "grid.linewidth": 0.4,
-                   "grid.color": "#e6e6e6", "pdf.fonttype": 42})
+                   "grid.color": "#e6e6e6", "pdf.fonttype": 42, "lines.linewidth": 1.0, "lines.markersize": 4,
+                   "axes.linewidth": 0.6, "xtick.major.width": 0.6, "ytick.major.width": 0.6,
+                   "figure.constrained_layout.h_pad": 0.04, "figure.constrained_layout.w_pad": 0.04})
     return params
 
 
@@ -45,21 +54,20 @@ def paper_style() -> Iterator[None]:
         yield
 
 
-def figure(width: float, height: float):
-    """A new figure (constrained layout) on the Agg canvas; call inside :func:`paper_style`."""
+def figure(height: float, width: str = "column"):
+    """A new figure of the print ``width`` ("column" or "page": 12.2 cm in LNCS) and ``height`` inches
+    (constrained layout, Agg canvas); call inside :func:`paper_style`."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(width, height), layout="constrained")
+    fig = Figure(figsize=(WIDTHS_IN[width], height), layout="constrained")
     FigureCanvasAgg(fig)
     return fig
 
 
-def suptitle(fig, text: str) -> None:
-    """The figure's title, wrapped to the figure's width (about 9 characters per inch): never cut off."""
-    import textwrap
-
-    fig.suptitle("\n".join(textwrap.wrap(text, max(20, int(9 * fig.get_figwidth())))))
+def caption(fig, text: str | None) -> None:
+    """A figure's title goes to its caption, not into the figure: it is kept as the files' metadata title."""
+    fig.cocos_title = text
 
 
 def save(fig, path_stem: str | os.PathLike) -> list[Path]:
@@ -68,10 +76,12 @@ def save(fig, path_stem: str | os.PathLike) -> list[Path]:
 
     stem = Path(path_stem)
     paths = []
+    title = getattr(fig, "cocos_title", None)
     for ext in ("png", "pdf"):
         path = stem.with_name(stem.name + "." + ext)
+        meta = {**_META[ext], **({"Title": title} if title else {})}
         with atomic_path(path) as tmp, open(tmp, "wb") as fh:
-            fig.savefig(fh, format=ext, dpi=DPI, metadata=_META[ext])
+            fig.savefig(fh, format=ext, dpi=DPI, metadata=meta)
         paths.append(path)
         fig.set_layout_engine("none")  # the first save laid the figure out; the second keeps that layout
     return paths

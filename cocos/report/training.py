@@ -157,7 +157,7 @@ def plot_track(track: pd.DataFrame, path_stem: str | os.PathLike, title: str | N
     with style.paper_style():
         cols = min(3, max(1, len(stats)))
         rows = max(1, -(-len(stats) // cols))
-        fig = style.figure(3.3 * cols + 1.8, 2.5 * rows + 0.4)
+        fig = style.figure(1.7 * rows + 0.5)
         axes = fig.subplots(rows, cols, squeeze=False, sharex=True).ravel()
         for ax, stat in zip(axes, stats, strict=False):
             part = track[track["stat"] == stat]
@@ -184,8 +184,8 @@ def plot_track(track: pd.DataFrame, path_stem: str | os.PathLike, title: str | N
             axes[0].text(0.5, 0.5, "nothing tracked", ha="center", va="center", transform=axes[0].transAxes)
         handles = [Line2D([], [], color=c, linewidth=1.6) for c in colours.values()]
         handles += [Line2D([], [], color="0.3", linestyle=style.DIRECTION_DASHES[d]) for d in ("i2t", "t2i")]
-        fig.legend(handles, [*colours, "i2t", "t2i"], loc="outside right center")
-        style.suptitle(fig, title or "COCOS of the training batches during training")
+        fig.legend(handles, [*colours, "i2t", "t2i"], loc="outside lower center", ncols=min(4, len(colours) + 2))
+        style.caption(fig, title or "COCOS of the training batches during training")
         return FigureOutput(style.save(fig, path_stem), {"panels": stats, "series": list(colours)})
 
 
@@ -206,7 +206,7 @@ def plot_training(steps: pd.DataFrame, path_stem: str | os.PathLike, title: str 
 
     colours = dict(zip(names, sns.color_palette("colorblind", len(names)), strict=True))
     with style.paper_style():
-        fig = style.figure(3.3 * len(panels) + (1.8 if legend else 0.4), 2.7)
+        fig = style.figure(2.0 + (0.4 if legend else 0.0))
         axes = fig.subplots(1, len(panels), squeeze=False)[0]
         for ax, (column, label) in zip(axes, panels, strict=True):
             for name, part in steps.groupby(series, sort=False):
@@ -219,11 +219,61 @@ def plot_training(steps: pd.DataFrame, path_stem: str | os.PathLike, title: str 
             if column == "L_rec/eta":
                 ax.axhline(1.0, color=style.GREY, linestyle=":", linewidth=1)
                 ax.text(0.99, 1.0, r"bound $\eta$", transform=ax.get_yaxis_transform(), ha="right", va="bottom",
-                        color=style.GREY, fontsize="small")
+                        color=style.GREY, fontsize=style.SMALL_PT)
             ax.set_title(label)
             ax.set_xlabel("training step")
         if legend:
             fig.legend([Line2D([], [], color=colours[n], linewidth=1.6) for n in names], names,
-                       loc="outside right center")
-        style.suptitle(fig, title or "Training curves")
+                       loc="outside lower center", ncols=min(3, len(names)))
+        style.caption(fig, title or "Training curves")
         return style.save(fig, path_stem)
+
+
+RUN_MARKERS = ("o", "^", "s", "D", "v")
+
+
+def plot_by_epoch(rows: pd.DataFrame, path_stem: str | os.PathLike, title: str | None = None,
+                  looks: Mapping | None = None):
+    """``cocos report --label epoch``: every counter's main statistic against epoch (one panel per counter, in its
+    colour), i2t solid and t2i dashed, and the test rsum in the last panel; runs differ by marker.
+
+    ``rows``: :func:`cocos.report.merge.epoch_rows` (label, loss = counter or ``rsum``, epoch, direction, stat,
+    value). Returns a :class:`~cocos.report.figures.FigureOutput` whose ``panels`` are the counters (and ``rsum``)
+    and whose ``lines[(run, counter, direction)]`` are the ``(epoch, value)`` arrays drawn.
+    """
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator
+
+    from cocos.report.figures import FigureOutput
+
+    panels = [c for c in dict.fromkeys(rows["loss"]) if c != "rsum"] + (["rsum"] if "rsum" in set(rows["loss"]) else [])
+    runs = list(dict.fromkeys(rows["label"]))
+    lines: dict = {}
+    with style.paper_style():
+        cols = min(3, len(panels))
+        nrows = -(-len(panels) // cols)
+        fig = style.figure(1.45 * nrows + 0.35)
+        axes = fig.subplots(nrows, cols, squeeze=False).ravel()
+        for ax in axes[len(panels):]:
+            ax.set_visible(False)
+        for ax, counter in zip(axes, panels, strict=False):
+            part = rows[rows["loss"] == counter]
+            rsum = counter == "rsum"
+            name, color, _, stat = ("test rsum", "0.2", "", "") if rsum else style.loss_style(counter, looks)
+            for (run, d), line in part.groupby(["label", "direction"], sort=False):
+                line = line.sort_values("epoch")
+                ax.plot(line["epoch"], line["value"], color=color, linestyle=style.DIRECTION_DASHES.get(d, "-"),
+                        marker=RUN_MARKERS[runs.index(run) % len(RUN_MARKERS)], markersize=3)
+                lines[(run, counter, d)] = (line["epoch"].to_numpy(), line["value"].to_numpy())
+            ax.set_title(name if rsum else f"{name}: {style.stat_math(stat)}")
+            ax.set_xlabel("epoch")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        handles = [Line2D([], [], color="0.3", linestyle=style.DIRECTION_DASHES[d]) for d in ("i2t", "t2i")]
+        names = ["i2t", "t2i"]
+        if len(runs) > 1:
+            handles += [Line2D([], [], color="0.3", marker=RUN_MARKERS[i % len(RUN_MARKERS)], linestyle="")
+                        for i in range(len(runs))]
+            names += runs
+        fig.legend(handles, names, loc="outside lower center", ncols=min(4, len(names)))
+        style.caption(fig, title)
+        return FigureOutput(style.save(fig, path_stem), {"panels": panels, "lines": lines})
