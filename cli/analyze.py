@@ -51,7 +51,7 @@ def analyze(
     from cocos.errors import CocosError
     from cocos.io import check_output_dir, check_output_file
     from cocos.objectives import parse_names
-    from cocos.pipelines.analyze import analyze_checkpoint
+    from cocos.pipelines.analyze import analyze_checkpoint, refuse_embeddings
     from cocos.pipelines.folder import default_out
 
     if len(checkpoints) > 1 and label is not None:
@@ -74,6 +74,7 @@ def analyze(
     for checkpoint in checkpoints:
         if not checkpoint.exists():
             raise CocosError(f"{checkpoint}: no such checkpoint")
+        refuse_embeddings(checkpoint)
         inputs[checkpoint] = _inputs(checkpoint, data, vocab)
     every_input = [p for found in inputs.values() for p in found]
     for checkpoint, target in zip(checkpoints, targets, strict=True):  # all before minutes of encoding
@@ -92,6 +93,8 @@ def analyze(
                                           compat=compat, split=split, device=device, eps=eps, label=label,
                                           progress=progress, vocab=vocab, trust=trust_checkpoint)
             if group.is_main:
+                for line in analysis.warnings:
+                    typer.echo(f"warning: {line}", err=True)
                 _write(analysis, checkpoint, target, inputs, save_embeddings, overwrite, per_query, latex_width)
 
 

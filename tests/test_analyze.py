@@ -217,6 +217,27 @@ def test_bad_input(world, tmp_path):
                                              tmp_path, out)
 
 
+def test_an_embeddings_file_is_named_as_one_and_other_data_is_one_warning(world, analyses, tmp_path):
+    root, data = world
+    emb = analyses["triplet_sh"][0].parent / "sh_emb.npz"  # written by --save-embeddings
+    line = _one_line_exit_2([str(emb)], tmp_path, tmp_path / "out")
+    assert "this is an embeddings file" in line and f"cocos count {emb}" in line and "inline_container" not in line
+    # a data folder with another fingerprint than the checkpoint's: accepted, with one warning line on stderr
+    other = tmp_path / "other"
+    shutil.copytree(data, other)
+    with open(other / "train_caps.txt", "a") as fh:
+        fh.write("")
+    (other / "extra.txt").write_text("a file the fingerprint sees")
+    res = runner.invoke(app, ["analyze", str(root / "triplet_sh" / "model_best.pt"), "--data", str(other), "--out",
+                              str(tmp_path / "ok"), "--batch-size", str(BATCH), "--no-progress", "-l", "triplet_sh"])
+    assert res.exit_code == 0, res.output
+    warnings = [line for line in res.output.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "fingerprint" in warnings[0] and "differs from the checkpoint's" in warnings[0]
+    same = runner.invoke(app, ["analyze", str(root / "triplet_sh" / "model_best.pt"), "--out", str(tmp_path / "ok2"),
+                               "--batch-size", str(BATCH), "--no-progress", "-l", "triplet_sh"])
+    assert same.exit_code == 0 and "warning:" not in same.output
+
+
 def test_nan_embeddings_after_encoding_are_reported(world, tmp_path):
     root, _ = world
     ckpt = load_checkpoint(root / "triplet_sh" / "model_best.pt")

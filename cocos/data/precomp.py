@@ -87,7 +87,7 @@ def _check_finite(features: np.ndarray, path: Path) -> None:
     limit = float(np.finfo(np.float32).max)  # features are used as float32: larger values would become Inf
     for start in range(0, features.shape[0], step):
         chunk = np.asarray(features[start : start + step])
-        ok = np.isfinite(chunk) & (np.abs(chunk) <= limit)
+        ok = np.isfinite(chunk) & (np.abs(chunk.astype(np.float64, copy=False)) <= limit)  # float16: no overflow
         if not ok.all():
             bad = start + int(np.flatnonzero(~ok.reshape(len(chunk), -1).all(1))[0])
             raise CocosError(f"{path}: features hold NaN, Inf or values beyond float32 (first in image row {bad})")

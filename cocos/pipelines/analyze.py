@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, replace
+import zipfile
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from cocos import __version__
 from cocos.counting.engine import DEFAULT_SWEEP, CountRun, EmbeddingSet, count_embeddings
+from cocos.data.precomp import data_fingerprint
 from cocos.embed import FrozenModel, save_embeddings
 from cocos.errors import CocosError
 from cocos.objectives import OBJECTIVES, counter_params, names
@@ -40,6 +42,29 @@ class Analysis:
     embeddings: EmbeddingSet  # the counted split's frozen embeddings
     timings: dict  # seconds per stage (not part of results.json, which must be reproducible)
     logs: TrainingLogs | None = None  # the run's step log and COCOS track up to this checkpoint's epoch
+    warnings: list = field(default_factory=list)  # one line each, for the terminal
+
+
+def refuse_embeddings(path: str | os.PathLike) -> None:
+    """An ``.npz`` of embeddings is not a checkpoint: say so, and which command counts it."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = set(archive.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return
+    if {"images.npy", "captions.npy"} <= names:
+        raise CocosError(f"{path}: this is an embeddings file (images and captions), not a checkpoint; "
+                         f"count it with: cocos count {path}")
+
+
+def data_warnings(frozen: FrozenModel) -> list[str]:
+    """One line when the data folder is not the one the model was trained on (another fingerprint)."""
+    recorded = frozen.checkpoint["data"].get("fingerprint")
+    found = data_fingerprint(frozen.data_folder)
+    if recorded and found != recorded:
+        return [f"{frozen.data_folder}: its fingerprint {found} differs from the checkpoint's {recorded} "
+                "(not the data the model was trained on)"]
+    return []
 
 
 def run_counts(emb: EmbeddingSet, losses, *, batch_size: int, seed: int, compat: bool, params: dict,
@@ -109,6 +134,7 @@ def analyze_checkpoint(
 
     clock = time.perf_counter()
     timings = {}
+    refuse_embeddings(checkpoint)
     frozen = FrozenModel.load(checkpoint, data, device, vocab=vocab, trust=trust)
     ckpt = frozen.checkpoint
     if losses is None:  # the paper's four counters and the checkpoint's own training loss
@@ -151,7 +177,8 @@ def analyze_checkpoint(
     )
     results = Results.from_dict(results.to_dict())  # exactly what results.json will hold
     logs = read_logs(Path(checkpoint).parent, max_epoch=int(ckpt["epoch"]))  # beside the checkpoint, if any
-    return Analysis(results=results, run=run, embeddings=emb, timings=timings, logs=logs or None)
+    return Analysis(results=results, run=run, embeddings=emb, timings=timings, logs=logs or None,
+                    warnings=data_warnings(frozen))
 
 
 def ltd_label(ltd: dict | None) -> str:
