@@ -211,7 +211,7 @@ def test_karpathy_json_that_breaks_the_parser(tmp_path, text):
 def test_results_json(tmp_path, doc, base, key):
     from cocos.report.results import Results
 
-    good = json.loads((Path(__file__).parents[1] / "reports/demo/triplet/results.json").read_text())
+    good = json.loads((Path(__file__).parents[1] / "reports/example/triplet/results.json").read_text())
     data = {**good, key: doc} if base else doc
     path = tmp_path / "results.json"
     path.write_text(json.dumps(data))

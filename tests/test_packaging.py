@@ -75,3 +75,16 @@ def test_readme_python_examples_run_and_give_meaningful_values():
     assert stats["my_loss"]["i2t"]["C_q"]["mean"] > 0 and stats["triplet"]["i2t"]["C_q"]["mean"] > 1
     s = ns["s"]
     assert not s[s.stat == "C_q"]["mean"].isna().any()
+
+
+def test_cocos_demo_writes_only_where_git_ignores():
+    """A rerun of ``cocos demo`` must not dirty a clone: its default folders are ignored, the example is elsewhere."""
+    from cocos.pipelines.demo import DemoConfig
+
+    cfg = DemoConfig()
+    ignored = subprocess.run(["git", "check-ignore", cfg.out + "/x", cfg.data + "/x", cfg.checkpoints + "/x/last.pt"],
+                             cwd=ROOT, capture_output=True, text=True)
+    if ignored.returncode == 128:
+        pytest.skip("not a git checkout")
+    assert ignored.stdout.split() == [cfg.out + "/x", cfg.data + "/x", cfg.checkpoints + "/x/last.pt"]
+    assert (ROOT / "reports" / "example" / "README.md").is_file() and not cfg.out.startswith("reports/example")

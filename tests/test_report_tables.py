@@ -418,7 +418,7 @@ def test_page_width_tables_are_table_star_and_fit_a_page(tmp_path):
 def test_committed_demo_tables_fit_one_lncs_column(tmp_path):
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1] / "reports" / "demo"
+    root = Path(__file__).resolve().parents[1] / "reports" / "example"
     files = sorted(root.rglob("tables.tex"))
     assert len(files) == 5  # four analyses and the summary
     body = "\n".join(f.read_text() for f in files)
