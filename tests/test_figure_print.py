@@ -16,7 +16,7 @@ from cocos.report import style
 from cocos.report import training as T
 from cocos.report.diagram import plot_pair_weights, plot_triplet_diagram
 from cocos.report.merge import build_report, write_report
-from cocos.report.results import builtin_presentations
+from cocos.results import builtin_presentations
 from tests.test_llncs import FAMILIES, _analyzed
 
 PRINT_PT = 12.2 / 2.54 * 72

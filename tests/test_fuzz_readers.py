@@ -209,7 +209,7 @@ def test_karpathy_json_that_breaks_the_parser(tmp_path, text):
 @given(doc=json_values, base=st.booleans(), key=st.sampled_from(["source", "data", "model", "counting", "stats",
                                                                 "training", "evaluation", "format_version"]))
 def test_results_json(tmp_path, doc, base, key):
-    from cocos.report.results import Results
+    from cocos.results import Results
 
     good = json.loads((Path(__file__).parents[1] / "reports/example/triplet/results.json").read_text())
     data = {**good, key: doc} if base else doc
@@ -253,7 +253,7 @@ def test_ltd_targets(tmp_path, dtype, shape, seed):
 @FUZZ
 @given(data=st.binary(max_size=200) | st.text(max_size=200).map(lambda t: t.encode("utf-8", "surrogatepass")))
 def test_training_logs(tmp_path, data):
-    from cocos.report.training import read_logs
+    from cocos.training.logs import read_logs
 
     (tmp_path / "train_log.csv").write_bytes(data)
     (tmp_path / "cocos_track.csv").write_bytes(data)

@@ -15,8 +15,8 @@ import pytest
 
 from cocos.pipelines.count import count_file
 from cocos.report.merge import build_report, build_tables, group_results, render_report
-from cocos.report.results import Results
 from cocos.report.tables import to_latex
+from cocos.results import Results
 
 FAMILIES = ["triplet", "triplet_sh", "ntxent", "smoothap", "goal", "imc"]
 METRICS = {"i2t_R@1": 30.8, "i2t_R@5": 62.6, "i2t_R@10": 74.1, "mAP@5": 0.41, "t2i_R@1": 23.4,

@@ -46,7 +46,7 @@ def test_readme_links_resolve_in_the_repository():
     assert local, "the README links to files of the repository"
     missing = [link for link in local if not (ROOT / link).exists()]
     assert not missing, missing
-    for doc in ("docs/definitions.md", "cocos/report/SCHEMA.md"):
+    for doc in ("docs/definitions.md", "cocos/results/SCHEMA.md"):
         assert doc in text
 
 

@@ -13,7 +13,7 @@ from cocos.pipelines.analyze import presentations
 from cocos.pipelines.count import count_file
 from cocos.presentation import Presentation, TableNote, ranked
 from cocos.report.merge import build_report, render_report
-from cocos.report.results import Results, builtin_presentations
+from cocos.results import Results, builtin_presentations
 
 
 def squared_hinge(view, margin=0.1):

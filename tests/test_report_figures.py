@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from cocos.report.figures import plot_cocos_vs_rsum, plot_count_distributions, plot_eps_sweep
-from cocos.report.results import builtin_presentations
+from cocos.results import builtin_presentations
 
 LOOKS = builtin_presentations()
 

@@ -13,8 +13,8 @@ from cocos.io import MARKER
 from cocos.report.merge import build_tables as report_tables
 from cocos.report.merge import cocos_vs_rsum_rows, load_results, select_stats
 from cocos.report.merge import group_results as _group_results
-from cocos.report.results import Results
 from cocos.report.tables import to_latex, to_markdown
+from cocos.results import Results
 from cocos_cli.main import app
 from tests.test_report_tables import as_results, check_latex, make_results, md_cell, parse_markdown
 

@@ -11,7 +11,6 @@ import pytest
 from cocos.report.merge import cocos_tables as _cocos_tables
 from cocos.report.merge import group_results
 from cocos.report.merge import retrieval_table as _retrieval_table
-from cocos.report.results import Results
 from cocos.report.tables import (
     Cell,
     Column,
@@ -22,6 +21,7 @@ from cocos.report.tables import (
     to_latex,
     to_markdown,
 )
+from cocos.results import Results
 
 
 def as_results(r) -> Results:

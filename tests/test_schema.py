@@ -1,4 +1,4 @@
-"""cocos/report/SCHEMA.md describes exactly the keys of the results.json files cocos writes."""
+"""cocos/results/SCHEMA.md describes exactly the keys of the results.json files cocos writes."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 
 from cocos.pipelines.count import count_file
-from cocos.report.results import FORMAT_VERSION, Results
+from cocos.results import FORMAT_VERSION, Results
 from tests.test_report_tables import as_results, make_results
 
-SCHEMA = Path(__file__).resolve().parents[1] / "cocos" / "report" / "SCHEMA.md"
+SCHEMA = Path(__file__).resolve().parents[1] / "cocos" / "results" / "SCHEMA.md"
 SECTIONS = ("source", "data", "model", "training", "counting", "evaluation")
 
 

@@ -169,7 +169,7 @@ def test_track_figure_panels_follow_the_statistics(tmp_path):
             for stat in ("C_q", "C_B", "C_0")]
     rows += [(1, 1, "ntxent", "i2t", "W_low", 0.1)]  # not drawn
     frame = pd.DataFrame(rows, columns=COLUMNS)
-    from cocos.report.results import builtin_presentations
+    from cocos.results import builtin_presentations
 
     drawn = plot_track(frame, tmp_path / "t", looks=builtin_presentations())  # labels from the presentations
     assert [p.name for p in drawn.paths] == ["t.png", "t.pdf"]

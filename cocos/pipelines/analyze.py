@@ -22,7 +22,7 @@ from cocos.errors import CocosError
 from cocos.objectives import OBJECTIVES, counter_params, names
 from cocos.objectives.spec import Objective
 from cocos.presentation import LAST, Presentation, TableNote
-from cocos.report.results import (
+from cocos.results import (
     MODEL_NAMES,
     CountingInfo,
     DataInfo,
@@ -31,13 +31,14 @@ from cocos.report.results import (
     Results,
     Source,
     TrainingInfo,
+    lookup,
 )
-from cocos.report.training import TrainingLogs, read_logs
+from cocos.training.logs import TrainingLogs, read_logs
 
 
 @dataclass
 class Analysis:
-    results: Results  # what results.json holds (see cocos/report/SCHEMA.md)
+    results: Results  # what results.json holds (see cocos/results/SCHEMA.md)
     run: CountRun  # the tidy per-batch and per-query values, both modes
     embeddings: EmbeddingSet  # the counted split's frozen embeddings
     timings: dict  # seconds per stage (not part of results.json, which must be reproducible)
@@ -143,7 +144,7 @@ def analyze_checkpoint(
     losses = list(losses)
     train = frozen.open_split("train")
     if batch_size is None:
-        batch_size = int(ckpt.get("train", {}).get("batch_size", 128))
+        batch_size = int(lookup(ckpt, "train", "batch_size") or 128)
     _check_batch_size(batch_size, train, losses)  # before minutes of encoding
     timings["load"] = time.perf_counter() - clock
     emb = frozen.encode(train, progress=progress)
@@ -169,7 +170,7 @@ def analyze_checkpoint(
         model=ModelInfo(label=MODEL_NAMES.get(kind, kind) + ltd_label(ltd) + (f" ({label})" if label else ""),
                         kind=kind, hparams=ckpt["model"]["hparams"]),
         training=TrainingInfo(loss=trained, params=ckpt["loss"].get("params", {}),
-                              seed=int(ckpt.get("train", {}).get("seed", 0)), ltd=ltd),
+                              seed=int(lookup(ckpt, "train", "seed") or 0), ltd=ltd),
         counting=counting_info(run, compat, sweep_eps),
         stats=run.stats(shown), alt_stats=run.stats(other), sweep=run.sweep(shown),
         evaluation=Evaluation(eval_split.split, metrics), cocos_version=__version__,

@@ -3,7 +3,7 @@
 The embeddings file is an ``.npz`` with ``images`` ``(N, d)``, ``captions`` ``(M, d)``
 and optionally ``caption_image`` ``(M,)`` (default ``c // (M // N)``). It is counted
 in both modes (the shown one and the other, for the tables' notes) with the eps
-sweep, and described by a :class:`~cocos.report.results.Results` record whose
+sweep, and described by a :class:`~cocos.results.Results` record whose
 dataset is ``name`` (default: the file name) and whose model is ``label``.
 """
 
@@ -20,7 +20,7 @@ from cocos import __version__
 from cocos.counting.engine import DEFAULT_SWEEP, CountRun, EmbeddingSet
 from cocos.errors import CocosError
 from cocos.io import load_npz
-from cocos.report.results import DataInfo, ModelInfo, Results, Source
+from cocos.results import DataInfo, ModelInfo, Results, Source
 
 
 @dataclass

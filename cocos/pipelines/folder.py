@@ -1,6 +1,6 @@
 """One report folder for any counting run: ``cocos analyze`` (a checkpoint) and ``cocos count`` (embeddings).
 
-The folder holds ``results.json`` (the :class:`~cocos.report.results.Results` record),
+The folder holds ``results.json`` (the :class:`~cocos.results.Results` record),
 ``batches.csv`` (the tidy batch-level table, one row per loss, direction, mode, eps,
 batch and statistic), ``queries.csv`` on request (one row per query, with the
 dataset row of its image or caption), ``tables.md``/``tables.tex`` (built by
@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from cocos.counting.engine import CountRun, EmbeddingSet
-from cocos.report.results import Results
+from cocos.results import Results, lookup
 
 CSV_FLOAT = "%.10g"
 
@@ -160,7 +160,7 @@ def _diagram(results: Results, embeddings: EmbeddingSet, stem: Path, extent=None
         weights = spec.diagram(own)
         params = {k: v for k, v in own.items() if k not in ("triplet_weight", "pair_weight")}
     else:
-        tau = c.params.get("ntxent", {}).get("tau", 0.1)
+        tau = lookup(c.params, "ntxent", "tau") or 0.1
         weights, params = ["T_con", "T_nca"], {"margin": trained.get("margin", 0.2), "tau": 1.0 / tau}
     by = f" trained with the {loss_label(results.training.loss, results)}" if results.training else ""
     which = "training triplets" if results.data.split_counted == "train" else "triplets"
@@ -183,7 +183,7 @@ def summary_lines(results: Results) -> list[str]:
                      f"{m['t2i_R@1']:.1f}/{m['t2i_R@5']:.1f}/{m['t2i_R@10']:.1f}  mAP@5 {m['mAP@5']:.3f}")
 
     def cell(loss, d, stat):
-        e = results.stats.get(loss, {}).get(d, {}).get(stat)
+        e = lookup(results.stats, loss, d, stat)
         return "n/a" if not e or e["mean"] is None else f"{e['mean']:.2f}"
 
     for loss in results.stats:

@@ -302,19 +302,7 @@ def plot_triplet_diagram(
                     if not binary:
                         ax.clabel(cs, fontsize=style.SMALL_PT, fmt="%.2g")
             ax.plot([lo, hi], [lo, hi], color="0.85", linewidth=0.6, linestyle=":")
-            for i, (key, (sp, sn)) in enumerate(pts.items()):
-                if sp.size < 2:
-                    continue
-                line_style = DIRECTION_STYLE.get(key, (None, "solid"))[1]
-                centres, dens, dlevels = density_grid(sp, sn, (lo, hi))
-                if dlevels:
-                    ax.contour(centres, centres, dens, levels=dlevels, colors=[color], linestyles=line_style,
-                               linewidths=1.2)
-                share = result.active[name].get(key)
-                if share is not None and spec.pair is None:  # T·P panels: the region is that of T, said once
-                    ax.text(0.03, 0.97 - 0.09 * i, f"{key}: {100 * share:.1f}% active", transform=ax.transAxes,
-                            ha="left", va="top", fontsize=style.SMALL_PT, color="black",
-                            bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "alpha": 0.8, "linewidth": 0})
+            _draw_points(ax, pts, (lo, hi), color, result.active[name] if spec.pair is None else {})
             ax.set_xlim(lo, hi)
             ax.set_ylim(lo, hi)
             ax.set_xlabel(r"$S_p$ (positive similarity)")
@@ -338,6 +326,25 @@ def plot_triplet_diagram(
         style.caption(fig, title)
         result.paths = style.save(fig, Path(path_stem))
     return result
+
+
+def _draw_points(ax, pts: dict, extent, color: str, active: dict) -> None:
+    """Density contours of each direction's triplets (i2t solid, t2i dashed) and, on a T panel, the share of them
+    in its active region (a T·P panel's region is that of its T: said once)."""
+    from cocos.report import style
+
+    for i, (key, (sp, sn)) in enumerate(pts.items()):
+        if sp.size < 2:
+            continue
+        centres, dens, dlevels = density_grid(sp, sn, extent)
+        if dlevels:
+            ax.contour(centres, centres, dens, levels=dlevels, colors=[color],
+                       linestyles=DIRECTION_STYLE.get(key, (None, "solid"))[1], linewidths=1.2)
+        share = active.get(key)
+        if share is not None:
+            ax.text(0.03, 0.97 - 0.09 * i, f"{key}: {100 * share:.1f}% active", transform=ax.transAxes,
+                    ha="left", va="top", fontsize=style.SMALL_PT, color="black",
+                    bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "alpha": 0.8, "linewidth": 0})
 
 
 @dataclass

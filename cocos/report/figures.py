@@ -20,6 +20,7 @@ from cocos.objectives.spec import DEFAULT_EPS
 from cocos.presentation import ranked
 from cocos.report import style
 from cocos.report.tables import DIRECTIONS
+from cocos.results import lookup
 
 LOG_TAIL_RATIO = 50.0  # a log y axis when the tallest bar is this many times the smallest non-empty one
 
@@ -69,7 +70,7 @@ def plot_count_distributions(per_query: Mapping, path_stem: str | os.PathLike, l
             for j, d in enumerate(DIRECTIONS):
                 ax = axes[i][j]
                 ax.set_title(f"{name}, {d}")
-                raw = per_query.get(loss, {}).get(d, {}).get(stat)
+                raw = lookup(per_query, loss, d, stat)
                 if raw is None:
                     ax.text(0.5, 0.5, "not counted", ha="center", va="center", transform=ax.transAxes)
                     ax.set_axis_off()

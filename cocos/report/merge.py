@@ -1,6 +1,6 @@
 """The one table builder: Table 1 and the paper's Tables 2-4 for one result or many.
 
-Results (:class:`~cocos.report.results.Results`, from ``cocos analyze`` or ``cocos
+Results (:class:`~cocos.results.Results`, from ``cocos analyze`` or ``cocos
 count``) are grouped by their metadata, never by file name: dataset =
 ``data.name``, model = ``model.label``, training loss = ``training.loss`` (none for
 ``cocos count``). The results of a group are replicates (seeds: the training seed
@@ -45,7 +45,6 @@ import pandas as pd
 from cocos.errors import CocosError
 from cocos.objectives.spec import format_value
 from cocos.presentation import LAST, Presentation, ranked
-from cocos.report.results import Results
 from cocos.report.tables import (
     ALT_TOLERANCE,
     COMPANION_STATS,
@@ -62,6 +61,7 @@ from cocos.report.tables import (
     latex_escape,
     mode_name,
 )
+from cocos.results import Results, lookup
 
 DATASET_NAMES = {"f30k": "Flickr30k", "f30k_precomp": "Flickr30k", "flickr30k": "Flickr30k",
                  "coco": "MS-COCO", "coco_precomp": "MS-COCO", "mscoco": "MS-COCO"}
@@ -235,10 +235,11 @@ def aggregate(frame: pd.DataFrame, groups: Sequence[Group]) -> pd.DataFrame:
     """
     keys = ["group", "counter", "direction", "stat", "which"]
     g = frame.groupby(keys, sort=False)
+    seeds = g["mean"].agg(lambda v: tuple(_nan(x) for x in over_seeds(v)))  # the one aggregation over replicates
     out = pd.DataFrame({
         "replicates": g["mean"].size(),
-        "seed_mean": g["mean"].mean(),
-        "seed_std": g["mean"].std(ddof=1),
+        "seed_mean": seeds.map(lambda t: t[0]),
+        "seed_std": seeds.map(lambda t: t[1]),
         "first_mean": g["mean"].first(),
         "first_std": g["std"].first(),
         "n_skipped": g["n_skipped"].sum(),
@@ -400,112 +401,130 @@ def _notes_for(counters: Sequence[str], looks: dict[str, Presentation], compat_s
 DAGGER = "†"
 
 
+@dataclass
+class _Rows:
+    """What the COCOS tables of some groups share: the cells, the shown modes and how rows are labelled."""
+
+    groups: Sequence[Group]
+    cells: pd.DataFrame
+    modes: dict
+    labels: dict
+    single: bool
+    one_context: bool
+    extra_counter: bool
+
+    def row_labels(self, gi: int, c: str) -> tuple[str, ...]:
+        if self.single:
+            return (self.labels[c],)
+        g = self.groups[gi]
+        return (*(() if self.one_context else (dataset_name(g.dataset), g.model)), loss_label(g.loss, g.results[0]),
+                *((self.labels[c],) if self.extra_counter else ()))
+
+    def cell(self, gi, c, d, s, which):
+        key = (gi, c, d, s, which)
+        return self.cells.loc[key] if key in self.cells.index else None
+
+    def shown_modes(self, gis) -> set:
+        return set().union(*(self.modes.get(gi, set()) for gi in gis))
+
+    def keep_std(self, gi: int, gis) -> bool:
+        """A table never mixes spreads: with seeds in it, rows of one seed show the mean alone."""
+        return self.groups[gi].n > 1 or not any(self.groups[i].n > 1 for i in gis)
+
+
 def cocos_tables(groups: Sequence[Group], compat: bool | None = None, counters: str = "own") -> list[Table]:
     """The COCOS tables (and companions) of the groups: rows are (group, counter) pairs.
 
     A cell whose value in the other counting mode differs (by more than 0.005) is marked
-    ``†``; one note per table says which mode is shown and gives the other mode's values.
+    ``†``; one note per table says which mode is shown (markdown: and the other mode's values).
     """
     frame = stat_frame(groups, compat)
     if frame.empty:
         return []
-    cells = aggregate(frame, groups)
     shown = frame[frame["which"] == "shown"]
-    modes = {gi: set(map(bool, v)) for gi, v in shown.groupby("group")["compat"]}
     pairs = [(gi, c) for gi, g in enumerate(groups) for c in g.counters(counters)]
     looks = {c: groups[gi].results[0].look(c) for gi, c in pairs}
-    labels = {c: look.label for c, look in looks.items()}
     single = len(groups) == 1
-    extra_counter = not single and any(groups[gi].loss != c for gi, c in pairs)
     contexts = {(groups[gi].dataset, groups[gi].model) for gi, _ in pairs}
-    one_context = not single and len(contexts) == 1  # dataset and model go to the caption
-    label_columns = ("Counter",) if single else (*(() if one_context else ("Dataset", "Model")), "Loss",
-                                                  *(("Counter",) if extra_counter else ()))
-
-    def row_labels(gi: int, c: str) -> tuple[str, ...]:
-        if single:
-            return (labels[c],)
-        g = groups[gi]
-        return (*(() if one_context else (dataset_name(g.dataset), g.model)), loss_label(g.loss, g.results[0]),
-                *((labels[c],) if extra_counter else ()))
-
-    def cell(gi, c, d, s, which):
-        key = (gi, c, d, s, which)
-        return cells.loc[key] if key in cells.index else None
-
-    def shown_modes(gis) -> set:
-        return set().union(*(modes.get(gi, set()) for gi in gis))
-
+    lay = _Rows(groups, aggregate(frame, groups), {gi: set(map(bool, v)) for gi, v in shown.groupby("group")["compat"]},
+                {c: look.label for c, look in looks.items()}, single, not single and len(contexts) == 1,
+                not single and any(groups[gi].loss != c for gi, c in pairs))
+    label_columns = ("Counter",) if single else (*(() if lay.one_context else ("Dataset", "Model")), "Loss",
+                                                  *(("Counter",) if lay.extra_counter else ()))
     about = f": {_describe(groups[0])}" if single else ""
-    if one_context:
+    if lay.one_context:
         dataset, model = next(iter(contexts))
         about = f": {model} on {dataset_name(dataset)}"
-    tables = []
-    for spec in table_specs([c for _, c in pairs], looks):
-        chosen = [(gi, c) for gi, c in pairs if c in spec.counters]
-        gis = sorted({gi for gi, _ in chosen})
-        marks = Marks()
-        rows, differs_in, skipped, other_values = [], set(), [], []
-        for gi, c in chosen:
-            row = []
-            for d in DIRECTIONS:
-                for s in spec.stats:
-                    main, alt = cell(gi, c, d, s, "shown"), cell(gi, c, d, s, "other")
-                    mark = ""
-                    if main is not None and alt is not None and differs(dict(main), dict(alt)):
-                        mark = DAGGER
-                        differs_in.add(c)
-                        head_plain, head_tex = STAT_HEADERS.get(s, (s, latex_escape(s)))
-                        keep = groups[gi].n > 1 or not any(groups[i].n > 1 for i in gis)
-                        value = fmt_compact(_num(alt["mean"]), _num(alt["std"]) if keep else None)
-                        who = " / ".join(row_labels(gi, c))
-                        other_values.append((f"{who} {d} {head_plain} {value}",
-                                             f"{latex_escape(who)} {d} {head_tex} {latex_escape(value)}"))
-                    if s == "C_q" and main is not None and main["n_skipped"]:
-                        skipped.append(f"{' / '.join(row_labels(gi, c))} {d}: {int(main['n_skipped'])} of "
-                                       f"{int(main['n_batches'])}")
-                    keep_std = main is not None and (groups[gi].n > 1 or not any(groups[i].n > 1 for i in gis))
-                    row.append(Cell(_num(main["mean"]) if main is not None else None,
-                                    _num(main["std"]) if keep_std else None, mark=mark))
-            rows.append(Row(row_labels(gi, c), tuple(row)))
-        _mode_note(shown_modes(gis), other_values, marks)
-        _notes_for(spec.counters, looks, True in shown_modes(gis), differs_in, marks)
-        if skipped:
-            marks.note("Batches where no query has a gradient have no C^q and are left out of its mean: "
-                       + "; ".join(skipped) + ".",
-                       r"Batches where no query has a gradient have no $C^{q}$ and are left out of its mean: "
-                       + latex_escape("; ".join(skipped)) + ".")
-        _eps_note([c for _, c in chosen], groups, gis, marks)
-        tables.append(Table(f"{spec.title}{about}; {_spread_phrase([groups[i] for i in gis])}", label_columns,
-                            _stat_columns(spec.stats), rows, marks.footnotes,
-                            key=spec.key))
-    comp = [(gi, c) for gi, c in pairs if any(cell(gi, c, d, s, "shown") is not None
+    tables = [_paper_table(lay, spec, [(gi, c) for gi, c in pairs if c in spec.counters], looks, about, label_columns)
+              for spec in table_specs([c for _, c in pairs], looks)]
+    comp = [(gi, c) for gi, c in pairs if any(lay.cell(gi, c, d, s, "shown") is not None
                                                for d in DIRECTIONS for s in COMPANION_STATS)]
     if comp:
-        rows = []
-        gis = sorted({gi for gi, _ in comp})
-        seeds = any(groups[i].n > 1 for i in gis)
-        for gi, c in comp:
-            row = []
-            for d in DIRECTIONS:
-                for s in COMPANION_STATS:
-                    e = cell(gi, c, d, s, "shown")
-                    keep_std = e is not None and (groups[gi].n > 1 or not seeds)
-                    row.append(Cell(_num(e["mean"]) if e is not None else None, _num(e["std"]) if keep_std else None))
-            rows.append(Row(row_labels(gi, c), tuple(row)))
-        marks = Marks()
-        _mode_note(shown_modes(gis), [], marks)
-        marks.note("Threshold-free companions (beyond the paper), from the normalised weights u of each query's "
-                   "negatives: N_eff = exp(H(u)), inverse Simpson 1/Σu², top-1 share max u; for the triplet losses "
-                   "the weights are the 0/1 violations.",
-                   r"Threshold-free companions (beyond the paper), from the normalised weights $u$ of each query's "
-                   r"negatives: $N_{\mathrm{eff}} = \exp H(u)$, inverse Simpson $1/\sum u^2$, top-1 share $\max u$; "
-                   r"for the triplet losses the weights are the 0/1 violations.")
-        tables.append(Table(f"Companions: the effective number of contributing negatives{about}; "
-                            f"{_spread_phrase([groups[i] for i in gis])}", label_columns,
-                            _stat_columns(COMPANION_STATS), rows, marks.footnotes,
-                            key="companions"))
+        tables.append(_companions_table(lay, comp, about, label_columns))
     return tables
+
+
+def _paper_table(lay: _Rows, spec: TableSpec, chosen, looks, about: str, label_columns) -> Table:
+    """One of the paper's COCOS tables (or a family's own) over the chosen (group, counter) rows."""
+    gis = sorted({gi for gi, _ in chosen})
+    marks = Marks()
+    rows, differs_in, skipped, other_values = [], set(), [], []
+    for gi, c in chosen:
+        row = []
+        for d in DIRECTIONS:
+            for s in spec.stats:
+                main, alt = lay.cell(gi, c, d, s, "shown"), lay.cell(gi, c, d, s, "other")
+                mark = ""
+                if main is not None and alt is not None and differs(dict(main), dict(alt)):
+                    mark = DAGGER
+                    differs_in.add(c)
+                    other_values.append(_other_value(lay, gi, c, d, s, alt, gis))
+                if s == "C_q" and main is not None and main["n_skipped"]:
+                    skipped.append(f"{' / '.join(lay.row_labels(gi, c))} {d}: {int(main['n_skipped'])} of "
+                                   f"{int(main['n_batches'])}")
+                row.append(_cell(main, lay.keep_std(gi, gis), mark))
+        rows.append(Row(lay.row_labels(gi, c), tuple(row)))
+    _mode_note(lay.shown_modes(gis), other_values, marks)
+    _notes_for(spec.counters, looks, True in lay.shown_modes(gis), differs_in, marks)
+    if skipped:
+        marks.note("Batches where no query has a gradient have no C^q and are left out of its mean: "
+                   + "; ".join(skipped) + ".",
+                   r"Batches where no query has a gradient have no $C^{q}$ and are left out of its mean: "
+                   + latex_escape("; ".join(skipped)) + ".")
+    _eps_note([c for _, c in chosen], lay.groups, gis, marks)
+    return Table(f"{spec.title}{about}; {_spread_phrase([lay.groups[i] for i in gis])}", label_columns,
+                 _stat_columns(spec.stats), rows, marks.footnotes, key=spec.key)
+
+
+def _cell(entry, keep_std: bool, mark: str = "") -> Cell:
+    if entry is None:
+        return Cell(None, None, mark=mark)
+    return Cell(_num(entry["mean"]), _num(entry["std"]) if keep_std else None, mark=mark)
+
+
+def _other_value(lay: _Rows, gi: int, c: str, d: str, s: str, alt, gis) -> tuple[str, str]:
+    """A differing cell's value in the other mode, for the markdown note (plain, LaTeX)."""
+    head_plain, head_tex = STAT_HEADERS.get(s, (s, latex_escape(s)))
+    value = fmt_compact(_num(alt["mean"]), _num(alt["std"]) if lay.keep_std(gi, gis) else None)
+    who = " / ".join(lay.row_labels(gi, c))
+    return f"{who} {d} {head_plain} {value}", f"{latex_escape(who)} {d} {head_tex} {latex_escape(value)}"
+
+
+def _companions_table(lay: _Rows, comp, about: str, label_columns) -> Table:
+    gis = sorted({gi for gi, _ in comp})
+    rows = [Row(lay.row_labels(gi, c), tuple(_cell(lay.cell(gi, c, d, s, "shown"), lay.keep_std(gi, gis))
+                                            for d in DIRECTIONS for s in COMPANION_STATS)) for gi, c in comp]
+    marks = Marks()
+    _mode_note(lay.shown_modes(gis), [], marks)
+    marks.note("Threshold-free companions (beyond the paper), from the normalised weights u of each query's "
+               "negatives: N_eff = exp(H(u)), inverse Simpson 1/Σu², top-1 share max u; for the triplet losses "
+               "the weights are the 0/1 violations.",
+               r"Threshold-free companions (beyond the paper), from the normalised weights $u$ of each query's "
+               r"negatives: $N_{\mathrm{eff}} = \exp H(u)$, inverse Simpson $1/\sum u^2$, top-1 share $\max u$; "
+               r"for the triplet losses the weights are the 0/1 violations.")
+    return Table(f"Companions: the effective number of contributing negatives{about}; "
+                 f"{_spread_phrase([lay.groups[i] for i in gis])}", label_columns,
+                 _stat_columns(COMPANION_STATS), rows, marks.footnotes, key="companions")
 
 
 def _mode_note(modes: set, other_values: list[tuple[str, str]], marks: Marks) -> None:
@@ -543,7 +562,7 @@ def label_prefix(groups: Sequence[Group], *options) -> str:
 
 
 def _eps_note(counters: Sequence[str], groups: Sequence[Group], gis: Sequence[int], marks: Marks) -> None:
-    values = sorted({g.results[0].counting.params.get(c, {}).get("eps") for c in counters
+    values = sorted({lookup(g.results[0].counting.params, c, "eps") for c in counters
                      for g in (groups[i] for i in gis)} - {None})
     if values:
         marks.note(f"Threshold ε = {', '.join(f'{v:g}' for v in values)}.")
@@ -563,7 +582,7 @@ def replicate_means(g: Group, counter: str, direction: str, stat: str, compat: b
     """The batch mean of one statistic in each replicate of a group that has it."""
     out = []
     for r in g.results:
-        entry = select_stats(r, compat)[0].get(counter, {}).get(direction, {}).get(stat)
+        entry = lookup(select_stats(r, compat)[0], counter, direction, stat)
         if entry is not None and entry.get("mean") is not None:
             out.append(float(entry["mean"]))
     return out
@@ -706,7 +725,7 @@ def training_logs(results: Sequence[Results]):
     Results next to a ``cocos_track.csv``/``train_log.csv`` (written by ``cocos analyze``) count; of
     several checkpoints of one run the latest epoch's copy is used. Either frame is ``None`` if absent.
     """
-    from cocos.report.training import read_logs
+    from cocos.training.logs import read_logs
 
     latest: dict[str, Results] = {}
     for r in results:

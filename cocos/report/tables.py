@@ -323,18 +323,7 @@ def to_latex(table: Table, collapse_labels: bool = True, width: str = "column") 
     if width not in WIDTHS_PT:
         raise ValueError(f"unknown width '{width}' (use {', '.join(WIDTHS_PT)})")
     n_labels = len(table.label_columns)
-    label_rows = []
-    previous: tuple[str, ...] = ()
-    for row in table.rows:
-        labels = list(row.labels)
-        if collapse_labels:
-            for i in range(len(labels) - 1):  # never blank the last label
-                if tuple(row.labels[: i + 1]) == tuple(previous[: i + 1]):
-                    labels[i] = ""
-                else:
-                    break
-        previous = tuple(row.labels)
-        label_rows.append([latex_escape(x) for x in labels])
+    label_rows = _label_rows(table, collapse_labels)
     cells = [[_latex_cell(c if col.latex_std else Cell(c.mean, None, c.text, c.mark, c.digits))
               for c, col in zip(row.cells, table.columns, strict=True)] for row in table.rows]
     heads = [latex_escape(x) for x in table.label_columns]
@@ -351,15 +340,7 @@ def to_latex(table: Table, collapse_labels: bool = True, width: str = "column") 
     if not stacked:
         out += [rf"\begin{{tabular}}{{{'l' * n_labels + 'r' * len(table.columns)}}}", r"\toprule"]
         if grouped:
-            head, rules = [""] * n_labels, []
-            for group, first, last in runs:
-                span = last - first + 1
-                if group:
-                    head.append(rf"\multicolumn{{{span}}}{{c}}{{{latex_escape(group)}}}")
-                    rules.append(rf"\cmidrule(lr){{{n_labels + first + 1}-{n_labels + last + 1}}}")
-                else:
-                    head.extend([""] * span)
-            out += [" & ".join(head) + r" \\", " ".join(rules)]
+            out += _group_header(runs, n_labels)
         out += [" & ".join(heads + value_heads) + r" \\", r"\midrule"]
         out += [" & ".join(lab + val) + r" \\" for lab, val in zip(label_rows, cells, strict=True)]
     else:
@@ -378,15 +359,48 @@ def to_latex(table: Table, collapse_labels: bool = True, width: str = "column") 
             for lab, val in zip(label_rows, cells, strict=True):
                 out.append(" & ".join(lab + [val[i] for i in panel] + pad) + r" \\")
     out += [r"\bottomrule", r"\end{tabular}"]
-    if table.footnotes:
-        out += [r"\par\smallskip", r"{\scriptsize\raggedright"]
-        for note in table.footnotes:
-            text = note.latex if note.latex is not None else latex_escape(note.text)
-            mark = rf"\textsuperscript{{{latex_escape(note.mark)}}}\," if note.mark else ""
-            out.append(f"{mark}{text}\\par")
-        out.append("}")
+    out += _latex_notes(table.footnotes)
     out.append(rf"\end{{{env}}}")
     return _check_latex_ascii("\n".join(out) + "\n")
+
+
+def _label_rows(table: Table, collapse: bool) -> list[list[str]]:
+    """The escaped row labels; with ``collapse`` a leading label equal to the row above is left blank."""
+    out, previous = [], ()
+    for row in table.rows:
+        labels = list(row.labels)
+        if collapse:
+            for i in range(len(labels) - 1):  # never blank the last label
+                if tuple(row.labels[: i + 1]) != tuple(previous[: i + 1]):
+                    break
+                labels[i] = ""
+        previous = tuple(row.labels)
+        out.append([latex_escape(x) for x in labels])
+    return out
+
+
+def _group_header(runs, n_labels: int) -> list[str]:
+    """The upper header of side-by-side column groups (i2t / t2i) with their rules."""
+    head, rules = [""] * n_labels, []
+    for group, first, last in runs:
+        span = last - first + 1
+        if group:
+            head.append(rf"\multicolumn{{{span}}}{{c}}{{{latex_escape(group)}}}")
+            rules.append(rf"\cmidrule(lr){{{n_labels + first + 1}-{n_labels + last + 1}}}")
+        else:
+            head.extend([""] * span)
+    return [" & ".join(head) + r" \\", " ".join(rules)]
+
+
+def _latex_notes(notes) -> list[str]:
+    if not notes:
+        return []
+    out = [r"\par\smallskip", r"{\scriptsize\raggedright"]
+    for note in notes:
+        text = note.latex if note.latex is not None else latex_escape(note.text)
+        mark = rf"\textsuperscript{{{latex_escape(note.mark)}}}\," if note.mark else ""
+        out.append(f"{mark}{text}\\par")
+    return out + ["}"]
 
 
 def _layout(table: Table, wide_rows, heads, value_heads, label_rows, cells,

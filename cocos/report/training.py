@@ -12,75 +12,23 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from cocos.errors import CocosError
 from cocos.report import style
+from cocos.training.logs import LTD_COLUMNS, TrainingLogs, read_logs, write_log_csvs
 
-TRAIN_LOG = "train_log.csv"
-TRACK_LOG = "cocos_track.csv"
-TRACK_COLUMNS = ("step", "epoch", "loss", "direction", "stat", "value")
-LOG_COLUMNS = ("step", "epoch", "loss", "L_con")
-LTD_COLUMNS = ("lambda", "L_rec/eta")
 # tracked statistics drawn, in this order (the threshold-free companions and W_low stay in the CSV)
 TRACK_STATS = ("C_q", "C_B", "C_0", "C_qv-", "W_qv-", "W_qv+", "rsum")
 LOG_AXIS_RATIO = 50.0  # a log y axis when a panel's values span this factor
 
 
-@dataclass
-class TrainingLogs:
-    """The step log and the COCOS track of one run (either may be absent)."""
-
-    steps: pd.DataFrame | None = None
-    track: pd.DataFrame | None = None
-
-    def __bool__(self) -> bool:
-        return self.steps is not None or self.track is not None
-
-    @property
-    def has_ltd(self) -> bool:
-        return self.steps is not None and all(c in self.steps for c in LTD_COLUMNS)
-
-
-def _read(path: Path, columns) -> pd.DataFrame | None:
-    if not path.is_file():
-        return None
-    try:
-        frame = pd.read_csv(path)
-    except (ValueError, OSError, UnicodeDecodeError) as exc:
-        raise CocosError(f"{path}: not a readable CSV ({(str(exc).splitlines() or ['?'])[0]})") from None
-    missing = [c for c in columns if c not in frame]
-    if missing:
-        raise CocosError(f"{path}: lacks the column(s) {', '.join(missing)}")
-    for c in ("step", "epoch"):
-        if not pd.api.types.is_integer_dtype(frame[c]):
-            raise CocosError(f"{path}: column {c} must hold integers")
-    return frame
-
-
-def read_logs(folder: str | os.PathLike, max_epoch: int | None = None) -> TrainingLogs:
-    """The logs in a checkpoint or report folder; rows after ``max_epoch`` (a later checkpoint's) are left out."""
-    folder = Path(folder)
-    steps, track = _read(folder / TRAIN_LOG, LOG_COLUMNS), _read(folder / TRACK_LOG, TRACK_COLUMNS)
-    if max_epoch is not None:
-        steps = steps[steps["epoch"] <= max_epoch] if steps is not None else None
-        track = track[track["epoch"] <= max_epoch] if track is not None else None
-    return TrainingLogs(steps, track)
-
-
 def write_logs(logs: TrainingLogs, folder: str | os.PathLike, title: str | None = None,
                looks: Mapping | None = None) -> list[Path]:
     """The CSVs and their figures (``training.png``, ``cocos_track.png``) into ``folder``; ``title`` names the run."""
-    from cocos.io import write_csv
-
-    folder = Path(folder)
-    for frame, name in ((logs.steps, TRAIN_LOG), (logs.track, TRACK_LOG)):
-        if frame is not None:
-            write_csv(folder / name, frame, float_format="%.10g")
+    write_log_csvs(logs, folder)
     return plot_logs(logs, folder, title, looks)
 
 

@@ -294,7 +294,7 @@ class Trainer:
 
     def _restore_logs(self) -> None:
         """Keep the rows of the epochs the resumed checkpoint holds (a crash may have left later ones)."""
-        from cocos.report.training import read_logs
+        from cocos.training.logs import read_logs
 
         logs = read_logs(self.out, max_epoch=self.epoch)  # the checked reader: a damaged log is one line
         if logs.steps is not None:

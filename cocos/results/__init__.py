@@ -5,7 +5,7 @@ same record; ``cocos report`` reads any number of them. The statistics keep the
 shape other tools read, ``stats[loss][direction][stat] = {mean, std, n, n_skipped}``
 (``alt_stats`` the same for the other counting mode, ``sweep[loss][direction][eps]``
 the ε sweep); the metadata around them are dataclasses with a format version. The
-layout is documented in ``cocos/report/SCHEMA.md`` (a test checks it against a
+layout is documented in ``cocos/results/SCHEMA.md`` (a test checks it against a
 written file).
 """
 
@@ -210,6 +210,15 @@ def builtin_presentations() -> dict[str, Presentation]:
     """The built-in families as cocos 0.1 showed them (what files of versions 1 and 2 are read with)."""
     data = json.loads(BUILTIN_PRESENTATION.read_text(encoding="utf-8"))
     return {name: Presentation.from_dict(look) for name, look in data.items()}
+
+
+def lookup(tree, *keys):
+    """``tree[k1][k2]...``, or None where a level is missing (one reader instead of ``.get().get()`` chains)."""
+    for key in keys:
+        if not isinstance(tree, dict) or key not in tree:
+            return None
+        tree = tree[key]
+    return tree
 
 
 # -- validation -------------------------------------------------------------------------------
