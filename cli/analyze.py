@@ -38,7 +38,8 @@ def analyze(
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     latex_width: str = typer.Option("column", "--latex-width", metavar="column|page",
                                     help="LaTeX tables fit one LNCS column (12.2 cm, table) or a page (table*)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an --out folder that cocos did not write."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an --out folder that cocos did not write, "
+                                                              "or an existing --save-embeddings file."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
     vocab: Path = typer.Option(None, "--vocab", metavar="PATH",
                                help="Vocabulary of a checkpoint of the original VSE++/VSRN code (model_best.pth.tar): "
@@ -81,7 +82,7 @@ def analyze(
         inputs[checkpoint] = every_input  # no report folder may hold any checkpoint's input
         check_output_dir(target, every_input, overwrite)
         if save_embeddings is not None:
-            check_output_file(save_embeddings, every_input + [target])
+            check_output_file(save_embeddings, every_input + [target], overwrite=overwrite, runs=checkpoints)
     if trust_checkpoint:
         typer.echo("warning: --trust-checkpoint: checkpoints are loaded with full pickle, code in them may run",
                    err=True)

@@ -37,7 +37,8 @@ def count(
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     latex_width: str = typer.Option("column", "--latex-width", metavar="column|page",
                                     help="LaTeX tables fit one LNCS column (12.2 cm, table) or a page (table*)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an --out folder that cocos did not write."),
+    overwrite: bool = typer.Option(False, "--overwrite",
+                                   help="Replace an --out folder cocos did not write, or an existing --json file."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
 ) -> None:
     """Count contributing samples per loss and direction on your own embeddings."""
@@ -57,7 +58,7 @@ def count(
     if out is not None:
         check_output_dir(out, inputs, overwrite)
     if json_path is not None:
-        check_output_file(json_path, [embeddings])
+        check_output_file(json_path, [embeddings] + ([out] if out else []), overwrite=overwrite)
     from cocos.distributed import context
 
     with context() as group:  # under torchrun: every rank counts its block of batches, rank 0 writes

@@ -80,6 +80,7 @@ def diagram(
     out: Path = typer.Option(None, help="Output path stem (default reports/diagram_<weight>); "
                                         "writes .png and .pdf."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing figure files."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
 ) -> None:
     """Triplet-weight diagram (GOAL Figure 2): a weight over (Sp, Sn), with a checkpoint's triplets."""
@@ -108,9 +109,11 @@ def diagram(
     from .analyze import _inputs
 
     inputs = _inputs(checkpoint, data) if checkpoint is not None else []
-    for stem in (str(out), f"{out}_pair"):  # the figures never land on (or inside) what is read
-        for suffix in (".png", ".pdf"):
-            check_output_file(stem + suffix, inputs)
+    if out.is_dir() or out.name in ("", ".", ".."):
+        raise CocosError(f"{out}: --out is a path stem for the figures (e.g. reports/diagram_con), not a folder")
+    for stem in (str(out), f"{out}_pair") if pair_weight is not None else (str(out),):
+        for suffix in (".png", ".pdf"):  # the figures never land on (or inside) what is read, nor replace a file
+            check_output_file(stem + suffix, inputs, overwrite=overwrite, runs=[checkpoint])
     points = None
     if checkpoint is not None:
         from cocos.embed import encode_checkpoint

@@ -44,9 +44,7 @@ def import_checkpoint(
         raise CocosError(f"{vocab}: no such vocabulary file")
     if not data.is_dir():
         raise CocosError(f"{data}: no such data folder")
-    check_output_file(out, [checkpoint, vocab, data])
-    if out.exists() and not overwrite:
-        raise CocosError(f"{out}: exists; pass --overwrite to replace it")
+    check_output_file(out, [checkpoint, vocab, data], overwrite=overwrite, runs=[checkpoint])
     if trust_checkpoint:
         typer.echo("warning: --trust-checkpoint: the checkpoint is loaded with full pickle, code in it may run",
                    err=True)

@@ -68,7 +68,7 @@ def train(
                       track_cocos=track_cocos, save_every=save_every)
     cfg.validate()  # nonsense flags first, before any file is looked at
     if json_path is not None:
-        _check_json(json_path, cfg)
+        _check_json(json_path, cfg, overwrite)
     from cocos.distributed import context
 
     with context() as group:  # under torchrun: every rank trains its block of each global batch
@@ -101,7 +101,7 @@ def train(
         raise typer.Exit(code=130) from None
 
 
-def _check_json(json_path: Path, cfg) -> None:
+def _check_json(json_path: Path, cfg, overwrite: bool = False) -> None:
     """``--json`` before the first step: not an input, not one of the run's own files, in a writable place."""
     import re
 
@@ -109,7 +109,7 @@ def _check_json(json_path: Path, cfg) -> None:
     from cocos.io import check_output_file, check_writable_file
     from cocos.training.trainer import OUTPUT_NAMES, OUTPUT_PATTERNS
 
-    check_output_file(json_path, [cfg.data, cfg.vocab, cfg.ltd_targets])
+    check_output_file(json_path, [cfg.data, cfg.vocab, cfg.ltd_targets], overwrite=overwrite)
     if json_path.resolve().parent == Path(cfg.out).resolve() and (
             json_path.name in OUTPUT_NAMES or any(re.fullmatch(p, json_path.name) for p in OUTPUT_PATTERNS)):
         raise CocosError(f"{json_path}: is one of the files cocos train writes into {cfg.out}; choose another "
@@ -150,6 +150,7 @@ def evaluate(
     split: str = typer.Option("test", help="train, dev or test."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     json_path: Path = typer.Option(None, "--json", help="Write the metrics here."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --json file."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
 ) -> None:
     """R@1/5/10 both ways, rsum, mAP@5 and R-precision of a checkpoint on a split."""
@@ -161,12 +162,14 @@ def evaluate(
     from cocos.training.trainer import build_from_checkpoint, resolve_data
 
     if json_path is not None:  # before anything is read: --json never replaces the checkpoint or the data
-        check_output_file(json_path, [checkpoint, data])
+        from .analyze import _inputs
+
+        check_output_file(json_path, _inputs(checkpoint, data), overwrite=overwrite, runs=[checkpoint])
         check_writable_file(json_path)
     ckpt = load_checkpoint(checkpoint)
     folder = resolve_data(ckpt, data, checkpoint)
     if json_path is not None:
-        check_output_file(json_path, [checkpoint, folder])
+        check_output_file(json_path, [checkpoint, folder], overwrite=overwrite, runs=[checkpoint])
     dev = resolve_device(device)
     model, vocab = build_from_checkpoint(ckpt, checkpoint)
     split_data = PrecompSplit(folder, split, k=int(ckpt["data"]["k"]), check_finite=True)

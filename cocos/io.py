@@ -108,15 +108,18 @@ def write_csv(path: str | os.PathLike, frame, float_format: str = "%.6g") -> Non
         frame.to_csv(tmp, index=False, float_format=float_format)
 
 
-def check_output_file(path: str | os.PathLike, inputs=()) -> Path:
-    """Refuse an output file that is (or lies inside) one of ``inputs``, after resolving links.
+def check_output_file(path: str | os.PathLike, inputs=(), *, overwrite: bool = False, runs=()) -> Path:
+    """The one rule for a single-file output (``--json``, ``--save-embeddings``, ``--out`` of ``import``,
+    figures of ``diagram``), checked before any work starts:
 
-    For ``--json``, ``--save-embeddings`` and other single-file outputs: writing one must
-    never replace a file the command reads (its checkpoint, embeddings, caption file or
-    a file inside its data folder). ``inputs`` may hold files and folders.
+    - never one of ``inputs`` (files or folders the command reads) or a file inside an input folder,
+      after resolving links, even with ``overwrite``;
+    - never an existing file in the run folder of an input checkpoint (``runs``: its ``train_log.csv``,
+      ``cocos_track.csv``, other checkpoints), even with ``overwrite``;
+    - an existing file only with ``overwrite`` (no command replaces a file it did not create in this run).
     """
     path = Path(path)
-    if path.is_dir():
+    if path.is_dir() or path.name in ("", ".", ".."):
         raise CocosError(f"{path}: is a folder, expected a file path")
     resolved = path.resolve()
     for item in inputs:
@@ -125,6 +128,13 @@ def check_output_file(path: str | os.PathLike, inputs=()) -> Path:
         item_path = Path(item).resolve()
         if item_path == resolved or item_path in resolved.parents:
             raise CocosError(f"{path}: would overwrite the input {item}; choose another output path")
+    if path.exists() or path.is_symlink():
+        for run in runs:
+            if run is not None and Path(run).resolve().parent == resolved.parent:
+                raise CocosError(f"{path}: is a file of the run folder of the input {run}; choose another "
+                                 "output path")
+        if not overwrite:
+            raise CocosError(f"{path}: exists; choose another output path or pass --overwrite to replace it")
     return path
 
 

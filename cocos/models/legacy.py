@@ -30,57 +30,28 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import pickle
 import re
 from pathlib import Path
 
 import torch
 
 from cocos.errors import CocosError
+from cocos.safeload import UnsafeCheckpointError, first_line, load_torch_file
 
 # Special tokens the cocos vocabulary keeps at ids 0..3 (as VSE++ builds them).
 _SPECIALS = ("<pad>", "<start>", "<end>", "<unk>")
 # The losses of the reproducibility repository's ``--criterion`` (VSE++/VSRN have none: triplet).
 _CRITERIA = {"triplet": None, "contrastive": None, "ntxent": "ntxent", "nt_xent": "ntxent",
              "ranking": "smoothap", "smoothap": "smoothap", "smooth_ap": "smoothap"}
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 # -- reading ---------------------------------------------------------------------------------------
 
-class UnsafeCheckpointError(CocosError):
-    """The checkpoint names a class or function that a safe load does not run (the message names it)."""
-
-
 def read_checkpoint_file(path: str | os.PathLike, trust: bool = False) -> object:
-    """Whatever the file holds, loaded without running code from it (unless ``trust``)."""
-    path = Path(path)
-    if not path.exists():
-        raise CocosError(f"{path}: no such checkpoint")
-    if path.is_dir():
-        raise CocosError(f"{path}: is a folder, not a checkpoint")
-    if trust:
-        try:
-            return torch.load(path, map_location="cpu", weights_only=False)
-        except Exception as exc:  # noqa: BLE001 - a trusted pickle may raise anything
-            raise CocosError(f"{path}: not a readable checkpoint ({_message(exc)})") from None
-    try:
-        with torch.serialization.safe_globals([argparse.Namespace]):
-            return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        text = _ANSI.sub("", str(exc))
-        found = re.search(r"GLOBAL ([\w.]+)", text)
-        if found:
-            raise UnsafeCheckpointError(f"{path}: the checkpoint refers to {found.group(1)}, which a safe load does "
-                                        "not run (pass --trust-checkpoint only if you trust the file)") from None
-        raise CocosError(f"{path}: not a readable checkpoint ({_message(exc)})") from None
-    except Exception as exc:  # noqa: BLE001 - nothing of the file ran: whatever a damaged file makes torch raise
-        raise CocosError(f"{path}: not a readable checkpoint ({_message(exc)})") from None
-
-
-def _message(exc: BaseException) -> str:
-    lines = [ln.strip() for ln in _ANSI.sub("", str(exc)).splitlines() if ln.strip()]
-    return (lines[0] if lines else type(exc).__name__)[:160]
+    """Whatever the file holds, loaded without running code from it (unless ``trust``): zip CRC of every
+    member, ``weights_only`` with ``argparse.Namespace`` (the original code's ``opt``) allowed, and no tensor
+    claiming more than its storage (:func:`cocos.safeload.load_torch_file`)."""
+    return load_torch_file(path, trust=trust, safe_globals=[argparse.Namespace])
 
 
 def is_cocos_checkpoint(obj: object) -> bool:
@@ -174,7 +145,7 @@ def convert_checkpoint(raw: dict, path: str | os.PathLike, vocab: str | os.PathL
     folder = Path(data)
     if not folder.is_dir():
         raise CocosError(f"{folder}: no such data folder")
-    k = int(k if k is not None else _int(opt.get("k"), 5, minimum=1))
+    k = int(k if k is not None else _int(opt, "k", 5, path, minimum=1))
     train = PrecompSplit(folder, "train", k=k)
     feature_shape = list(train.feature_shape)
     if kind == "vsrn" and len(feature_shape) != 2:
@@ -189,7 +160,7 @@ def convert_checkpoint(raw: dict, path: str | os.PathLike, vocab: str | os.PathL
                          f"{feature_shape[-1]}-d ones")
 
     loss_name, loss_params = loss_from_opt(opt, path)
-    batch_size = _int(opt.get("batch_size"), 128, minimum=1)
+    batch_size = _int(opt, "batch_size", 128, path, minimum=1)
     return {
         "model": {"kind": kind, "hparams": hparams},
         "vocab": tokens,
@@ -199,15 +170,15 @@ def convert_checkpoint(raw: dict, path: str | os.PathLike, vocab: str | os.PathL
         "data": {"path": str(folder.resolve()), "fingerprint": data_fingerprint(folder), "k": k,
                  "feature_shape": feature_shape},
         "train": {"model": kind, "loss": loss_name, "data": str(folder.resolve()), "k": k,
-                  "batch_size": batch_size, "epochs": _int(opt.get("num_epochs"), None, minimum=1),
-                  "lr": _float(opt.get("learning_rate")), "lr_update": _int(opt.get("lr_update"), None, minimum=1),
-                  "grad_clip": _float(opt.get("grad_clip")), "embed_size": hparams["embed_size"],
-                  "word_dim": hparams["word_dim"], "seed": _int(opt.get("seed"), 0), "compat": True,
+                  "batch_size": batch_size, "epochs": _int(opt, "num_epochs", None, path, minimum=1),
+                  "lr": _float(opt, "learning_rate", path), "lr_update": _int(opt, "lr_update", None, path, minimum=1),
+                  "grad_clip": _float(opt, "grad_clip", path), "embed_size": hparams["embed_size"],
+                  "word_dim": hparams["word_dim"], "seed": _int(opt, "seed", 0, path), "compat": True,
                   "margin": loss_params.get("margin"), "tau": loss_params.get("tau"), "vocab": str(vocab)},
-        "epoch": _int(raw.get("epoch"), 0),
-        "step": _int(raw.get("Eiters"), 0),
+        "epoch": _int(raw, "epoch", 0, path, where="checkpoint"),
+        "step": _int(raw, "Eiters", 0, path, where="checkpoint"),
         "metrics": {},
-        "best_rsum": _float(raw.get("best_rsum")),
+        "best_rsum": _float(raw, "best_rsum", path, where="checkpoint"),
         "history": [],
         "legacy": {"file": str(path), "code": "vsrn" if kind == "vsrn" else "vsepp", "opt": _plain(opt),
                    "vocab": str(vocab), "note": "best_rsum is the original code's validation score"},
@@ -226,12 +197,8 @@ def loss_from_opt(opt: dict, path: str | os.PathLike) -> tuple[str, dict]:
                          f"(triplet, ntxent, ranking)")
     name = _CRITERIA[criterion]
     def setting(key: str, default: float) -> float:  # absent: the default; present but not a number: refused
-        if opt.get(key) is None:
-            return default
-        value = _float(opt[key], None)
-        if value is None:
-            raise CocosError(f"{path}: opt.{key} = {opt[key]!r} is not a finite number")
-        return value
+        value = _float(opt, key, path)
+        return default if value is None else value
 
     if name is None:
         name = "triplet_sh" if _bool(opt.get("max_violation")) else "triplet"
@@ -402,9 +369,9 @@ def _map_vsrn_image(sd: dict, path: Path, opt: dict) -> tuple[dict, dict]:
 def _check_opt_agrees(opt: dict, hparams: dict, path: Path) -> None:
     for name, key in (("img_dim", "img_dim"), ("embed_size", "embed_size"), ("word_dim", "word_dim"),
                       ("vocab_size", "vocab_size"), ("num_layers", "num_layers")):
-        recorded = opt.get(name)
+        recorded = _int(opt, name, None, path, minimum=1)  # present but not a positive integer: refused
         actual = hparams.get(key, 1 if key == "num_layers" else None)
-        if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded != actual:
+        if recorded is not None and recorded != actual:
             raise CocosError(f"{path}: opt says {name} {recorded} but the weights have {actual}")
 
 
@@ -420,7 +387,7 @@ def _fit(kind: str, hparams: dict, state: dict, path: Path) -> tuple[dict, dict]
             model = build_model(kind, **hparams)
         expected = model.state_dict()
     except (TypeError, ValueError, RuntimeError) as exc:
-        raise CocosError(f"{path}: cannot build a {kind} model with {hparams} ({_message(exc)})") from None
+        raise CocosError(f"{path}: cannot build a {kind} model with {hparams} ({first_line(exc)})") from None
     missing = [k for k in expected if k not in state]
     extra = [k for k in state if k not in expected]
     if missing or extra:
@@ -462,22 +429,31 @@ def _bool(value: object) -> bool:
     return bool(value) if isinstance(value, (bool, int)) else str(value).lower() in ("true", "1", "yes")
 
 
-def _int(value: object, default: int | None, minimum: int = 0) -> int | None:
-    """An integer setting of ``opt`` in ``[minimum, 2**63)`` (``default`` where it is missing or odd)."""
-    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-            or not minimum <= value < 2**63):
+def _int(source: dict, key: str, default: int | None, path, minimum: int = 0, where: str = "opt") -> int | None:
+    """An integer setting in ``[minimum, 2**63)``: ``default`` where it is absent (``None``); present but not
+    such an integer (``-5``, ``'sixteen'``, ``nan``): refused with one line naming the field."""
+    value = source.get(key)
+    if value is None:
         return default
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or value != int(value) or not minimum <= value < 2**63):
+        raise CocosError(f"{path}: {where}.{key} = {value!r} is not an integer >= {minimum}")
     return int(value)
 
 
-def _float(value: object, default: float | None = None) -> float | None:
-    if isinstance(value, bool):
-        return default
-    try:
-        value = float(value)
-    except (TypeError, ValueError, OverflowError):
-        return default
-    return value if math.isfinite(value) else default
+def _float(source: dict, key: str, path, where: str = "opt") -> float | None:
+    """A finite number setting: ``None`` where it is absent; present but not a finite number: refused."""
+    value = source.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, bool):
+        try:
+            number = float(value)
+        except (TypeError, ValueError, OverflowError):
+            number = math.nan
+        if math.isfinite(number):
+            return number
+    raise CocosError(f"{path}: {where}.{key} = {value!r} is not a finite number")
 
 
 def _plain(opt: dict) -> dict:

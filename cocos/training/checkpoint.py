@@ -37,7 +37,6 @@ import math
 import os
 import re
 import struct
-import zipfile
 from pathlib import Path
 
 import torch
@@ -45,6 +44,7 @@ import torch
 from cocos import __version__
 from cocos.errors import CocosError
 from cocos.io import write_bytes
+from cocos.safeload import first_line, load_torch_file
 
 FORMAT = "cocos-checkpoint"
 FORMAT_VERSION = 1
@@ -71,20 +71,12 @@ def save_checkpoint(path: str | os.PathLike, checkpoint: dict) -> None:
     write_bytes(path, buffer.getvalue())
 
 
-def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
+def load_checkpoint(path: str | os.PathLike) -> dict:
     """Read, verify (zip CRC, content hash) and validate a cocos checkpoint; one CocosError line otherwise."""
     path = Path(path)
-    if not path.exists():
-        raise CocosError(f"{path}: no such checkpoint")
     if path.is_dir():
         raise CocosError(f"{path}: is a folder, not a checkpoint (try {path}/model_best.pt)")
-    if not path.is_file():
-        raise CocosError(f"{path}: not a regular file, not a checkpoint")
-    _check_zip(path)
-    try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - whatever a damaged file makes torch raise: one line
-        raise CocosError(f"{path}: not a readable checkpoint ({_first_line(exc)})") from None
+    ckpt = load_torch_file(path)
     if not isinstance(ckpt, dict) or not isinstance(ckpt.get("format"), str) or ckpt["format"] != FORMAT:
         raise CocosError(f"{path}: not a cocos checkpoint")
     _check_version(ckpt, path)
@@ -112,24 +104,6 @@ def peek_epoch(path: str | os.PathLike) -> int | None:
     """The ``epoch`` a checkpoint file records (:func:`peek`); ``None`` if there is no readable checkpoint."""
     epoch = peek(path).get("epoch")
     return epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
-
-
-def _check_zip(path: Path) -> None:
-    """The CRC of every member of the zip container (torch does not check them): flipped bytes are found here."""
-    try:
-        if not zipfile.is_zipfile(path):
-            return  # not a zip (truncated, or torch's legacy format): torch.load decides
-        with zipfile.ZipFile(path) as archive:
-            bad = archive.testzip()
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, NotImplementedError,
-            struct.error, RuntimeError, OverflowError) as exc:
-        raise CocosError(f"{path}: is corrupted (its zip container is damaged: {_first_line(exc)})") from None
-    if bad is not None:
-        raise CocosError(f"{path}: is corrupted (member {bad} fails its CRC check)")
 
 
 def _check_version(ckpt: dict, where) -> None:
@@ -221,7 +195,7 @@ def _encode_tensor(tensor: torch.Tensor, put) -> None:
         flat = tensor.detach().cpu().contiguous().reshape(-1)
         data = memoryview(flat.view(torch.uint8).numpy()) if flat.numel() else memoryview(b"")
     except Exception as exc:  # noqa: BLE001 - sparse, quantised or meta tensors: not in a checkpoint
-        raise CocosError(f"checkpoint holds a tensor cocos cannot read ({_first_line(exc)})") from None
+        raise CocosError(f"checkpoint holds a tensor cocos cannot read ({first_line(exc)})") from None
     head = f"{tensor.dtype}|{','.join(str(int(d)) for d in tensor.shape)}".encode()
     put(b"T" + struct.pack("<Q", len(head)) + head + struct.pack("<Q", data.nbytes))
     put(data)
@@ -392,7 +366,7 @@ def _meta_module(check: _Checker, field: str, build):
     except CocosError as exc:
         check.fail(field, f"do not describe a valid model ({exc})")
     except Exception as exc:  # noqa: BLE001 - whatever a nonsense size makes torch raise
-        check.fail(field, f"do not describe a valid model ({_first_line(exc)})")
+        check.fail(field, f"do not describe a valid model ({first_line(exc)})")
 
 
 def validate_model(ckpt: dict, where="checkpoint") -> torch.nn.Module:
@@ -487,7 +461,7 @@ def _check_loss(check: _Checker, loss) -> None:
     except CocosError as exc:
         check.fail("loss.params", f"are not valid for {name} ({exc})")
     except Exception as exc:  # noqa: BLE001 - a family's own check on a value of an odd type
-        check.fail("loss.params", f"are not valid for {name} ({_first_line(exc)})")
+        check.fail("loss.params", f"are not valid for {name} ({first_line(exc)})")
     if "compat" in loss:
         check.bool(loss["compat"], "loss.compat")
 
@@ -629,7 +603,7 @@ def _check_rng(check: _Checker, rng) -> None:
     try:
         torch.Generator().set_state(state)  # a fresh generator: the global one is not touched
     except Exception as exc:  # noqa: BLE001
-        check.fail("rng.torch", f"is not a random generator state ({_first_line(exc)})")
+        check.fail("rng.torch", f"is not a random generator state ({first_line(exc)})")
 
 
 def validate_checkpoint(ckpt: dict, path="checkpoint") -> dict:
