@@ -190,8 +190,86 @@ def atomic_dir(path: str | os.PathLike, inputs=(), overwrite: bool = False) -> I
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def available_memory() -> int:
+    """Bytes the machine can still give this process: ``MemAvailable`` of ``/proc/meminfo``, else physical memory."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 2**62
+
+
+def _gb(n: int) -> str:
+    return f"{n / 2**30:.1f} GB" if n >= 2**30 else f"{n / 2**20:.1f} MB"
+
+
+def npy_header(fh) -> tuple[tuple, np.dtype, int]:
+    """``(shape, dtype, declared data bytes)`` of the ``.npy`` stream ``fh`` from its header alone (nothing
+    allocated); ``ValueError`` for a header numpy cannot read."""
+    major, _ = np.lib.format.read_magic(fh)
+    read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+    shape, _, dtype = read(fh)
+    count = 1
+    for dim in shape:
+        count *= int(dim)
+    return shape, dtype, count * dtype.itemsize
+
+
+def check_declared_size(path, declared: int, held: int, member: str | None = None) -> None:
+    """Refuse an array whose header declares more bytes than the file holds (truncated or crafted), or more than
+    the memory available: before anything is allocated."""
+    where = f"{path}" + (f" (member {member})" if member else "")
+    if declared > held:
+        raise CocosError(f"{where}: its header declares {_gb(declared)} of data but the file holds {_gb(held)}: "
+                         "the file is truncated or damaged")
+    if declared > available_memory():
+        raise CocosError(f"{where}: holds {_gb(declared)} of data, more than the {_gb(available_memory())} of "
+                         "memory available")
+
+
+def load_npy(path: str | os.PathLike, what: str = "array") -> np.ndarray:
+    """One ``.npy`` array without pickle, its declared size checked against the file and memory first."""
+    path = Path(path)
+    if not path.is_file():
+        raise CocosError(f"{path}: no such {what} file")
+    try:
+        with open(path, "rb") as fh:
+            _, dtype, declared = npy_header(fh)
+            offset = fh.tell()
+        if dtype.hasobject:
+            raise CocosError(f"{path}: holds Python objects; expected a numeric array")
+        check_declared_size(path, declared, path.stat().st_size - offset)
+        return np.load(path, allow_pickle=False)
+    except CocosError:
+        raise
+    except (ValueError, OSError, EOFError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise CocosError(f"{path}: not a readable .npy array ({first})") from None
+
+
+def check_npz_sizes(path: str | os.PathLike) -> None:
+    """Every member's declared array size against its stored size and, together, against the memory available."""
+    total = 0
+    with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+            with archive.open(info) as fh:
+                _, dtype, declared = npy_header(fh)
+                offset = fh.tell()
+            if dtype.hasobject:
+                raise CocosError(f"{path}: member {info.filename} holds Python objects; expected a numeric array")
+            check_declared_size(path, declared, info.file_size - offset, member=info.filename)
+            total += declared
+    check_declared_size(path, total, total)
+
+
 def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Load every array of an ``.npz`` without pickle (object arrays are refused)."""
+    """Load every array of an ``.npz`` without pickle (object arrays are refused), sizes checked first."""
     path = Path(path)
     if not path.exists():
         raise CocosError(f"{path}: no such file")
@@ -204,11 +282,14 @@ def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
     if not magic.startswith(b"PK"):
         raise CocosError(f"{path}: not an .npz file (expected named arrays saved with numpy.savez)")
     try:
+        check_npz_sizes(path)
         loaded = np.load(path, allow_pickle=False)
         if not isinstance(loaded, np.lib.npyio.NpzFile):
             raise CocosError(f"{path}: a single array (.npy); expected an .npz with named arrays")
         with loaded as npz:
             return {name: npz[name] for name in npz.files}
+    except CocosError:
+        raise
     except (ValueError, OSError, zipfile.BadZipFile, EOFError, KeyError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise CocosError(f"{path}: not a readable .npz file ({first})") from None

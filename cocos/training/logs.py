@@ -20,6 +20,7 @@ TRACK_LOG = "cocos_track.csv"
 TRACK_COLUMNS = ("step", "epoch", "loss", "direction", "stat", "value")
 LOG_COLUMNS = ("step", "epoch", "loss", "L_con")
 LTD_COLUMNS = ("lambda", "L_rec/eta")
+LOG_NUMERIC = ("loss", "L_con", "L_rec", "L_rec/eta", "lambda")
 
 
 @dataclass
@@ -37,7 +38,9 @@ class TrainingLogs:
         return self.steps is not None and all(c in self.steps for c in LTD_COLUMNS)
 
 
-def _read(path: Path, columns) -> pd.DataFrame | None:
+def _read(path: Path, columns, numeric) -> pd.DataFrame | None:
+    """A log CSV with its columns checked: the required ones present, ``step``/``epoch`` positive integers,
+    the ``numeric`` ones numbers in every row (a row cut mid-line or text in a number column is refused)."""
     if not path.is_file():
         return None
     try:
@@ -48,19 +51,51 @@ def _read(path: Path, columns) -> pd.DataFrame | None:
     if missing:
         raise CocosError(f"{path}: lacks the column(s) {', '.join(missing)}")
     for c in ("step", "epoch"):
-        if not pd.api.types.is_integer_dtype(frame[c]):
-            raise CocosError(f"{path}: column {c} must hold integers")
+        if not pd.api.types.is_integer_dtype(frame[c]) or (frame[c] < 1).any():
+            raise CocosError(f"{path}: column {c} must hold positive integers in every row (a damaged or cut file?)")
+    for c in (c for c in numeric if c in frame):
+        if not pd.api.types.is_numeric_dtype(frame[c]):
+            raise CocosError(f"{path}: column {c} must hold numbers (a damaged file?)")
+        if frame[c].isna().any():
+            row = int(frame.index[frame[c].isna()][0]) + 2  # 1-based, after the header line
+            raise CocosError(f"{path}: line {row} has no value in column {c} (a cut or damaged file?)")
+    if frame["step"].duplicated().any() and "direction" not in frame:
+        raise CocosError(f"{path}: a step appears twice")
+    if not frame["step"].is_monotonic_increasing or not frame["epoch"].is_monotonic_increasing:
+        raise CocosError(f"{path}: steps and epochs must not decrease from row to row (foreign rows?)")
     return frame
 
 
 def read_logs(folder: str | os.PathLike, max_epoch: int | None = None) -> TrainingLogs:
     """The logs in a checkpoint or report folder; rows after ``max_epoch`` (a later checkpoint's) are left out."""
     folder = Path(folder)
-    steps, track = _read(folder / TRAIN_LOG, LOG_COLUMNS), _read(folder / TRACK_LOG, TRACK_COLUMNS)
+    steps = _read(folder / TRAIN_LOG, LOG_COLUMNS, LOG_NUMERIC)
+    track = _read(folder / TRACK_LOG, TRACK_COLUMNS, ("value",))
     if max_epoch is not None:
         steps = steps[steps["epoch"] <= max_epoch] if steps is not None else None
         track = track[track["epoch"] <= max_epoch] if track is not None else None
     return TrainingLogs(steps, track)
+
+
+def check_resumable(logs: TrainingLogs, folder, steps: int) -> None:
+    """The logs a resume keeps (rows up to the checkpoint's epoch) must be the checkpoint's own: the step log
+    exactly steps ``1..steps``, the track only steps up to ``steps`` in the step log's epochs."""
+    folder = Path(folder)
+    if logs.steps is not None and len(logs.steps):
+        found = logs.steps["step"].to_numpy()
+        if len(found) != steps or found[0] != 1 or found[-1] != steps:
+            raise CocosError(f"{folder / TRAIN_LOG}: holds steps {found[0]}..{found[-1]} ({len(found)} rows) up to "
+                             f"the checkpoint's epoch, which ends at step {steps}: not this run's log")
+    if logs.track is not None and len(logs.track):
+        if int(logs.track["step"].max()) > steps:
+            raise CocosError(f"{folder / TRACK_LOG}: holds step {int(logs.track['step'].max())}, beyond the "
+                             f"checkpoint's step {steps}: not this run's log")
+        if logs.steps is not None and len(logs.steps):
+            epoch_of = dict(zip(logs.steps["step"], logs.steps["epoch"], strict=True))
+            wrong = [s for s, e in zip(logs.track["step"], logs.track["epoch"], strict=True) if epoch_of.get(s) != e]
+            if wrong:
+                raise CocosError(f"{folder / TRACK_LOG}: step {wrong[0]} does not match the step log's epochs: not "
+                                 "this run's log")
 
 
 def write_log_csvs(logs: TrainingLogs, folder: str | os.PathLike) -> None:

@@ -262,6 +262,8 @@ class Trainer:
         self.best_rsum = float(ckpt["best_rsum"])
         self.history = list(ckpt["history"])
         self._restore_logs()
+        if self.best_path.exists():  # written again when an epoch improves: readable now, not after an epoch
+            load_checkpoint(self.best_path)
 
     def _foreign_entries(self) -> list[Path]:
         """What the out folder holds besides temporaries of this command's own outputs (a killed run's)."""
@@ -294,9 +296,10 @@ class Trainer:
 
     def _restore_logs(self) -> None:
         """Keep the rows of the epochs the resumed checkpoint holds (a crash may have left later ones)."""
-        from cocos.training.logs import read_logs
+        from cocos.training.logs import check_resumable, read_logs
 
         logs = read_logs(self.out, max_epoch=self.epoch)  # the checked reader: a damaged log is one line
+        check_resumable(logs, self.out, self.step_count)
         if logs.steps is not None:
             self.step_log = logs.steps.to_dict("records")
         if logs.track is not None and self.tracker is not None:
