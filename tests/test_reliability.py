@@ -1,0 +1,253 @@
+"""The classes of the adversarial run's findings (issue 16), one parametrised test per class.
+
+Each bad input: exit code 2, exactly one ``error:`` line, and every file that was there before is
+byte-identical afterwards (nothing replaced, nothing half-written).
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from cocos.data.synth import make_synthetic
+from cocos.errors import CocosError
+from cocos.training.trainer import TrainConfig, Trainer
+from cocos_cli.main import app
+from tests.helpers import one_error_line, snapshot
+from tests.test_legacy_import import (
+    DIM,
+    EMBED,
+    WORD,
+    OrigEncoderImagePrecomp,
+    OrigEncoderText,
+    opt_namespace,
+    original_vocab,
+    pickle_vocab,
+    randomise,
+    save_original,
+)
+
+runner = CliRunner()
+TINY = dict(model="vsepp", epochs=1, lr=2e-3, lr_update=10, batch_size=16, embed_size=16, word_dim=8, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A data folder, a cocos run folder ``ck/`` with both logs, an embeddings file, an original checkpoint."""
+    root = tmp_path_factory.mktemp("rel")
+    data = make_synthetic(root / "data", n_train=48, n_dev=16, n_test=16, feature_dim=DIM, seed=1)
+    Trainer(TrainConfig(data=str(data), out=str(root / "ck"), loss="triplet", track_cocos=1, **TINY),
+            progress=False, log=lambda *a: None).fit()
+    (root / "ck" / "training.png").write_bytes(b"the figure cocos train draws")  # the CLI's, not the library's
+    rng = np.random.default_rng(0)
+    np.savez(root / "emb.npz", images=rng.normal(size=(16, 8)).astype(np.float32),
+             captions=rng.normal(size=(80, 8)).astype(np.float32))
+    vocab = original_vocab((data / "train_caps.txt").read_text().splitlines())
+    pickle_vocab(vocab, root / "vocab.pkl")
+    save_original(root / "orig.pth.tar", randomise(OrigEncoderImagePrecomp(DIM, EMBED), 1),
+                  randomise(OrigEncoderText(len(vocab), WORD, EMBED, 1), 2), opt_namespace())
+    return root
+
+
+def _commands(w: Path, target: Path) -> dict[str, list[str]]:
+    """Every command with a single-file output option, writing to ``target``."""
+    ck = w / "ck" / "model_best.pt"
+    return {
+        "analyze --save-embeddings": ["analyze", str(ck), "--out", str(w / "rep_a"), "--save-embeddings",
+                                      str(target), "--loss", "triplet", "--no-progress"],
+        "evaluate --json": ["evaluate", str(ck), "--json", str(target), "--no-progress"],
+        "count --json": ["count", str(w / "emb.npz"), "--batch-size", "8", "--json", str(target), "--no-progress"],
+        "train --json": ["train", "--data", str(w / "data"), "--out", str(w / "new_run"), "--json", str(target),
+                         "--epochs", "1", "--batch-size", "16", "--embed-size", "16", "--word-dim", "8",
+                         "--no-progress"],
+        "import --out": ["import", str(w / "orig.pth.tar"), "--vocab", str(w / "vocab.pkl"), "--data",
+                         str(w / "data"), "--out", str(target)],
+        "diagram --out": ["diagram", "--out", str(target.with_suffix("")), "--no-progress"],
+    }
+
+
+@pytest.mark.parametrize("command", ["analyze --save-embeddings", "evaluate --json", "count --json",
+                                     "train --json", "import --out", "diagram --out"])
+def test_no_output_option_replaces_an_existing_file_without_overwrite(world, tmp_path, command):
+    target = tmp_path / "mine.png"  # a file of the user's (diagram writes STEM.png)
+    target.write_bytes(b"the user's own file")
+    before = snapshot(world, tmp_path)
+    line = one_error_line(runner.invoke(app, _commands(world, target)[command]))
+    assert "exists" in line and "--overwrite" in line, line
+    assert snapshot(world, tmp_path) == before
+
+
+@pytest.mark.parametrize("command,victim", [("analyze --save-embeddings", "train_log.csv"),
+                                            ("evaluate --json", "cocos_track.csv"),
+                                            ("import --out", "last.pt"),
+                                            ("diagram --out", "training.png")])
+def test_files_of_an_input_checkpoints_run_folder_are_never_replaced_even_with_overwrite(world, command, victim):
+    target = world / "ck" / victim
+    assert target.is_file()
+    args = _commands(world, target)[command]
+    if command == "import --out":  # the input checkpoint's own folder: put the original checkpoint into ck/
+        shutil.copy(world / "orig.pth.tar", world / "ck" / "orig.pth.tar")
+        args[1] = str(world / "ck" / "orig.pth.tar")
+    if command == "diagram --out":
+        args += ["--checkpoint", str(world / "ck" / "model_best.pt")]
+    before = snapshot(world)
+    line = one_error_line(runner.invoke(app, [*args, "--overwrite"]))
+    assert "run folder" in line or "input" in line, line
+    assert snapshot(world) == before
+    (world / "ck" / "orig.pth.tar").unlink(missing_ok=True)
+
+
+def test_overwrite_replaces_a_users_file_when_asked(world, tmp_path):
+    target = tmp_path / "metrics.json"
+    target.write_text("old")
+    res = runner.invoke(app, [*_commands(world, target)["evaluate --json"], "--overwrite"])
+    assert res.exit_code == 0, res.output
+    assert '"rsum"' in target.read_text()
+
+
+# -- corrupt checkpoints of every format: the zip CRC of every member ------------------------------------
+
+def _flip(path: Path, out: Path) -> Path:
+    """Flip 64 bytes in the middle of the largest stored member's data (its CRC no longer matches)."""
+    raw = bytearray(path.read_bytes())
+    with zipfile.ZipFile(path) as archive:
+        info = max(archive.infolist(), key=lambda i: i.file_size)
+    start = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra) + info.file_size // 2
+    for i in range(start, start + 64):
+        raw[i] ^= 0xFF
+    out.write_bytes(bytes(raw))
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["cocos", "original"])
+def test_a_checkpoint_with_flipped_bytes_is_refused_in_every_format(world, tmp_path, fmt):
+    source = world / "ck" / "model_best.pt" if fmt == "cocos" else world / "orig.pth.tar"
+    bad = _flip(source, tmp_path / source.name)
+    extra = [] if fmt == "cocos" else ["--vocab", str(world / "vocab.pkl"), "--data", str(world / "data")]
+    before = snapshot(world, tmp_path)
+    line = one_error_line(runner.invoke(app, ["analyze", str(bad), "--out", str(tmp_path / "rep"), "--no-progress",
+                                              *extra]))
+    assert "fails its CRC check" in line, line
+    if fmt == "original":
+        line = one_error_line(runner.invoke(app, ["import", str(bad), *extra, "--out", str(tmp_path / "m.pt")]))
+        assert "fails its CRC check" in line, line
+    assert snapshot(world, tmp_path) == before
+
+
+# -- invalid settings of an imported checkpoint: refused by name -------------------------------------------
+
+@pytest.mark.parametrize("field,value", [("batch_size", -5), ("batch_size", "sixteen"), ("batch_size", 2.5),
+                                         ("num_epochs", float("nan")), ("learning_rate", "fast"),
+                                         ("lr_update", 0), ("embed_size", "sixteen")])
+def test_invalid_settings_of_an_imported_checkpoint_are_refused_naming_the_field(world, tmp_path, field, value):
+    vocab = original_vocab((world / "data" / "train_caps.txt").read_text().splitlines())
+    path = save_original(tmp_path / "bad.pth.tar", randomise(OrigEncoderImagePrecomp(DIM, EMBED), 1),
+                         randomise(OrigEncoderText(len(vocab), WORD, EMBED, 1), 2), opt_namespace(**{field: value}))
+    line = one_error_line(runner.invoke(app, ["import", str(path), "--vocab", str(world / "vocab.pkl"), "--data",
+                                              str(world / "data"), "--out", str(tmp_path / "m.pt")]))
+    assert f"opt.{field} = {value!r}" in line, line
+    assert not (tmp_path / "m.pt").exists()
+
+
+# -- --resume reads nothing damaged: every file it keeps is checked before the first step ------------------
+
+def _cut(text: str) -> str:
+    return text[: len(text) - len(text.splitlines()[-1]) // 2 - 1]
+
+
+def _foreign(text: str) -> str:
+    last = text.splitlines()[-1].split(",")
+    last[0] = "999999"
+    return text + ",".join(last) + "\n"
+
+
+def _text_in_numbers(text: str) -> str:
+    lines = text.splitlines()
+    cells = lines[1].split(",")
+    cells[-1] = "oops"
+    return "\n".join([lines[0], ",".join(cells), *lines[2:]]) + "\n"
+
+
+@pytest.mark.parametrize("name", ["train_log.csv", "cocos_track.csv"])
+@pytest.mark.parametrize("damage", [_cut, _foreign, _text_in_numbers])
+def test_resume_refuses_damaged_logs_before_the_first_step(world, tmp_path, name, damage):
+    run = tmp_path / "ck"
+    shutil.copytree(world / "ck", run)
+    (run / name).write_text(damage((run / name).read_text()))
+    before = snapshot(run)
+    res = runner.invoke(app, ["train", "--data", str(world / "data"), "--out", str(run), "--resume", "--epochs", "2",
+                              "--loss", "triplet", "--batch-size", "16", "--embed-size", "16", "--word-dim", "8",
+                              "--lr", "2e-3", "--lr-update", "10", "--track-cocos", "1", "--no-progress"])
+    line = one_error_line(res)
+    assert name in line, line
+    assert snapshot(run) == before  # no epoch ran: last.pt and the logs are untouched
+
+
+def test_resume_refuses_an_unreadable_model_best_before_the_first_step(world, tmp_path):
+    run = tmp_path / "ck"
+    shutil.copytree(world / "ck", run)
+    (run / "model_best.pt").write_bytes(b"PK\x03\x04 not a checkpoint")
+    before = snapshot(run)
+    res = runner.invoke(app, ["train", "--data", str(world / "data"), "--out", str(run), "--resume", "--epochs", "2",
+                              "--loss", "triplet", "--batch-size", "16", "--embed-size", "16", "--word-dim", "8",
+                              "--lr", "2e-3", "--lr-update", "10", "--track-cocos", "1", "--no-progress"])
+    line = one_error_line(res)
+    assert "model_best.pt" in line and "weights_only" not in line, line
+    assert snapshot(run) == before
+
+
+# -- declared-size bombs: a header may not claim more than the file holds ------------------------------------
+
+def _npy_bomb(shape=(400_000_000_000, 1024)) -> bytes:
+    header = np.lib.format.header_data_from_array_1_0(np.zeros((1, 1), np.float32))
+    header["shape"] = shape
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, header)
+    return buf.getvalue() + b"\0" * 64
+
+
+def test_a_stride_bomb_in_a_checkpoint_is_refused_before_anything_is_allocated(world, tmp_path):
+    vocab = original_vocab((world / "data" / "train_caps.txt").read_text().splitlines())
+    img = randomise(OrigEncoderImagePrecomp(DIM, EMBED), 1)
+    txt = randomise(OrigEncoderText(len(vocab), WORD, EMBED, 1), 2)
+    path = save_original(tmp_path / "bomb.pth.tar", img, txt, opt_namespace())
+    raw = torch.load(path, weights_only=False)
+    raw["model"][1]["embed.weight"] = torch.zeros(WORD).as_strided((10**9, WORD), (0, 1))  # 64 GB on the first copy
+    torch.save(raw, path)
+    line = one_error_line(runner.invoke(app, ["import", str(path), "--vocab", str(world / "vocab.pkl"), "--data",
+                                              str(world / "data"), "--out", str(tmp_path / "m.pt")]))
+    assert "declares" in line and f"1000000000x{WORD}" in line, line
+
+
+@pytest.mark.parametrize("where", ["ltd-targets", "count npz"])
+def test_an_array_header_claiming_more_than_the_file_holds_is_refused(world, tmp_path, where):
+    if where == "ltd-targets":
+        (tmp_path / "t.npy").write_bytes(_npy_bomb())
+        args = ["train", "--data", str(world / "data"), "--out", str(tmp_path / "run"), "--ltd", "--ltd-targets",
+                str(tmp_path / "t.npy"), "--epochs", "1", "--batch-size", "16", "--no-progress"]
+    else:
+        with zipfile.ZipFile(tmp_path / "e.npz", "w") as archive:
+            archive.writestr("images.npy", _npy_bomb())
+            archive.writestr("captions.npy", _npy_bomb())
+        args = ["count", str(tmp_path / "e.npz"), "--no-progress"]
+    line = one_error_line(runner.invoke(app, args))
+    assert "header declares" in line, line
+    assert not (tmp_path / "run").exists()
+
+
+def test_declared_sizes_beyond_memory_are_refused(tmp_path, monkeypatch):
+    from cocos import io as cio
+
+    arr = np.zeros((64, 64), np.float32)
+    np.save(tmp_path / "a.npy", arr)
+    assert cio.load_npy(tmp_path / "a.npy").shape == (64, 64)
+    monkeypatch.setattr(cio, "available_memory", lambda: 1024)
+    with pytest.raises(CocosError, match="more than the 0.0 MB of memory available"):
+        cio.load_npy(tmp_path / "a.npy")
