@@ -7,6 +7,7 @@ import functools
 import os
 import signal
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -106,6 +107,43 @@ def _interrupt_handling() -> Iterator[None]:
         clear_interrupt()
 
 
+@contextlib.contextmanager
+def _library_warnings() -> Iterator[None]:
+    """Python warnings of torch, numpy and the like are collected while the command runs: an error then stays one
+    line; a command that succeeds prints each distinct one as one ``warning:`` line at the end."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        failed = True
+        try:
+            yield
+            failed = False
+        finally:
+            if not failed:
+                seen = dict.fromkeys((str(w.message).strip().splitlines() or [""])[0] for w in caught)
+                for message in seen:
+                    typer.echo(f"warning: {message}", err=True)
+
+
+def _late_interrupt(signum, frame) -> None:
+    """Ctrl-C (or SIGTERM) outside a command's own handling: while Python starts up, parses the command line
+    or shuts down. One line and exit code 130, never death by the signal or a traceback."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.write(f"{INTERRUPTED}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    _hard_exit(130)
+
+
+def install_late_interrupt() -> None:
+    """For the console script: :func:`_late_interrupt` from the start to the end of the process (each command
+    installs its own handler for its duration and restores this one)."""
+    with contextlib.suppress(ValueError, OSError, AttributeError):
+        signal.signal(signal.SIGINT, _late_interrupt)
+        signal.signal(signal.SIGTERM, _late_interrupt)
+
+
 def _interrupted() -> None:
     typer.echo(INTERRUPTED, err=True)
     sys.exit(130)
@@ -123,7 +161,7 @@ def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from cocos.io import interrupt_pending
 
-        with _interrupt_handling():
+        with _interrupt_handling(), _library_warnings():
             try:
                 result = func(*args, **kwargs)
             except CocosError as exc:

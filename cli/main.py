@@ -31,6 +31,20 @@ def main(
     """COCOS gradient diagnostics for contrastive image-caption retrieval."""
 
 
+def run() -> None:
+    """The console script: a Ctrl-C before a command starts or after it returns is one line and exit code 130."""
+    from .common import install_late_interrupt
+
+    install_late_interrupt()
+    try:
+        app()
+    finally:  # the command has finished (its outputs are written): a Ctrl-C while Python shuts down changes nothing
+        import signal
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def _register() -> None:
     # Each command module adds itself to ``app``; imported here so the order of
     # ``cocos --help`` is stable.

@@ -31,6 +31,9 @@ from cocos.errors import CocosError
 
 TIMEOUT_ENV = "COCOS_DIST_TIMEOUT"  # seconds a process waits for the others (default 600)
 DEFAULT_TIMEOUT = 600
+WRITE_TIMEOUT_ENV = "COCOS_DIST_WRITE_TIMEOUT"  # seconds the other ranks wait while rank 0 writes (default 3600)
+DEFAULT_WRITE_TIMEOUT = 3600
+_LEAVING: dict = {"group": None}  # the group of the leaving barrier (its timeout is the writing budget)
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,10 @@ def from_env() -> Dist:
             torch.cuda.set_device(local)
         try:
             dist.init_process_group(backend=backend, timeout=timeout)
+            # the ranks that do not write wait for rank 0's writing on a group of its own, with a writing budget:
+            # a report may take longer to write than a peer may take to answer
+            budget = max(_env_int(WRITE_TIMEOUT_ENV) or DEFAULT_WRITE_TIMEOUT, timeout.total_seconds())
+            _LEAVING["group"] = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=budget))
         except (RuntimeError, ValueError) as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
             raise CocosError(f"cannot join the torchrun process group ({first})") from None
@@ -102,11 +109,12 @@ def context() -> Iterator[Dist]:
     group = from_env()
     try:
         yield group
-        barrier(group)  # every rank leaves together (rank 0 may still be writing); gloo dislikes early leavers
+        barrier(group, leaving=True)  # every rank leaves together, waiting while rank 0 writes (its own budget)
     finally:
         if group.active and dist.is_initialized():
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
+        _LEAVING["group"] = None
 
 
 def current() -> Dist:
@@ -150,12 +158,14 @@ def gather_blocks(value, group: Dist = SINGLE) -> list:
     return out
 
 
-def barrier(group: Dist = SINGLE) -> None:
+def barrier(group: Dist = SINGLE, leaving: bool = False) -> None:
+    """Wait for every rank (``leaving``: at the end of a command, on the group whose timeout is the writing budget
+    ``COCOS_DIST_WRITE_TIMEOUT``, since rank 0 alone writes the outputs while the others wait)."""
     if group.active:
         import torch.distributed as dist
 
         try:
-            dist.barrier()
+            dist.barrier(group=_LEAVING["group"] if leaving else None)
         except RuntimeError as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
             raise CocosError(f"rank {group.rank}: another process stopped ({first})") from None

@@ -334,6 +334,22 @@ def remove_created(created: list[Path]) -> None:
         shutil.rmtree(created[0], ignore_errors=True)
 
 
+def check_writable_dir(path: str | os.PathLike, what: str = "folder") -> Path:
+    """Refuse an output folder that cannot be made or written, before any work: it must be a folder (or absent)
+    and its nearest existing ancestor a writable folder (a read-only mount, a file in the way)."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise CocosError(f"{path}: exists and is not a folder; choose another {what}")
+    folder = path.absolute()
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise CocosError(f"{path}: cannot be made ({folder} is not a folder)")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise CocosError(f"{path}: cannot write ({folder} is read-only or not writable)")
+    return path
+
+
 def check_writable_file(path: str | os.PathLike) -> Path:
     """Refuse a single-file output that cannot be written, before any work: its nearest existing
     ancestor must be a writable folder (the missing ones are made only when the file is written)."""

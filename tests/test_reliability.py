@@ -251,3 +251,164 @@ def test_declared_sizes_beyond_memory_are_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(cio, "available_memory", lambda: 1024)
     with pytest.raises(CocosError, match="more than the 0.0 MB of memory available"):
         cio.load_npy(tmp_path / "a.npy")
+
+
+# -- partial output after a failure: a full disk, a read-only folder, a file in the way ------------------------
+
+@pytest.fixture
+def mount(tmp_path):
+    """``mount(size, ro)``: a small tmpfs folder (root only; skipped elsewhere), unmounted afterwards."""
+    import os
+    import subprocess
+
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root to mount a small tmpfs")
+    mounted = []
+
+    def make(size: str, ro: bool = False) -> Path:
+        point = tmp_path / f"mnt{len(mounted)}"
+        point.mkdir()
+        opts = f"size={size}" + (",ro" if ro else "")
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(point)], capture_output=True).returncode:
+            pytest.skip("cannot mount a tmpfs here")
+        mounted.append(point)
+        return point
+
+    yield make
+    for point in mounted:
+        subprocess.run(["umount", str(point)], capture_output=True)
+
+
+def test_training_on_a_full_disk_leaves_nothing(world, mount):
+    disk = mount("48k")
+    res = runner.invoke(app, ["train", "--data", str(world / "data"), "--out", str(disk), "--loss", "triplet",
+                              "--epochs", "1", "--batch-size", "16", "--embed-size", "16", "--word-dim", "8",
+                              "--track-cocos", "1", "--no-progress"])
+    line = one_error_line(res)
+    assert "No space left" in line or "cannot write" in line, line
+    assert list(disk.iterdir()) == []  # the mount point existed: only what the run wrote into it is gone
+
+
+@pytest.mark.parametrize("where", ["--out", "--checkpoints", "--data"])
+def test_demo_refuses_a_read_only_folder_before_any_work(world, mount, tmp_path, where):
+    ro = mount("64k", ro=True)
+    paths = {"--out": tmp_path / "rep", "--checkpoints": tmp_path / "cks", "--data": tmp_path / "synth"}
+    paths[where] = ro / "x"
+    before = snapshot(tmp_path)
+    line = one_error_line(runner.invoke(app, ["demo", *[a for k, v in paths.items() for a in (k, str(v))],
+                                              "--epochs", "1", "--n-train", "40", "--no-progress"]))
+    assert "read-only" in line, line
+    assert snapshot(tmp_path) == before
+
+
+def test_demo_refuses_a_file_as_its_checkpoints_folder(tmp_path):
+    (tmp_path / "cks").write_text("a file")
+    before = snapshot(tmp_path)
+    line = one_error_line(runner.invoke(app, ["demo", "--out", str(tmp_path / "rep"), "--data",
+                                              str(tmp_path / "synth"), "--checkpoints", str(tmp_path / "cks"),
+                                              "--epochs", "1", "--no-progress"]))
+    assert "not a folder" in line, line
+    assert snapshot(tmp_path) == before
+
+
+def test_a_failing_demo_removes_the_folders_it_made(tmp_path, monkeypatch):
+    from cocos.pipelines import demo
+
+    def broken(*args, **kwargs):
+        raise CocosError("the disk filled up")
+
+    monkeypatch.setattr(demo, "analyze_checkpoint", broken, raising=False)
+    monkeypatch.setattr("cocos.pipelines.analyze.analyze_checkpoint", broken)
+    res = runner.invoke(app, ["demo", "--out", str(tmp_path / "rep"), "--data", str(tmp_path / "synth"),
+                              "--checkpoints", str(tmp_path / "cks"), "--epochs", "1", "--n-train", "40",
+                              "--batch-size", "16", "--embed-size", "16", "--word-dim", "8", "--no-progress"])
+    assert res.exit_code == 2 and res.output.splitlines()[-1] == "error: the disk filled up", res.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+# -- signals outside a command's own handling, warnings before an error ----------------------------------------
+
+def _python(code: str):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+def test_ctrl_c_while_the_console_script_shuts_down_is_not_death_by_signal():
+    res = _python("import atexit, os, signal, sys\n"
+                  "atexit.register(lambda: os.kill(os.getpid(), signal.SIGINT))  # during Python's shutdown\n"
+                  "sys.argv = ['cocos', '--version']\n"
+                  "from cocos_cli.main import run\nrun()")
+    assert res.returncode == 0, (res.returncode, res.stderr)
+    assert "Traceback" not in res.stderr and "KeyboardInterrupt" not in res.stderr, res.stderr
+
+
+def test_ctrl_c_before_a_command_starts_is_one_line_and_130():
+    res = _python("import os, signal, time\n"
+                  "from cocos_cli.common import install_late_interrupt\n"
+                  "install_late_interrupt()\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(5)")
+    assert res.returncode == 130 and res.stderr.strip() == "interrupted", (res.returncode, res.stderr)
+
+
+def test_library_warnings_never_precede_an_error_line(tmp_path):
+    import warnings
+
+    from cocos_cli.common import handle_errors
+
+    @handle_errors
+    def command():
+        warnings.warn("numpy: overflow encountered in cast", RuntimeWarning, stacklevel=1)
+        raise CocosError("the real problem")
+
+    import typer
+
+    app_ = typer.Typer()
+    app_.command()(command)
+    line = one_error_line(runner.invoke(app_, []))
+    assert line == "error: the real problem"
+
+
+def test_library_warnings_of_a_successful_command_are_one_line_each():
+    import warnings
+
+    import typer
+
+    from cocos_cli.common import handle_errors
+
+    @handle_errors
+    def command():
+        for _ in range(3):
+            warnings.warn("torch: something\nwith a second line", UserWarning, stacklevel=1)
+        typer.echo("done")
+
+    app_ = typer.Typer()
+    app_.command()(command)
+    res = runner.invoke(app_, [])
+    assert res.exit_code == 0
+    assert res.output.splitlines() == ["done", "warning: torch: something"]
+
+
+def test_other_ranks_wait_for_rank_0s_writing_beyond_the_collective_timeout(tmp_path):
+    """torchrun: rank 0 writes alone after the last collective; the others wait with the writing budget."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = ("import time\nfrom cocos.distributed import context\n"
+            "with context() as group:\n"
+            "    if group.is_main:\n        time.sleep(4)  # writing the report: longer than COCOS_DIST_TIMEOUT\n"
+            "print('left', group.rank)\n")
+    procs = []
+    for rank in (0, 1):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port), "COCOS_DIST_TIMEOUT": "2", "CUDA_VISIBLE_DEVICES": ""}
+        procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    results = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], results
+    assert [out.strip() for out, _ in results] == ["left 0", "left 1"]

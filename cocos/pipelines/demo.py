@@ -12,6 +12,7 @@ is a flag. Checkpoints that already match the requested settings are reused.
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -158,28 +159,48 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True, log: Callable[[str], Non
     or written by cocos, unless ``overwrite``), the data folder (used if it holds ``train_ims.npy``;
     generated if absent, empty or cocos's, unless ``overwrite``) and the checkpoint folders. The
     report folder is built under a temporary name and moved into place at the end, so an
-    interrupted demo leaves the previous report as it was.
+    interrupted demo leaves the previous report as it was. Every output folder must be writable before the
+    work starts; a demo that fails removes the data and checkpoint folders it made (Ctrl-C keeps them: the
+    finished models are reused by the next run).
     """
-    from cocos.data.precomp import data_fingerprint
-    from cocos.data.synth import make_synthetic
-    from cocos.pipelines.analyze import analyze_checkpoint
-    from cocos.pipelines.folder import write_results_folder
-    from cocos.report.merge import build_report, write_report
-    from cocos.training.trainer import Trainer
-
     runs = {text: parse_run(text) for text in cfg.losses}  # unknown losses and parameters fail here
-    from cocos.io import atomic_dir, check_interrupt, check_output_dir
+    from cocos.io import check_output_dir, check_writable_dir
 
     for loss in cfg.losses:
         _train_config(cfg, loss).validate()  # bad flags fail here, before data or folders are made
     inputs = [cfg.data, cfg.checkpoints]
     out = check_output_dir(cfg.out, inputs=inputs, overwrite=cfg.overwrite)
+    check_writable_dir(out.parent if out.exists() else out, "--out")  # the report is built beside it
     data = Path(cfg.data)
     generate = not (data / "train_ims.npy").exists()
     if generate:
         _check_data_folder(data, cfg.overwrite)
-    for text in runs:
-        _check_run_folder(Path(_train_config(cfg, text).out), cfg.overwrite)
+        check_writable_dir(data, "--data")
+    check_writable_dir(cfg.checkpoints, "--checkpoints")
+    folders = [Path(_train_config(cfg, text).out) for text in runs]
+    for folder in folders:
+        _check_run_folder(folder, cfg.overwrite)
+        check_writable_dir(folder, "--checkpoints")
+    fresh = [p for p in (data, Path(cfg.checkpoints), *folders) if not p.exists()]
+    try:
+        return _run(cfg, runs, out, inputs, data, generate, progress, log)
+    except Exception:  # a failed demo leaves nothing it made (Ctrl-C keeps finished models, to be reused)
+        for path in fresh:
+            shutil.rmtree(path, ignore_errors=True)
+        raise
+
+
+def _run(cfg: DemoConfig, runs: dict, out: Path, inputs: list, data: Path, generate: bool, progress: bool,
+         log: Callable[[str], None]) -> Path:
+    """The demo's work once every input and output is checked (see :func:`run_demo`)."""
+    from cocos.data.precomp import data_fingerprint
+    from cocos.data.synth import make_synthetic
+    from cocos.io import atomic_dir, check_interrupt
+    from cocos.pipelines.analyze import analyze_checkpoint
+    from cocos.pipelines.folder import write_results_folder
+    from cocos.report.merge import build_report, write_report
+    from cocos.training.trainer import Trainer
+
     start = time.perf_counter()
     if generate:
         log(f"generating the synthetic world in {data} ...")

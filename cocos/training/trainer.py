@@ -460,9 +460,10 @@ class Trainer:
         failed run leaves no partial output.
         """
         from cocos.distributed import barrier
-        from cocos.io import make_dirs, remove_created, remove_stale_temporaries
+        from cocos.io import is_own_temporary, make_dirs, remove_created, remove_stale_temporaries
 
         main = self.group.is_main
+        existed = set(self.out.iterdir()) if main and self.out.is_dir() else set()
         created = make_dirs(self.out) if main else None
         if main:
             remove_stale_temporaries(self.out, OUTPUT_NAMES, OUTPUT_PATTERNS, own=True)
@@ -471,8 +472,11 @@ class Trainer:
             while self.epoch < self.cfg.epochs:
                 saved = self._fit_epoch() or saved
         except BaseException:
-            if created and not saved:
+            if main and not saved:  # nothing of this run is worth keeping (a full disk, Ctrl-C in epoch 1, ...)
                 remove_created(created)
+                for path in set(self.out.iterdir()) - existed if self.out.is_dir() else ():
+                    if path.name in OUTPUT_NAMES or is_own_temporary(path.name, OUTPUT_NAMES, OUTPUT_PATTERNS):
+                        path.unlink(missing_ok=True)
             raise
         barrier(self.group)  # rank 0 has written the last checkpoint
         if not self.group.is_main:  # other nodes need not share rank 0's file system
