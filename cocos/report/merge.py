@@ -461,7 +461,21 @@ def cocos_tables(groups: Sequence[Group], compat: bool | None = None, counters: 
                                                for d in DIRECTIONS for s in COMPANION_STATS)]
     if comp:
         tables.append(_companions_table(lay, comp, about, label_columns))
-    return tables
+    return [_constant_labels_to_title(t) for t in tables]
+
+
+def _constant_labels_to_title(table: Table) -> Table:
+    """Label columns with one value in every row (a run's epochs: dataset, loss) go to the title, once."""
+    if len(table.rows) < 2:
+        return table
+    same = [i for i in range(len(table.label_columns) - 1) if len({r.labels[i] for r in table.rows}) == 1]
+    if not same:
+        return table
+    keep = [i for i in range(len(table.label_columns)) if i not in same]
+    fixed = ", ".join(f"{table.label_columns[i].lower()} {table.rows[0].labels[i]}" for i in same)
+    return Table(f"{table.title} ({fixed})", tuple(table.label_columns[i] for i in keep), table.columns,
+                 [Row(tuple(r.labels[i] for i in keep), r.cells) for r in table.rows], table.footnotes,
+                 key=table.key, stack=table.stack)
 
 
 def _paper_table(lay: _Rows, spec: TableSpec, chosen, looks, about: str, label_columns) -> Table:
