@@ -123,7 +123,7 @@ def write_results_folder(
 
 def diagram_points(results: Results, embeddings: EmbeddingSet) -> dict:
     """The run's (s+, hardest s-) training triplets, from the same seeded pair batches as the counts."""
-    from cocos.report.diagram import triplet_points
+    from cocos.pipelines.triplets import triplet_points
 
     c = results.counting
     return triplet_points(embeddings, batch_size=c.batch_size, seed=c.seed, compat=c.compat)
