@@ -85,7 +85,8 @@ def diagram(
 ) -> None:
     """Triplet-weight diagram (GOAL Figure 2): a weight over (Sp, Sn), with a checkpoint's triplets."""
     from cocos.errors import CocosError
-    from cocos.report.diagram import file_slug, plot_pair_weights, plot_triplet_diagram, triplet_points
+    from cocos.pipelines.triplets import triplet_points
+    from cocos.report.diagram import file_slug, plot_pair_weights, plot_triplet_diagram
 
     names = weight_names(weight, pair_weight)
     ext = parse_extent(extent)

@@ -23,7 +23,8 @@ def report(
     counters: str = typer.Option("own", help="COCOS rows: own (each checkpoint's training loss; every counter of "
                                              "a cocos count result) or all."),
     latex_width: str = typer.Option("column", "--latex-width", metavar="column|page",
-                                    help="LaTeX tables fit one LNCS column (12.2 cm, table) or a page (table*)."),
+                                    help="LaTeX tables as table or table* (for two-column documents); both fit the "
+                                         "12.2 cm LNCS text."),
     label: str = typer.Option(None, metavar="epoch", help="epoch: tell checkpoints of one run apart by their epoch "
                                                          "(cocos train --save-every), with a figure over epochs."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an --out folder that cocos did not write."),

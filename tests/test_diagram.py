@@ -13,13 +13,13 @@ from typer.testing import CliRunner
 from cocos.counting.engine import EmbeddingSet
 from cocos.data.samplers import pair_batches
 from cocos.errors import CocosError
+from cocos.pipelines.triplets import triplet_points
 from cocos.report.diagram import (
     active_share,
     density_grid,
     file_slug,
     plot_pair_weights,
     plot_triplet_diagram,
-    triplet_points,
 )
 from cocos_cli.main import app
 

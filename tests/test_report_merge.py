@@ -383,3 +383,16 @@ def test_nested_values_of_a_results_file_are_checked_in_one_line(tmp_path, patch
         load_result(path)
     text = str(err.value)
     assert message in text and "\n" not in text and text.count("not a cocos results file") == 1
+
+
+def test_label_columns_the_same_in_every_row_go_to_the_title_once():
+    # one run's checkpoints (--label epoch): dataset and training loss are constant, only the model label varies
+    results = [as_results(make_results("triplet_sh", 0, model="vsepp", checkpoint=f"runs/sh/epoch_{e}.pt"))
+               for e in (1, 2)]
+    for e, r in zip((1, 2), results, strict=True):
+        r.model.label = f"VSE++ (epoch {e})"
+    groups, _ = _group_results(results)
+    t2 = next(t for t in report_tables(groups, counters="all") if t.title.startswith("Table 2"))
+    assert t2.label_columns == ("Model", "Counter")
+    assert t2.title.endswith("(dataset Flickr30k, loss Triplet loss SH)")
+    assert [r.labels for r in t2.rows][:2] == [("VSE++ (epoch 1)", "Triplet loss"), ("VSE++ (epoch 1)", "Triplet loss SH")]

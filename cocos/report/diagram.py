@@ -2,7 +2,7 @@
 
 A *triplet diagram* is the heat map of a triplet weight ``T`` (or a gradient scalar
 ``T·P±``) over the positive similarity ``Sp`` (x axis) and the hardest-negative
-similarity ``Sn`` (y axis). :func:`triplet_points` forms the same seeded pair
+similarity ``Sn`` (y axis). :func:`cocos.pipelines.triplets.triplet_points` forms the same seeded pair
 batches as the counting engine and collects ``(s+, hardest s−)`` of every query in
 both directions; :func:`plot_triplet_diagram` overlays them as density contours
 (a 2-D histogram smoothed with a fixed Gaussian kernel, contours at the levels
@@ -31,10 +31,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cocos.data.layout import DIRECTIONS, BatchLayout
-from cocos.data.samplers import pair_batches
 from cocos.errors import CocosError
-from cocos.losses.goal import PAIR_WEIGHTS, hardest_triplets, parse_weight, triplet_part, weight_grid, weight_params
+from cocos.losses.goal import PAIR_WEIGHTS, parse_weight, triplet_part, weight_grid, weight_params
 
 ACTIVE_THRESHOLD = 0.5
 DEFAULT_EXTENT = (0.0, 1.0)
@@ -42,44 +40,6 @@ FULL_EXTENT = (-1.0, 1.0)
 DENSITY_LEVELS = (0.5, 0.9)  # contours enclosing these shares of the points
 DIRECTION_STYLE = {"i2t": ("#d62728", "solid"), "t2i": ("#ff9896", "dashed")}
 MAX_PANELS_PER_ROW = 2  # two panels across the 12.2 cm column
-
-
-# -- points ------------------------------------------------------------------------------
-
-
-def triplet_points(emb, batch_size: int = 128, seed: int = 0, max_batches: int | None = None,
-                   compat: bool = False, chunk: int = 32) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """``{direction: (sp, sn)}``: positive and hardest-negative similarity of every query.
-
-    ``emb`` is an :class:`~cocos.counting.engine.EmbeddingSet` (normalised). Batches
-    are the counting engine's seeded pair batches (``pair_batches(caption_image,
-    batch_size, seed)``, last short batch dropped), the first ``max_batches`` of
-    them; the image ids of a batch exclude same-image pairs unless ``compat``.
-    Arrays are float64, batch-major then query order.
-    """
-    if max_batches is not None and max_batches < 1:
-        raise CocosError(f"max_batches must be positive, got {max_batches}")
-    batches = pair_batches(emb.caption_image, batch_size, seed)
-    if max_batches is not None:
-        batches = batches[:max_batches]
-    cap_idx = np.stack([c for c, _ in batches])
-    img_idx = np.stack([i for _, i in batches])
-    device = emb.images.device
-    out: dict[str, tuple[list, list]] = {d: ([], []) for d in DIRECTIONS}
-    for start in range(0, len(cap_idx), chunk):
-        c = torch.as_tensor(cap_idx[start : start + chunk], device=device)
-        i = torch.as_tensor(img_idx[start : start + chunk], device=device)
-        scores = emb.images[i] @ emb.captions[c].transpose(-1, -2)  # (nb, B, B)
-        layout = BatchLayout.build(batch_size, batch_size, torch.arange(batch_size, device=device),
-                                   image_ids=i)
-        for d in DIRECTIONS:
-            sp, sn, _ = hardest_triplets(layout.view(scores, d, compat))
-            sp = sp.detach().to("cpu", torch.float64).numpy().reshape(-1)
-            sn = sn.detach().to("cpu", torch.float64).numpy().reshape(-1)
-            keep = ~(np.isnan(sp) | np.isnan(sn))
-            out[d][0].append(sp[keep])
-            out[d][1].append(sn[keep])
-    return {d: (np.concatenate(sps), np.concatenate(sns)) for d, (sps, sns) in out.items()}
 
 
 def _as_point_dict(points) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -242,7 +202,7 @@ def plot_triplet_diagram(
     ``weight``: a name (``"T_nca"``, ``"T_cir*P_sig-"``, ...) or a list of names
     (side-by-side panels, as the paper's Figure 2). ``params``: ``margin``, ``tau``,
     ``offset``, ``alpha``, ... (each weight takes what it uses). ``points``:
-    ``{direction: (sp, sn)}`` (e.g. :func:`triplet_points`) or one ``(sp, sn)`` pair,
+    ``{direction: (sp, sn)}`` (e.g. :func:`cocos.pipelines.triplets.triplet_points`) or one ``(sp, sn)`` pair,
     drawn as density contours in ``color`` (the model's loss colour; i2t solid, t2i dashed), named ``points_label``
     in the legend ("training triplets" for a model's own training data). Panels of a triplet weight ``T`` show the
     share of triplets where it is active. Writes ``path_stem.png`` and ``path_stem.pdf`` (``title`` is their
@@ -418,5 +378,5 @@ def file_slug(name: str) -> str:
 
 __all__ = [
     "ACTIVE_THRESHOLD", "DiagramResult", "PairCurves", "active_share", "density_grid", "file_slug",
-    "plot_pair_weights", "plot_triplet_diagram", "triplet_points",
+    "plot_pair_weights", "plot_triplet_diagram",
 ]

@@ -8,8 +8,8 @@ becomes the upper level of a two-level header. Every value is a :class:`Cell`
 (mean ± std, a plain number or literal text) that may carry a footnote mark.
 
 The tables themselves (Table 1 and the paper's Tables 2-4, for one result or
-many) are built in :mod:`cocos.report.merge`; which loss goes in which table and
-with which statistics comes from the loss specs (:mod:`cocos.objectives`).
+many) are built in :mod:`cocos.report.paper_tables`; which loss goes in which table and
+with which statistics comes from the presentations stored in the results.
 """
 
 from __future__ import annotations

@@ -1,0 +1,248 @@
+"""Results grouped into experiments, their statistics as one long table, and the one aggregation over replicates.
+
+Results (:class:`~cocos.results.Results`, from ``cocos analyze`` or ``cocos
+count``) are grouped by their metadata, never by file name: dataset =
+``data.name``, model = ``model.label``, training loss = ``training.loss`` (none for
+``cocos count``). The results of a group are replicates (seeds: the training seed
+of a checkpoint, the counting seed of an embeddings file). One result is a group
+of one, so ``cocos analyze``, ``cocos count`` and ``cocos report`` share this code.
+Results of the same seed and configuration are not replicates: they are refused
+(``cocos analyze --label`` keeps checkpoints of one run apart as separate rows).
+
+Every mean ± std over replicates is :func:`over_seeds`: the mean and the sample std
+(ddof 1) of the replicates' values (a result's statistic is already a mean over
+its batches: one replicate keeps its batch mean ± batch std).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections import Counter as Tally
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from cocos.errors import CocosError
+from cocos.presentation import LAST, ranked
+from cocos.report.tables import (
+    mode_name,
+)
+from cocos.results import Results, lookup
+
+DATASET_NAMES = {"f30k": "Flickr30k", "f30k_precomp": "Flickr30k", "flickr30k": "Flickr30k",
+                 "coco": "MS-COCO", "coco_precomp": "MS-COCO", "mscoco": "MS-COCO"}
+NO_LOSS = "-"  # the training-loss label of a result without one (cocos count)
+
+
+def dataset_name(name: str) -> str:
+    return DATASET_NAMES.get(name, name)
+
+
+def loss_label(name: str | None, results: Results) -> str:
+    """A loss's label as the results file describes it ("-" for none)."""
+    return NO_LOSS if name is None else results.look(name).label
+
+
+def load_results(paths: Iterable[str | os.PathLike]) -> list[Results]:
+    """``results.json`` files, and folders (every ``results.json`` below them, sorted)."""
+    files: list[Path] = []
+    for p in paths:
+        p = Path(p)
+        if p.is_dir():
+            found = sorted(p.rglob("results.json"))
+            if not found:
+                raise CocosError(f"{p}: a folder without any results.json")
+            files += found
+        else:
+            files.append(p)
+    if not files:
+        raise CocosError("no results files given")
+    return [Results.read(f) for f in files]
+
+
+# --------------------------------------------------------------------------- grouping
+
+
+@dataclass
+class Group:
+    """The replicates of one experiment: dataset × model × training loss."""
+
+    dataset: str
+    model: str
+    loss: str | None
+    results: list[Results] = field(default_factory=list)
+
+    @property
+    def n(self) -> int:
+        return len(self.results)
+
+    @property
+    def labels(self) -> tuple[str, str, str]:
+        return (dataset_name(self.dataset), self.model, loss_label(self.loss, self.results[0]))
+
+    @property
+    def name(self) -> str:
+        return f"{self.dataset}/{self.model}/{self.loss or NO_LOSS}"
+
+    def counters(self, which: str = "own") -> list[str]:
+        """The counters this group shows (see the module docstring), in the families' order."""
+        counted = list(self.results[0].counting.losses)
+        if which == "own" and self.loss is not None:
+            return [self.loss] if self.loss in counted else []
+        return ranked(counted, self.results[0].presentation)
+
+    def sort_key(self):
+        rank = self.results[0].look(self.loss).rank if self.loss is not None else LAST
+        shown = dataset_name(self.dataset)
+        return ({"Flickr30k": 0, "MS-COCO": 1}.get(shown, 2), self.dataset, _natural(self.model), rank,
+                self.loss or "")
+
+
+def _natural(text: str) -> tuple:
+    """Sort key that puts "epoch 2" before "epoch 10"."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text))
+
+
+def _counting_settings(r: Results, losses=None) -> str:
+    """Batch size and counter parameters (of ``losses``, default all counted ones): equal for replicates."""
+    c = r.counting
+    params = c.params if losses is None else {k: v for k, v in c.params.items() if k in losses}
+    return f"batch {c.batch_size}, params {json.dumps(params, sort_keys=True)}"
+
+
+def group_results(results: Sequence[Results]) -> tuple[list[Group], list[str]]:
+    """Group by (dataset, model label, training loss); returns the sorted groups and warnings."""
+    seen: dict[tuple, str] = {}
+    for r in results:  # the same analysis twice would pose as two replicates
+        key = (r.source.sha256, r.model.label, r.counting.seed, _counting_settings(r),
+               tuple(r.counting.losses), r.counting.compat)
+        if r.source.sha256 and key in seen:
+            raise CocosError(f"{r.where}: counts the same {'checkpoint' if r.source.kind == 'analyze' else 'file'} "
+                             f"in the same way as {seen[key]}; give each once")
+        seen[key] = r.where
+    by_key: dict[tuple, Group] = {}
+    for r in results:
+        loss = r.training.loss if r.training is not None else None
+        key = (r.data.name, r.model.label, loss)
+        by_key.setdefault(key, Group(*key)).results.append(r)
+    groups = sorted(by_key.values(), key=Group.sort_key)
+    warnings: list[str] = []
+    for g in groups:
+        shared = set.intersection(*(set(r.counting.losses) for r in g.results))
+        settings = {_counting_settings(r, shared) for r in g.results}
+        if len(settings) > 1:
+            which = " vs ".join(sorted(settings))
+            raise CocosError(f"{g.name}: results were counted with different settings ({which}); "
+                             "count them alike (batch size, eps, margin/tau) before merging")
+        g.results.sort(key=lambda r: (r.replicate, r.where))
+        for seed, n in sorted(Tally(r.replicate for r in g.results).items()):
+            if n > 1:  # the same seed and configuration twice is one experiment, not two replicates
+                files = " and ".join(r.where for r in g.results if r.replicate == seed)
+                raise CocosError(f"{g.name}: {files} have the same seed ({seed}) and configuration, so they are not "
+                                 "replicates; keep them apart with a label (cocos analyze CKPT --label last, "
+                                 "cocos count EMB --label 'tau 0.05')")
+    fingerprints: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for g in groups:
+        for r in g.results:
+            if r.source.kind == "analyze":  # a count result's fingerprint is its embeddings file, not the data
+                fingerprints[g.dataset][r.data.fingerprint].append(f"{g.model}/{g.loss or NO_LOSS}")
+    for dataset, fps in fingerprints.items():
+        if len(fps) > 1:
+            parts = "; ".join(f"{fp[:12]} in {', '.join(sorted(set(who)))}" for fp, who in sorted(fps.items()))
+            warnings.append(f"dataset '{dataset}': results carry different data fingerprints ({parts}); "
+                            "they may not be counted on the same data")
+    if len({r.counting.compat for r in results}) > 1:
+        warnings.append("results were counted in different modes (compat and corrected); each file's own "
+                        "mode is shown unless a mode is chosen")
+    return groups, warnings
+
+
+# --------------------------------------------------------------------------- statistics as a long table
+
+
+def select_stats(r: Results, compat: bool | None = None) -> tuple[dict, dict | None, bool]:
+    """``(shown, other, shown_is_compat)``; ``compat=None`` shows the mode the file was counted in."""
+    own = bool(r.counting.compat)
+    if compat is None or compat == own:
+        return r.stats, r.alt_stats, own
+    if r.alt_stats is None:
+        raise CocosError(f"{r.where}: has no {mode_name(compat)} statistics (counted {mode_name(own)} only)")
+    return r.alt_stats, r.stats, compat
+
+
+def stat_frame(groups: Sequence[Group], compat: bool | None = None) -> pd.DataFrame:
+    """One row per (group, replicate, counter, direction, stat, which) with mean, std, n, n_skipped.
+
+    ``which`` is ``"shown"`` (the selected mode) or ``"other"`` (the other mode).
+    """
+    rows = []
+    for gi, g in enumerate(groups):
+        for ri, r in enumerate(g.results):
+            shown, other, is_compat = select_stats(r, compat)
+            for which, tree in (("shown", shown), ("other", other)):
+                for loss, by_dir in (tree or {}).items():
+                    for d, stats in by_dir.items():
+                        for stat, e in stats.items():
+                            rows.append({"group": gi, "replicate": ri, "counter": loss, "direction": d,
+                                         "stat": stat, "which": which, "compat": is_compat != (which == "other"),
+                                         "mean": np.nan if e.get("mean") is None else float(e["mean"]),
+                                         "std": np.nan if e.get("std") is None else float(e["std"]),
+                                         "n": int(e.get("n", 0)), "n_skipped": int(e.get("n_skipped", 0))})
+    return pd.DataFrame(rows, columns=["group", "replicate", "counter", "direction", "stat", "which", "compat",
+                                       "mean", "std", "n", "n_skipped"])
+
+
+def aggregate(frame: pd.DataFrame, groups: Sequence[Group]) -> pd.DataFrame:
+    """Cells per (group, counter, direction, stat, which).
+
+    One replicate keeps its batch mean ± batch std (``spread="batches"``); several give
+    the mean over replicates ± the *sample* std (ddof 1) over replicates (``spread="seeds"``).
+    A statistic missing in one replicate has no honest value (NaN).
+    """
+    keys = ["group", "counter", "direction", "stat", "which"]
+    g = frame.groupby(keys, sort=False)
+    seeds = g["mean"].agg(lambda v: tuple(as_nan(x) for x in over_seeds(v)))  # the one aggregation over replicates
+    out = pd.DataFrame({
+        "replicates": g["mean"].size(),
+        "seed_mean": seeds.map(lambda t: t[0]),
+        "seed_std": seeds.map(lambda t: t[1]),
+        "first_mean": g["mean"].first(),
+        "first_std": g["std"].first(),
+        "n_skipped": g["n_skipped"].sum(),
+        "n_batches": g["n"].sum() + g["n_skipped"].sum(),
+    }).reset_index()
+    size = out["group"].map(lambda i: groups[i].n)
+    single = size == 1
+    out["mean"] = np.where(single, out["first_mean"], out["seed_mean"])
+    out["std"] = np.where(single, out["first_std"], out["seed_std"])
+    out["spread"] = np.where(single, "batches", "seeds")
+    out.loc[out["replicates"] < size, ["mean", "std"]] = np.nan
+    return out.set_index(keys)
+
+
+def over_seeds(values) -> tuple[float | None, float | None]:
+    """The one aggregation over replicates: mean and sample std (ddof 1) of the values that are not NaN (mean None
+    without any, std None with fewer than two)."""
+    v = np.asarray(values, dtype=float)
+    v = v[~np.isnan(v)]
+    return (float(v.mean()) if v.size else None), (float(v.std(ddof=1)) if v.size > 1 else None)
+
+
+def replicate_means(g: Group, counter: str, direction: str, stat: str, compat: bool | None = None) -> list[float]:
+    """The batch mean of one statistic in each replicate of a group that has it."""
+    out = []
+    for r in g.results:
+        entry = lookup(select_stats(r, compat)[0], counter, direction, stat)
+        if entry is not None and entry.get("mean") is not None:
+            out.append(float(entry["mean"]))
+    return out
+
+
+def as_nan(x: float | None) -> float:
+    return np.nan if x is None else x

@@ -1,0 +1,384 @@
+"""The paper's tables for one result or many: Table 1 (retrieval) and the COCOS Tables 2-4.
+
+Rows of a COCOS table are (group, counter) pairs. Which counters a group shows:
+``counters="all"``, every counter it was counted with; ``"own"`` (``cocos report``),
+its training loss's counter, and every counter for results without a training
+loss. Each loss family's presentation (stored in the results) says which paper table
+it belongs to and which statistics that table shows; families without a paper table
+get a table of their own. Nothing here names a loss.
+
+Cells over replicates
+---------------------
+A column never mixes kinds of spread, and every caption says which it shows:
+
+* Table 1: mean ± sample std (ddof 1) over seeds; a single seed shows its value.
+* COCOS tables: with one result per row the cell is its batch mean ± batch std; with
+  several seeds, the mean over seeds of those means ± their sample std over seeds (rows
+  with a single seed then show the mean alone).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from cocos.objectives.spec import format_value
+from cocos.presentation import Presentation, ranked
+from cocos.report.groups import (
+    Group,
+    aggregate,
+    dataset_name,
+    loss_label,
+    over_seeds,
+    stat_frame,
+)
+from cocos.report.tables import (
+    ALT_TOLERANCE,
+    COMPANION_STATS,
+    DIRECTIONS,
+    STAT_HEADERS,
+    Cell,
+    Column,
+    Footnote,
+    Marks,
+    Row,
+    Table,
+    differs,
+    fmt_compact,
+    latex_escape,
+    mode_name,
+)
+from cocos.results import lookup
+
+# --------------------------------------------------------------------------- tables
+
+PARAM_SYMBOLS = {"margin": ("α", r"\alpha"), "tau": ("τ", r"\tau"), "eps": ("ε", r"\varepsilon"),
+                 "lam": ("λ", r"\lambda"), "triplet_weight": ("T", "T"), "pair_weight": ("P", "P")}
+
+
+def _describe(g: Group) -> str:
+    """What a group is, as a phrase: model, training, data."""
+    r = g.results[0]
+    trained = f" trained with the {loss_label(g.loss, r)}" if g.loss else ""
+    return f"{g.model}{trained} on {dataset_name(g.dataset)}"
+
+
+def _spread_phrase(groups: Sequence[Group]) -> str:
+    """How the ± of a table is meant, said once in its caption (a table never mixes kinds of spread)."""
+    ns = sorted({g.n for g in groups})
+    if ns == [1]:
+        sizes = sorted({r.counting.batch_size for g in groups for r in g.results})
+        where = "training-set " if all(r.source.kind == "analyze" for g in groups for r in g.results) else ""
+        return f"mean ± std over the {where}batches" + (f" of {sizes[0]}" if len(sizes) == 1 else "")
+    seeds = ", ".join(str(n) for n in ns if n > 1)
+    single = " (rows of one seed: the mean alone)" if 1 in ns else ""
+    if all(r.source.kind == "count" for g in groups for r in g.results):  # replicates of count are batch samplings
+        return f"mean ± sample std over {seeds} counting seeds (batch samplings of the same embeddings){single}"
+    return f"mean ± sample std over {seeds} training seeds{single}"
+
+
+def _stat_columns(stats: Sequence[str]) -> tuple[Column, ...]:
+    return tuple(Column(STAT_HEADERS.get(s, (s,))[0], d, STAT_HEADERS.get(s, (s, None))[1])
+                 for d in DIRECTIONS for s in stats)
+
+
+def _shown_params(g: Group) -> dict:
+    """The hyper-parameters Table 1 shows: those that differ from the family's defaults, else the first one
+    (the paper's α or τ); a family without recorded defaults shows them all."""
+    r = g.results[0]
+    params = r.training.params if r.training is not None else {}
+    defaults = r.look(g.loss).params if g.loss is not None else {}
+    if not defaults:
+        return dict(params)
+    changed = {k: v for k, v in params.items() if k in defaults and v != defaults[k]}
+    if changed:
+        return changed
+    first = next(iter(defaults))
+    return {first: params.get(first, defaults[first])}
+
+
+def _params_text(params: dict) -> tuple[str, str]:
+    plain, tex = [], []
+    for k, v in params.items():
+        sym, sym_tex = PARAM_SYMBOLS.get(k, (k, latex_escape(k)))
+        plain.append(f"{sym}={format_value(v)}")
+        tex.append(f"${sym_tex}={latex_escape(format_value(v))}$")
+    return ", ".join(plain) or "-", ", ".join(tex) or "-"
+
+
+# Table 1 as in the paper: #, loss, hyper-parameters, R@1/5/10 both ways, rsum, mAP@5 (i2t).
+TABLE1_KEYS = (("i2t", "R@1", "i2t_R@1", 1), ("i2t", "R@5", "i2t_R@5", 1), ("i2t", "R@10", "i2t_R@10", 1),
+               ("t2i", "R@1", "t2i_R@1", 1), ("t2i", "R@5", "t2i_R@5", 1), ("t2i", "R@10", "t2i_R@10", 1),
+               ("", "rsum", "rsum", 1), ("", "mAP@5", "mAP@5", 1))
+PERCENT = {"mAP@5": 100.0}  # results.json holds mAP@5 on a 0-1 scale; Table 1 shows it in percent like the recalls
+
+
+def retrieval_table(groups: Sequence[Group]) -> Table | None:
+    """Table 1 over the groups that were evaluated (None if none was): the paper's columns, one compact table.
+
+    Label columns that are the same in every row (a loss over epochs) go to the caption. With seeds the LaTeX
+    cells of the recalls and mAP@5 show the mean (their std is in markdown); rsum keeps its ± there too.
+    """
+    evaluated = [g for g in groups if all(r.evaluation is not None for r in g.results)]
+    if not evaluated:
+        return None
+    seeds = any(g.n > 1 for g in evaluated)
+    names = ("Dataset", "Model", "#", "Loss", "Param.")
+    rows = [((dataset_name(g.dataset), g.model, str(i), loss_label(g.loss, g.results[0]),
+              _params_text(_shown_params(g))[0]), _metric_cells(g)) for i, g in enumerate(evaluated, start=1)]
+    varies = {name for j, name in enumerate(names) if len({labels[j] for labels, _ in rows}) > 1}
+    keep = [j for j, name in enumerate(names) if name in varies or name == "#" or
+            (len(rows) == 1 and name in ("Loss", "Param."))]
+    fixed = {name: rows[0][0][j] for j, name in enumerate(names) if j not in keep}
+    where = "".join(text.format(fixed[name]) for name, text in (
+        ("Model", " of {}"), ("Loss", " trained with the {}"), ("Param.", " ({})"), ("Dataset", " on {}"))
+        if name in fixed)
+    split = "/".join(sorted({r.evaluation.split for g in evaluated for r in g.results}))
+    ns = sorted({g.n for g in evaluated})
+    spread = "one run per row" if not seeds else (
+        f"mean ± sample std over {', '.join(str(n) for n in ns if n > 1)} seeds"
+        + (" (rows of one seed: the value alone)" if 1 in ns else ""))
+    title = f"Table 1: Retrieval on the {split} split{where}, {spread}"
+    columns = tuple(Column(name, group, latex_std=not seeds or name == "rsum") for group, name, _, _ in TABLE1_KEYS)
+    notes = [Footnote("Recalls and mAP@5 (image to text) in percent; rsum is the sum of the six recalls."
+                      + (" In LaTeX only rsum shows its std (the others are in tables.md)." if seeds else ""))]
+    return Table(title, tuple(names[j] for j in keep), columns,
+                 [Row(tuple(labels[j] for j in keep), cells) for labels, cells in rows], notes, key="retrieval",
+                 stack=False)
+
+
+def _metric_cells(g: Group) -> tuple[Cell, ...]:
+    return tuple(Cell(*over_seeds([PERCENT.get(key, 1.0) * r.evaluation.metrics.get(key, np.nan) for r in g.results]),
+                      digits=digits) for _, _, key, digits in TABLE1_KEYS)
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One COCOS table: its key, title, the counters in it and the statistics it shows."""
+
+    key: str
+    title: str
+    counters: tuple[str, ...]
+    stats: tuple[str, ...]
+
+
+def table_specs(counters: Iterable[str], looks: dict[str, Presentation]) -> list[TableSpec]:
+    """The COCOS tables for these counters, from their presentations: the paper's tables in order, then one per
+    other family."""
+    by_key: dict[str, list[str]] = {}
+    for name in ranked(counters, looks):
+        key = f"table{looks[name].table}" if looks[name].table else name
+        by_key.setdefault(key, []).append(name)
+    out = []
+    for key, members in by_key.items():
+        stats = list(dict.fromkeys(s for name in members for s in looks[name].stats))
+        names = " and ".join(looks[n].label for n in members)
+        number = f"Table {key[5:]}: " if key.startswith("table") else ""
+        out.append(TableSpec(key, f"{number}COCOS w.r.t. query q, {names}", tuple(members), tuple(stats)))
+    return out
+
+
+def _notes_for(counters: Sequence[str], looks: dict[str, Presentation], compat_shown: bool, differs_in: set[str],
+               marks: Marks) -> None:
+    for name in counters:
+        for note in looks[name].notes:
+            if note.when == "always" or compat_shown or name in differs_in:
+                marks.note(note.text, note.latex)
+
+
+DAGGER = "†"
+
+
+@dataclass
+class _Rows:
+    """What the COCOS tables of some groups share: the cells, the shown modes and how rows are labelled."""
+
+    groups: Sequence[Group]
+    cells: pd.DataFrame
+    modes: dict
+    labels: dict
+    single: bool
+    one_context: bool
+    extra_counter: bool
+
+    def row_labels(self, gi: int, c: str) -> tuple[str, ...]:
+        if self.single:
+            return (self.labels[c],)
+        g = self.groups[gi]
+        return (*(() if self.one_context else (dataset_name(g.dataset), g.model)), loss_label(g.loss, g.results[0]),
+                *((self.labels[c],) if self.extra_counter else ()))
+
+    def cell(self, gi, c, d, s, which):
+        key = (gi, c, d, s, which)
+        return self.cells.loc[key] if key in self.cells.index else None
+
+    def shown_modes(self, gis) -> set:
+        return set().union(*(self.modes.get(gi, set()) for gi in gis))
+
+    def keep_std(self, gi: int, gis) -> bool:
+        """A table never mixes spreads: with seeds in it, rows of one seed show the mean alone."""
+        return self.groups[gi].n > 1 or not any(self.groups[i].n > 1 for i in gis)
+
+
+def cocos_tables(groups: Sequence[Group], compat: bool | None = None, counters: str = "own") -> list[Table]:
+    """The COCOS tables (and companions) of the groups: rows are (group, counter) pairs.
+
+    A cell whose value in the other counting mode differs (by more than 0.005) is marked
+    ``†``; one note per table says which mode is shown (markdown: and the other mode's values).
+    """
+    frame = stat_frame(groups, compat)
+    if frame.empty:
+        return []
+    shown = frame[frame["which"] == "shown"]
+    pairs = [(gi, c) for gi, g in enumerate(groups) for c in g.counters(counters)]
+    looks = {c: groups[gi].results[0].look(c) for gi, c in pairs}
+    single = len(groups) == 1
+    contexts = {(groups[gi].dataset, groups[gi].model) for gi, _ in pairs}
+    lay = _Rows(groups, aggregate(frame, groups), {gi: set(map(bool, v)) for gi, v in shown.groupby("group")["compat"]},
+                {c: look.label for c, look in looks.items()}, single, not single and len(contexts) == 1,
+                not single and any(groups[gi].loss != c for gi, c in pairs))
+    label_columns = ("Counter",) if single else (*(() if lay.one_context else ("Dataset", "Model")), "Loss",
+                                                  *(("Counter",) if lay.extra_counter else ()))
+    about = f": {_describe(groups[0])}" if single else ""
+    if lay.one_context:
+        dataset, model = next(iter(contexts))
+        about = f": {model} on {dataset_name(dataset)}"
+    tables = [_paper_table(lay, spec, [(gi, c) for gi, c in pairs if c in spec.counters], looks, about, label_columns)
+              for spec in table_specs([c for _, c in pairs], looks)]
+    comp = [(gi, c) for gi, c in pairs if any(lay.cell(gi, c, d, s, "shown") is not None
+                                               for d in DIRECTIONS for s in COMPANION_STATS)]
+    if comp:
+        tables.append(_companions_table(lay, comp, about, label_columns))
+    return [_constant_labels_to_title(t) for t in tables]
+
+
+def _constant_labels_to_title(table: Table) -> Table:
+    """Label columns with one value in every row (a run's epochs: dataset, loss) go to the title, once."""
+    if len(table.rows) < 2:
+        return table
+    same = [i for i in range(len(table.label_columns) - 1) if len({r.labels[i] for r in table.rows}) == 1]
+    if not same:
+        return table
+    keep = [i for i in range(len(table.label_columns)) if i not in same]
+    fixed = ", ".join(f"{table.label_columns[i].lower()} {table.rows[0].labels[i]}" for i in same)
+    return Table(f"{table.title} ({fixed})", tuple(table.label_columns[i] for i in keep), table.columns,
+                 [Row(tuple(r.labels[i] for i in keep), r.cells) for r in table.rows], table.footnotes,
+                 key=table.key, stack=table.stack)
+
+
+def _paper_table(lay: _Rows, spec: TableSpec, chosen, looks, about: str, label_columns) -> Table:
+    """One of the paper's COCOS tables (or a family's own) over the chosen (group, counter) rows."""
+    gis = sorted({gi for gi, _ in chosen})
+    marks = Marks()
+    rows, differs_in, skipped, other_values = [], set(), [], []
+    for gi, c in chosen:
+        row = []
+        for d in DIRECTIONS:
+            for s in spec.stats:
+                main, alt = lay.cell(gi, c, d, s, "shown"), lay.cell(gi, c, d, s, "other")
+                mark = ""
+                if main is not None and alt is not None and differs(dict(main), dict(alt)):
+                    mark = DAGGER
+                    differs_in.add(c)
+                    other_values.append(_other_value(lay, gi, c, d, s, alt, gis))
+                if s == "C_q" and main is not None and main["n_skipped"]:
+                    skipped.append(f"{' / '.join(lay.row_labels(gi, c))} {d}: {int(main['n_skipped'])} of "
+                                   f"{int(main['n_batches'])}")
+                row.append(_cell(main, lay.keep_std(gi, gis), mark))
+        rows.append(Row(lay.row_labels(gi, c), tuple(row)))
+    _mode_note(lay.shown_modes(gis), other_values, marks)
+    _notes_for(spec.counters, looks, True in lay.shown_modes(gis), differs_in, marks)
+    if skipped:
+        marks.note("Batches where no query has a gradient have no C^q and are left out of its mean: "
+                   + "; ".join(skipped) + ".",
+                   r"Batches where no query has a gradient have no $C^{q}$ and are left out of its mean: "
+                   + latex_escape("; ".join(skipped)) + ".")
+    _eps_note([c for _, c in chosen], lay.groups, gis, marks)
+    return Table(f"{spec.title}{about}; {_spread_phrase([lay.groups[i] for i in gis])}", label_columns,
+                 _stat_columns(spec.stats), rows, marks.footnotes, key=spec.key)
+
+
+def _cell(entry, keep_std: bool, mark: str = "") -> Cell:
+    if entry is None:
+        return Cell(None, None, mark=mark)
+    return Cell(_num(entry["mean"]), _num(entry["std"]) if keep_std else None, mark=mark)
+
+
+def _other_value(lay: _Rows, gi: int, c: str, d: str, s: str, alt, gis) -> tuple[str, str]:
+    """A differing cell's value in the other mode, for the markdown note (plain, LaTeX)."""
+    head_plain, head_tex = STAT_HEADERS.get(s, (s, latex_escape(s)))
+    value = fmt_compact(_num(alt["mean"]), _num(alt["std"]) if lay.keep_std(gi, gis) else None)
+    who = " / ".join(lay.row_labels(gi, c))
+    return f"{who} {d} {head_plain} {value}", f"{latex_escape(who)} {d} {head_tex} {latex_escape(value)}"
+
+
+def _companions_table(lay: _Rows, comp, about: str, label_columns) -> Table:
+    gis = sorted({gi for gi, _ in comp})
+    rows = [Row(lay.row_labels(gi, c), tuple(_cell(lay.cell(gi, c, d, s, "shown"), lay.keep_std(gi, gis))
+                                            for d in DIRECTIONS for s in COMPANION_STATS)) for gi, c in comp]
+    marks = Marks()
+    _mode_note(lay.shown_modes(gis), [], marks)
+    marks.note("Threshold-free companions (beyond the paper), from the normalised weights u of each query's "
+               "negatives: N_eff = exp(H(u)), inverse Simpson 1/Σu², top-1 share max u; for the triplet losses "
+               "the weights are the 0/1 violations.",
+               r"Threshold-free companions (beyond the paper), from the normalised weights $u$ of each query's "
+               r"negatives: $N_{\mathrm{eff}} = \exp H(u)$, inverse Simpson $1/\sum u^2$, top-1 share $\max u$; "
+               r"for the triplet losses the weights are the 0/1 violations.")
+    return Table(f"Companions: the effective number of contributing negatives{about}; "
+                 f"{_spread_phrase([lay.groups[i] for i in gis])}", label_columns,
+                 _stat_columns(COMPANION_STATS), rows, marks.footnotes, key="companions")
+
+
+def _mode_note(modes: set, other_values: list[tuple[str, str]], marks: Marks) -> None:
+    """One note per table: the counting mode shown and, where the other mode differs (†), its values."""
+    if len(modes) <= 1:
+        shown = next(iter(modes), False)
+        head = f"Counting: {mode_name(shown)}."
+        other = mode_name(not shown)
+    else:
+        head, other = "Counting: each result's own mode (mixed).", "the other mode"
+    if not other_values:
+        marks.note(head)
+        return
+    plain = f"{head} {DAGGER} differs in {other} counting: " + "; ".join(p for p, _ in other_values) + "."
+    tex = (latex_escape(head) + r" $\dagger$ differs by more than " + f"{ALT_TOLERANCE:g} in " + latex_escape(other)
+           + " counting (values in tables.md).")
+    marks.note(plain, tex)
+
+
+def _num(x) -> float | None:
+    return None if x is None or pd.isna(x) else float(x)
+
+
+def label_prefix(groups: Sequence[Group], *options) -> str:
+    """What makes LaTeX labels unique: a readable part (one result: its dataset, model, loss and seed) and a digest
+    of the results and the options that shaped the tables, so the tables of every report can go into one paper
+    without a multiply defined label."""
+    results = [r for g in groups for r in g.results]
+    what = sorted(f"{r.source.sha256}/{r.model.label}/{r.replicate}/{r.counting.compat}" for r in results)
+    digest = hashlib.sha256("\n".join([*what, *map(str, options)]).encode()).hexdigest()[:6]
+    if len(results) > 1:
+        return f"report-{digest}"
+    r, g = results[0], groups[0]
+    return "-".join(str(p) for p in (g.dataset, g.model, g.loss, f"s{r.replicate}", digest) if p is not None)
+
+
+def _eps_note(counters: Sequence[str], groups: Sequence[Group], gis: Sequence[int], marks: Marks) -> None:
+    values = sorted({lookup(g.results[0].counting.params, c, "eps") for c in counters
+                     for g in (groups[i] for i in gis)} - {None})
+    if values:
+        marks.note(f"Threshold ε = {', '.join(f'{v:g}' for v in values)}.")
+
+
+def build_tables(groups: Sequence[Group], compat: bool | None = None, counters: str = "own") -> list[Table]:
+    """Table 1 (when any group was evaluated) and the COCOS tables."""
+    t1 = retrieval_table(groups)
+    tables = ([t1] if t1 is not None else []) + cocos_tables(groups, compat, counters)
+    prefix = label_prefix(groups, compat, counters)
+    for t in tables:
+        t.key = f"{prefix}-{t.key}"
+    return tables
