@@ -159,8 +159,10 @@ def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from cocos.device import bound_heap
         from cocos.io import interrupt_pending
 
+        bound_heap()  # peak memory bounded by what is in use (see cocos.device.bound_heap)
         with _interrupt_handling(), _library_warnings():
             try:
                 result = func(*args, **kwargs)

@@ -212,13 +212,18 @@ def _gb(n: int) -> str:
 def npy_header(fh) -> tuple[tuple, np.dtype, int]:
     """``(shape, dtype, declared data bytes)`` of the ``.npy`` stream ``fh`` from its header alone (nothing
     allocated); ``ValueError`` for a header numpy cannot read."""
+    shape, _, dtype, declared = _npy_header(fh)
+    return shape, dtype, declared
+
+
+def _npy_header(fh) -> tuple[tuple, bool, np.dtype, int]:
     major, _ = np.lib.format.read_magic(fh)
     read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
-    shape, _, dtype = read(fh)
+    shape, fortran, dtype = read(fh)
     count = 1
     for dim in shape:
         count *= int(dim)
-    return shape, dtype, count * dtype.itemsize
+    return shape, fortran, dtype, count * dtype.itemsize
 
 
 def check_declared_size(path, declared: int, held: int, member: str | None = None) -> None:
@@ -253,23 +258,45 @@ def load_npy(path: str | os.PathLike, what: str = "array") -> np.ndarray:
         raise CocosError(f"{path}: not a readable .npy array ({first})") from None
 
 
-def check_npz_sizes(path: str | os.PathLike) -> None:
-    """Every member's declared array size against its stored size and, together, against the memory available."""
-    total = 0
-    with zipfile.ZipFile(path) as archive:
-        for info in archive.infolist():
-            with archive.open(info) as fh:
-                _, dtype, declared = npy_header(fh)
-                offset = fh.tell()
-            if dtype.hasobject:
-                raise CocosError(f"{path}: member {info.filename} holds Python objects; expected a numeric array")
-            check_declared_size(path, declared, info.file_size - offset, member=info.filename)
-            total += declared
-    check_declared_size(path, total, total)
+COMPRESSED_LIMIT = 256 * 2**20  # compressed .npz members larger than this (expanded) are refused: they cannot be mapped
 
 
-def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Load every array of an ``.npz`` without pickle (object arrays are refused), sizes checked first."""
+def _member(path: Path, archive: zipfile.ZipFile, info: zipfile.ZipInfo, mmap: bool) -> np.ndarray:
+    """One ``.npz`` member: its declared size checked first; a stored (uncompressed) one memory-mapped read-only
+    with ``mmap`` (its pages are read from disk as they are used, never copied whole)."""
+    name = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
+    with archive.open(info) as fh:
+        shape, fortran, dtype, declared = _npy_header(fh)
+        header = fh.tell()
+    if dtype.hasobject:
+        raise CocosError(f"{path}: member {name} holds Python objects; expected a numeric array")
+    check_declared_size(path, declared, info.file_size - header, member=name)
+    if info.compress_type != zipfile.ZIP_STORED:
+        if mmap and declared > COMPRESSED_LIMIT:
+            raise CocosError(f"{path}: member {name} is compressed ({_gb(declared)} expanded), which cannot be read "
+                             "in bounded memory; save the file uncompressed with numpy.savez (not savez_compressed)")
+        with archive.open(info) as fh:
+            return np.lib.format.read_array(fh, allow_pickle=False)
+    if not mmap:
+        with archive.open(info) as fh:
+            return np.lib.format.read_array(fh, allow_pickle=False)
+    with open(path, "rb") as raw:  # the member's data starts after its local header (30 bytes, name, extra)
+        raw.seek(info.header_offset + 26)
+        n_name, n_extra = int.from_bytes(raw.read(2), "little"), int.from_bytes(raw.read(2), "little")
+    start = info.header_offset + 30 + n_name + n_extra + header
+    if not shape or declared == 0:
+        with archive.open(info) as fh:
+            return np.lib.format.read_array(fh, allow_pickle=False)
+    return np.memmap(path, dtype=dtype, mode="r", offset=start, shape=shape, order="F" if fortran else "C")
+
+
+def load_npz(path: str | os.PathLike, mmap: bool = False) -> dict[str, np.ndarray]:
+    """Every array of an ``.npz`` without pickle (object arrays are refused), each member's declared size checked
+    against the file and, together, against the memory available before anything is read.
+
+    With ``mmap``, uncompressed members (``numpy.savez``) come back as read-only memory maps: loading costs no
+    memory beyond what is used; compressed members above :data:`COMPRESSED_LIMIT` are then refused.
+    """
     path = Path(path)
     if not path.exists():
         raise CocosError(f"{path}: no such file")
@@ -282,15 +309,19 @@ def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
     if not magic.startswith(b"PK"):
         raise CocosError(f"{path}: not an .npz file (expected named arrays saved with numpy.savez)")
     try:
-        check_npz_sizes(path)
-        loaded = np.load(path, allow_pickle=False)
-        if not isinstance(loaded, np.lib.npyio.NpzFile):
-            raise CocosError(f"{path}: a single array (.npy); expected an .npz with named arrays")
-        with loaded as npz:
-            return {name: npz[name] for name in npz.files}
+        with zipfile.ZipFile(path) as archive:
+            infos = archive.infolist()
+            if not mmap:  # everything is read into memory: all of it must fit, before any of it is read
+                total = 0
+                for info in infos:
+                    with archive.open(info) as fh:
+                        total += _npy_header(fh)[3]
+                check_declared_size(path, total, total)
+            return {info.filename[:-4] if info.filename.endswith(".npy") else info.filename:
+                    _member(path, archive, info, mmap) for info in infos}
     except CocosError:
         raise
-    except (ValueError, OSError, zipfile.BadZipFile, EOFError, KeyError) as exc:
+    except (ValueError, OSError, zipfile.BadZipFile, EOFError, KeyError, NotImplementedError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise CocosError(f"{path}: not a readable .npz file ({first})") from None
 

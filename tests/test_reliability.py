@@ -412,3 +412,45 @@ def test_other_ranks_wait_for_rank_0s_writing_beyond_the_collective_timeout(tmp_
     results = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], results
     assert [out.strip() for out, _ in results] == ["left 0", "left 1"]
+
+
+# -- cocos count: memory bounded by the input (uncompressed members mapped, rows normalised block by block) ------
+
+def test_uncompressed_npz_members_are_memory_mapped_and_equal_the_arrays(tmp_path):
+    from cocos.io import load_npz
+
+    rng = np.random.default_rng(3)
+    arrays = {"images": rng.normal(size=(7, 5)).astype(np.float32),
+              "captions": np.asfortranarray(rng.normal(size=(35, 5))),
+              "caption_image": np.repeat(np.arange(7), 5)}
+    np.savez(tmp_path / "e.npz", **arrays)
+    loaded = load_npz(tmp_path / "e.npz", mmap=True)
+    assert all(isinstance(loaded[k], np.memmap) for k in arrays)
+    for k, v in arrays.items():
+        assert loaded[k].dtype == v.dtype and np.array_equal(loaded[k], v)
+    np.savez_compressed(tmp_path / "c.npz", **arrays)  # small compressed members are read as usual
+    assert all(np.array_equal(load_npz(tmp_path / "c.npz", mmap=True)[k], v) for k, v in arrays.items())
+
+
+def test_large_compressed_members_are_refused_with_how_to_save_them(tmp_path, monkeypatch):
+    from cocos import io as cio
+
+    np.savez_compressed(tmp_path / "c.npz", images=np.ones((64, 16), np.float32), captions=np.ones((320, 16), "f4"))
+    monkeypatch.setattr(cio, "COMPRESSED_LIMIT", 1000)
+    line = one_error_line(runner.invoke(app, ["count", str(tmp_path / "c.npz"), "--no-progress"]))
+    assert "compressed" in line and "numpy.savez" in line, line
+
+
+def test_blockwise_normalisation_equals_the_whole_and_names_the_row(monkeypatch):
+    from cocos.counting import engine
+
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(50, 6)).astype(np.float32)
+    monkeypatch.setattr(engine, "BLOCK_BYTES", 6 * 8 * 7)  # blocks of 7 rows
+    assert torch.equal(engine.normalised("images", x), torch.nn.functional.normalize(torch.from_numpy(x), dim=-1))
+    x[23, 2] = np.nan
+    with pytest.raises(CocosError, match="images row 23 holds NaN"):
+        engine.normalised("images", x)
+    x[23, 2], x[40] = 1.0, 0.0
+    with pytest.raises(CocosError, match="images row 40 is a zero vector"):
+        engine.normalised("images", x)

@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from cocos.data.layout import DIRECTIONS, BatchLayout, _check_embeddings
+from cocos.data.layout import DIRECTIONS, BatchLayout, _check_norms
 from cocos.data.samplers import pair_batches, ranking_batches
 from cocos.errors import CocosError, check_params
 from cocos.losses.base import intra_similarities
@@ -48,6 +48,35 @@ def mode_of(compat: bool) -> str:
     return "compat" if compat else "corrected"
 
 
+BLOCK_BYTES = 64 * 2**20  # rows normalised at a time: the working set of loading, whatever the input's size
+
+
+def normalised(name: str, x, device="cpu") -> torch.Tensor:
+    """Unit rows of ``x`` (an array, a read-only memory map or a tensor) in float32, or float64 if ``x`` is,
+    written block by block into one tensor on ``device``: the result plus one block of memory, never a full-size
+    temporary. Every row is checked (NaN, Inf, zero vectors; one line naming the row). The pages of a memory map
+    are released after each block, so the input does not stay resident beside the result."""
+    import mmap
+
+    if x.ndim != 2 or x.shape[0] == 0 or x.shape[1] == 0:
+        raise CocosError(f"{name} must be a non-empty (n, d) matrix, got shape {tuple(x.shape)}")
+    source = x.dtype if torch.is_tensor(x) else torch.from_numpy(np.zeros(0, dtype=x.dtype)).dtype
+    dtype = source if source in (torch.float32, torch.float64) else torch.float32
+    out = torch.empty(tuple(x.shape), dtype=dtype, device=device)
+    rows = max(1, BLOCK_BYTES // (x.shape[1] * 8))
+    held = getattr(x, "_mmap", None)
+    for a in range(0, x.shape[0], rows):
+        block = x[a:a + rows]
+        block = (block if torch.is_tensor(block) else torch.from_numpy(np.array(block))).to(device=device,
+                                                                                              dtype=dtype)
+        norms = torch.linalg.vector_norm(block, dim=-1, keepdim=True)
+        _check_norms(name, norms, block, offset=a)
+        out[a:a + rows] = torch.nn.functional.normalize(block, dim=-1)
+        if held is not None and hasattr(held, "madvise"):
+            held.madvise(mmap.MADV_DONTNEED)  # read pages of the map leave this process (they stay in the page cache)
+    return out
+
+
 @dataclass
 class EmbeddingSet:
     """Normalised image and caption embeddings with the caption -> image map."""
@@ -58,13 +87,15 @@ class EmbeddingSet:
 
     @classmethod
     def from_arrays(cls, images, captions, caption_image=None, device="cpu") -> EmbeddingSet:
+        images, captions = (x if torch.is_tensor(x) or isinstance(x, np.ndarray) else np.asarray(x)
+                            for x in (images, captions))
         for name, arr in (("images", images), ("captions", captions)):
-            kind = arr.dtype.kind if isinstance(arr, np.ndarray) else "f"
+            kind = arr.dtype.kind if isinstance(arr, np.ndarray) else "b" if arr.dtype == torch.bool else (
+                "c" if arr.is_complex() else "f")
             if kind not in "iuf":
-                raise CocosError(f"{name} must hold numbers, got dtype {arr.dtype}")
-        images = torch.as_tensor(np.asarray(images) if not torch.is_tensor(images) else images)
-        captions = torch.as_tensor(np.asarray(captions) if not torch.is_tensor(captions) else captions)
-        _check_embeddings(images, captions)
+                raise CocosError(f"{name} must hold real numbers, got dtype {arr.dtype}")
+            if arr.ndim >= 1 and (arr.shape[0] == 0 or arr.shape[-1] == 0):
+                raise CocosError(f"{name} is empty (shape {tuple(arr.shape)})")
         if images.ndim != 2 or captions.ndim != 2:
             raise CocosError(
                 f"expected images (N, d) and captions (M, d), got {tuple(images.shape)} "
@@ -84,13 +115,10 @@ class EmbeddingSet:
                              f"of {caption_image.dtype}")
         if m and (caption_image.min() < 0 or caption_image.max() >= n):
             raise CocosError(f"caption_image values must lie in [0, {n})")
-        dtype = images.dtype if images.dtype in (torch.float32, torch.float64) else torch.float32
-        norm = torch.nn.functional.normalize
-        return cls(
-            images=norm(images.to(device=device, dtype=dtype), dim=-1),
-            captions=norm(captions.to(device=device, dtype=dtype), dim=-1),
-            caption_image=caption_image.astype(np.int64),
-        )
+        if images.shape[-1] != captions.shape[-1]:
+            raise CocosError(f"images have dimension {images.shape[-1]} but captions have {captions.shape[-1]}")
+        return cls(images=normalised("images", images, device), captions=normalised("captions", captions, device),
+                   caption_image=caption_image.astype(np.int64))
 
     @property
     def n_images(self) -> int:

@@ -211,18 +211,21 @@ def batch_similarity(
     return scores, layout
 
 
-def _check_norms(name: str, norms: torch.Tensor, values: torch.Tensor | None = None) -> None:
-    """A row holding NaN or Inf has a non-finite norm; a zero vector has norm 0 (one check, no extra pass)."""
+def _check_norms(name: str, norms: torch.Tensor, values: torch.Tensor | None = None, offset: int = 0) -> None:
+    """A row holding NaN or Inf has a non-finite norm; a zero vector has norm 0 (one check, no extra pass).
+    ``offset``: the first row's index, where ``values`` is a block of a larger matrix."""
     norms = norms.squeeze(-1)
     bad = ~torch.isfinite(norms)
     if bad.any():
         row = int(bad.reshape(-1).nonzero()[0])
         if values is not None and bool(torch.isfinite(values.reshape(-1, values.shape[-1])[row]).all()):
-            raise CocosError(f"{name} row {row} is too large to normalise in {values.dtype} (its norm overflows)")
-        raise CocosError(f"{name} row {row} holds NaN or Inf")
+            raise CocosError(f"{name} row {offset + row} is too large to normalise in {values.dtype} (its norm "
+                             "overflows)")
+        raise CocosError(f"{name} row {offset + row} holds NaN or Inf")
     zero = norms == 0
     if zero.any():
-        raise CocosError(f"{name} row {int(zero.reshape(-1).nonzero()[0])} is a zero vector (cannot be normalised)")
+        raise CocosError(f"{name} row {offset + int(zero.reshape(-1).nonzero()[0])} is a zero vector (cannot be "
+                         "normalised)")
 
 
 def _check_shapes(images: torch.Tensor, captions: torch.Tensor) -> None:

@@ -41,7 +41,7 @@ def sha256_file(path: str | os.PathLike) -> str:
 def read_embeddings(path: str | os.PathLike, device: str = "cpu") -> EmbeddingSet:
     """An ``.npz`` in the count format as an :class:`EmbeddingSet`; bad files are one CocosError line."""
     path = Path(path)
-    arrays = load_npz(path)
+    arrays = load_npz(path, mmap=True)  # uncompressed members are mapped, not copied: memory bounded by use
     for name in ("images", "captions"):
         if name not in arrays:
             found = ", ".join(arrays) or "none"
