@@ -118,15 +118,38 @@ def test_multi_similarity_terms_by_hand():
     sp, sn = 0.6, 0.5
     pos, neg = [0.55, 0.8], [0.47, 0.2]
     # P mined: R+ < max(0.5, 0.47) + 0.1 = 0.6 -> {0.55}; N mined: R- > min(0.6, 0.55, 0.8) - 0.1 = 0.45 -> {0.47}
+    # Eq. 12-13: the mean over the mined set only (one member each here)
     m_pos, m_neg = ms_relative_terms(sp, sn, pos, neg, kind="sig")
-    assert f(m_pos) == pytest.approx((1 + math.exp(2 * 0.05)) / 2, rel=1e-12)
-    assert f(m_neg) == pytest.approx((1 + math.exp(-10 * 0.03)) / 2, rel=1e-12)
+    assert f(m_pos) == pytest.approx(math.exp(2 * 0.05), rel=1e-12)
+    assert f(m_neg) == pytest.approx(math.exp(-10 * 0.03), rel=1e-12)
     pp, pn = p_sig_ms(sp, sn, pos, neg)
-    assert f(pp) == pytest.approx(1 / (f(m_pos) + math.exp(2 * 0.1)), rel=1e-12)
-    assert f(pn) == pytest.approx(1 / (f(m_neg) + 1.0), rel=1e-12)
+    assert f(pp) == pytest.approx(1 / (math.exp(2 * 0.05) + math.exp(2 * 0.1)), rel=1e-12)
+    assert f(pn) == pytest.approx(1 / (math.exp(-10 * 0.03) + 1.0), rel=1e-12)
     pp, pn = p_lin_ms(sp, sn, pos, neg)
-    assert f(pp) == pytest.approx((1 - 0.025) * 0.4, rel=1e-12)  # m+ = (0 + 0.05) / 2
-    assert f(pn) == pytest.approx((1 + 0.015) * 0.5, rel=1e-12)  # m- = (0 + 0.03) / 2
+    assert f(pp) == pytest.approx((1 - 0.05) * 0.4, rel=1e-12)  # m+ = 0.6 - 0.55
+    assert f(pn) == pytest.approx((1 + 0.03) * 0.5, rel=1e-12)  # m- = 0.5 - 0.47
+
+
+def test_multi_similarity_follows_the_papers_mean_in_the_issues_example():
+    # Sp 0.75, Sn 0.7, one other positive at 0, one mined negative at 0.68 (beta 10, lambda 0.5)
+    m_pos, m_neg = ms_relative_terms(0.75, 0.7, [0.0], [0.68], kind="sig")
+    assert f(m_neg) == pytest.approx(math.exp(-0.2), rel=1e-12) and round(f(m_neg), 3) == 0.819
+    _, pn = p_sig_ms(0.75, 0.7, [0.0], [0.68])
+    assert f(pn) == pytest.approx(1 / (math.exp(-0.2) + math.exp(-2.0)), rel=1e-12) and round(f(pn), 3) == 1.048
+    assert f(m_pos) == pytest.approx(math.exp(2 * 0.75), rel=1e-12)  # 0 < max(0.7, 0.68) + 0.1: mined
+
+
+def test_an_empty_mined_set_gives_the_neutral_term_not_the_authors_explosion():
+    # nothing mined (the other negative is far below Sp - eps): m- = 1 (sig) / 0 (lin), P- = P_sig / P_lin;
+    # the authors' code returns m- = 0, P- = exp(beta (Sn - lambda)) = 148.4 at Sn = 1
+    m_pos, m_neg = ms_relative_terms(0.9, 1.0, [0.95], [-0.5], kind="sig")
+    assert f(m_neg) == 1.0
+    _, pn = p_sig_ms(0.9, 1.0, [0.95], [-0.5])
+    assert f(pn) == pytest.approx(f(p_sig(0.9, 1.0)[1]), rel=1e-12) and f(pn) < 1.01
+    assert f(ms_relative_terms(0.9, 1.0, [0.95], [-0.5], kind="lin")[1]) == 0.0
+    # rows without any entry (a batch with no other positive or negative) do not raise
+    m_pos, m_neg = ms_relative_terms(0.9, 1.0, torch.zeros(0), torch.zeros(0), kind="sig")
+    assert f(m_pos) == 1.0 and f(m_neg) == 1.0
 
 
 def test_multi_similarity_reduces_to_the_plain_forms_without_other_mined_pairs():
@@ -352,7 +375,7 @@ def _brute_eq3(x, y, t_fn, p_fn, ids, ms=False, **params):
             if ms:
                 others = [row[c] for c in negs if c != n]
                 mined = [r for r in others if r > sp - 0.1]  # no other positives in a pair batch
-                m_neg = (1 + sum(math.exp(-10 * (sn - r)) for r in mined)) / (1 + len(mined))
+                m_neg = sum(math.exp(-10 * (sn - r)) for r in mined) / len(mined) if mined else 1.0
                 pp, pn = 1 / (1 + math.exp(2 * (sp - 0.5))), 1 / (m_neg + math.exp(-10 * (sn - 0.5)))
             else:
                 pp, pn = (float(v) for v in p_fn(sp, sn))

@@ -40,12 +40,16 @@ Choices where the paper leaves room (documented, tested)
   similarities ``R`` of a triplet are the anchor's similarities to its *other*
   positives and *other* negatives in the batch. The mining sets are
   ``P = {R+ : R+ < max(Sn, R−) + ε}`` and ``N = {R− : R− > min(Sp, R+) − ε}``
-  (ε = 0.1). The mean of Eq. 12–13 runs over the mined set *plus the selected pair
-  itself* (which contributes ``exp(0) = 1`` to ``m^sig`` and ``0`` to ``m^lin``), as
-  in the MS loss where the selected pair is a member of its own sum. So the sets
-  are never empty, and with no other mined pair ``m^sig = 1``, ``m^lin = 0``: the
-  weights reduce exactly to ``P_sig`` / ``P_lin``, as the paper states. In a pair
-  batch every query has one positive, so only ``P−`` changes. Without rows (for
+  (ε = 0.1). The mean of Eq. 12–13 runs over the mined set only, as the paper writes
+  it (``1/|P| Σ_P``, ``1/|N| Σ_N``). An *empty* mined set, which the paper leaves
+  undefined (0/0), gives the neutral term: ``m^sig = 1``, ``m^lin = 0``, so the weights
+  reduce exactly to ``P_sig`` / ``P_lin``, the reduction the paper states for
+  ``m = 1``. (The authors' code returns 0 there, which makes ``P−^sig-ms =
+  exp(β(Sn − λ))`` explode to 148 at ``Sn = 1``; cocos does not follow it.) Until
+  cocos 0.1 the mean also counted the selected pair itself; for ``Sp = 0.75``,
+  ``Sn = 0.7``, one other positive at 0 and one mined negative at 0.68 that gave
+  ``m− = 0.909`` (``P− = 0.957``) against the paper's 0.819 (1.048). In a pair batch
+  every query has one positive, so only ``P−`` changes. Without rows (for
   the diagrams) the relative terms are fixed numbers ``m_pos``, ``m_neg``; their
   default 0.1 is the value of the paper's Figure 3.
 * Hardest negative: per query, the most similar candidate among the view's
@@ -165,8 +169,9 @@ def ms_relative_terms(
     the anchor's similarities to its other positives and other negatives, with
     boolean masks of the real entries (padding ``False``). ``kind="sig"``:
     ``m+ = mean exp(α (Sp − R+))``, ``m− = mean exp(−β (Sn − R−))``; ``kind="lin"``:
-    ``m+ = mean (Sp − R+)``, ``m− = mean (Sn − R−)``; means over the mined set plus
-    the selected pair (module docstring).
+    ``m+ = mean (Sp − R+)``, ``m− = mean (Sn − R−)``; means over the mined set only, the
+    neutral term (1 for sig, 0 for lin) where it is empty (module docstring). Either row
+    may have no entries (``A = 0`` or ``K = 0``).
     """
     if kind not in ("sig", "lin"):
         raise CocosError(f"unknown multi-similarity kind '{kind}' (use sig or lin)")
@@ -178,20 +183,27 @@ def ms_relative_terms(
     pos_mask = pos_mask.to(torch.bool).to(pos_others.device)
     neg_mask = neg_mask.to(torch.bool).to(neg_others.device)
     inf = torch.tensor(math.inf, dtype=sp.dtype, device=sp.device)
-    hardest_neg = torch.maximum(sn, torch.where(neg_mask, neg_others, -inf).amax(-1))
-    easiest_pos = torch.minimum(sp, torch.where(pos_mask, pos_others, inf).amin(-1))
+    hardest_neg, easiest_pos = sn, sp
+    if neg_others.shape[-1]:
+        hardest_neg = torch.maximum(sn, torch.where(neg_mask, neg_others, -inf).amax(-1))
+    if pos_others.shape[-1]:
+        easiest_pos = torch.minimum(sp, torch.where(pos_mask, pos_others, inf).amin(-1))
     in_p = pos_mask & (pos_others < hardest_neg[..., None] + eps)
     in_n = neg_mask & (neg_others > easiest_pos[..., None] - eps)
     dp = sp[..., None] - pos_others
     dn = sn[..., None] - neg_others
     if kind == "sig":
-        fp, fn, self_term = torch.exp(alpha * dp), torch.exp(-beta * dn), 1.0
+        fp, fn, neutral = torch.exp(alpha * dp), torch.exp(-beta * dn), 1.0
     else:
-        fp, fn, self_term = dp, dn, 0.0
+        fp, fn, neutral = dp, dn, 0.0
     zero = torch.zeros((), dtype=sp.dtype, device=sp.device)
-    m_pos = (self_term + torch.where(in_p, fp, zero).sum(-1)) / (1 + in_p.sum(-1))
-    m_neg = (self_term + torch.where(in_n, fn, zero).sum(-1)) / (1 + in_n.sum(-1))
-    return m_pos, m_neg
+
+    def mean(terms, mined):  # over the mined set; the neutral term where it is empty
+        n = mined.sum(-1)
+        total = torch.where(mined, terms, zero).sum(-1)
+        return torch.where(n > 0, total / n.clamp_min(1), torch.full_like(total, neutral))
+
+    return mean(fp, in_p), mean(fn, in_n)
 
 
 def _ms_terms(sp, sn, pos_others, neg_others, pos_mask, neg_mask, m_pos, m_neg, kind, alpha, beta, eps):
