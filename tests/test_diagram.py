@@ -229,8 +229,8 @@ def test_cli_never_writes_into_the_data_folder_it_reads(tmp_path, tiny_checkpoin
 
 
 def test_one_spelling_of_weight_names_and_the_papers_notation_in_output():
-    from cocos_cli.diagram import weight_names
     from cocos.report.diagram import paper_notation
+    from cocos_cli.diagram import weight_names
 
     # cocos train's spelling (sig_ms) and the code's (P_sig-ms) give the same panels
     assert weight_names("con", "sig_ms") == weight_names("T_con", "P_sig-ms") == ["T_con*P_sig-ms+", "T_con*P_sig-ms-"]
