@@ -226,3 +226,16 @@ def test_cli_never_writes_into_the_data_folder_it_reads(tmp_path, tiny_checkpoin
     lines = [ln for ln in res.output.splitlines() if ln.strip()]
     assert res.exit_code == 2 and len(lines) == 1 and "would overwrite the input" in lines[0], res.output
     assert sorted(p.name for p in data.iterdir()) == before
+
+
+def test_one_spelling_of_weight_names_and_the_papers_notation_in_output():
+    from cocos.report.diagram import paper_notation
+    from cocos_cli.diagram import weight_names
+
+    # cocos train's spelling (sig_ms) and the code's (P_sig-ms) give the same panels
+    assert weight_names("con", "sig_ms") == weight_names("T_con", "P_sig-ms") == ["T_con*P_sig-ms+", "T_con*P_sig-ms-"]
+    assert weight_names("nca,cir", None) == ["T_nca", "T_cir"]
+    with pytest.raises(CocosError, match=r"unknown pair weight 'sigms' \(choose from con, lin, sig, lin_ms, sig_ms\)"):
+        weight_names("con", "sigms")
+    assert paper_notation("T_con") == r"$T_{\mathrm{con}}$"
+    assert paper_notation("T_cir*P_sig-ms-") == r"$T_{\mathrm{cir}} \cdot P^{-}_{\mathrm{sig}\text{-}\mathrm{ms}}$"

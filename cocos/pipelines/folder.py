@@ -117,7 +117,8 @@ def write_results_folder(
 
             trained = f" trained with {loss_label(results.training.loss, results)}" if results.training else ""
             write_logs(logs, tmp, title=f"{results.model.label}{trained} on {results.data.name}, "
-                                        f"to epoch {results.source.epoch}", looks=results.presentation)
+                                        f"to epoch {results.source.epoch}", looks=results.presentation,
+                       loss=results.training.loss if results.training else None)
     return sorted(p for p in out.iterdir() if not p.name.startswith("."))
 
 

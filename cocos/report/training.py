@@ -26,10 +26,10 @@ LOG_AXIS_RATIO = 50.0  # a log y axis when a panel's values span this factor
 
 
 def write_logs(logs: TrainingLogs, folder: str | os.PathLike, title: str | None = None,
-               looks: Mapping | None = None) -> list[Path]:
+               looks: Mapping | None = None, loss: str | None = None) -> list[Path]:
     """The CSVs and their figures (``training.png``, ``cocos_track.png``) into ``folder``; ``title`` names the run."""
     write_log_csvs(logs, folder)
-    return plot_logs(logs, folder, title, looks)
+    return plot_logs(logs, folder, title, looks, loss)
 
 
 def plot_run(folder: str | os.PathLike, looks: Mapping | None = None) -> list[Path]:
@@ -38,12 +38,14 @@ def plot_run(folder: str | os.PathLike, looks: Mapping | None = None) -> list[Pa
 
 
 def plot_logs(logs: TrainingLogs, folder: str | os.PathLike, title: str | None = None,
-              looks: Mapping | None = None) -> list[Path]:
-    """``training.png`` and ``cocos_track.png`` (with their PDFs) of the logs there are; ``title`` names the run."""
+              looks: Mapping | None = None, loss: str | None = None) -> list[Path]:
+    """``training.png`` and ``cocos_track.png`` (with their PDFs) of the logs there are; ``title`` names the run,
+    ``loss`` its training loss (its curve is drawn in that loss's colour)."""
     folder, paths = Path(folder), []
     if logs.steps is not None and len(logs.steps):
         paths += plot_training(logs.steps, folder / "training",
-                               title=f"{title}: training curves" if title else None)
+                               title=f"{title}: training curves" if title else None,
+                               color=style.loss_style(loss, looks)[1] if loss else None)
     if logs.track is not None and len(logs.track):
         paths += plot_track(logs.track, folder / "cocos_track",
                             title=f"{title}: COCOS of the training batches" if title else None, looks=looks).paths
@@ -138,7 +140,7 @@ def plot_track(track: pd.DataFrame, path_stem: str | os.PathLike, title: str | N
 
 
 def plot_training(steps: pd.DataFrame, path_stem: str | os.PathLike, title: str | None = None,
-                  series: str = "label") -> list[Path]:
+                  series: str = "label", color: str | None = None) -> list[Path]:
     """Per-step training curves: ``L_con`` and, with LTD, ``λ`` and ``L_rec/η`` (the bound at 1), per series."""
     from matplotlib.lines import Line2D
 
@@ -152,7 +154,8 @@ def plot_training(steps: pd.DataFrame, path_stem: str | os.PathLike, title: str 
     legend = len(names) > 1 or names != ["run"]  # a report names its runs; one run's own folder needs no legend
     import seaborn as sns
 
-    colours = dict(zip(names, sns.color_palette("colorblind", len(names)), strict=True))
+    colours = dict(zip(names, [color] if color and len(names) == 1 else sns.color_palette("colorblind", len(names)),
+                       strict=True))
     with style.paper_style():
         fig = style.figure(2.0 + (0.4 if legend else 0.0))
         axes = fig.subplots(1, len(panels), squeeze=False)[0]
