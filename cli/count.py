@@ -63,7 +63,8 @@ def count(
 
     with context() as group:  # under torchrun: every rank counts its block of batches, rank 0 writes
         counted = count_file(embeddings, names, batch_size=batch_size, seed=seed, compat=compat, params=params,
-                             eps=eps, name=name, label=label, device=device, progress=progress)
+                             eps=eps, name=name, label=label, device=device, progress=progress,
+                             keep_per_query=out is not None)  # the figures' and queries.csv's rows: only with --out
     if not group.is_main:
         return
     results = counted.results

@@ -31,7 +31,7 @@ def import_checkpoint(
     """Convert a checkpoint of the original code into a cocos checkpoint (then analyze/evaluate need no --vocab)."""
     from cocos.errors import CocosError
     from cocos.io import check_output_file
-    from cocos.models.legacy import load_any_checkpoint
+    from cocos.legacy import load_any_checkpoint
     from cocos.training.checkpoint import save_checkpoint
     from cocos.training.trainer import build_from_checkpoint
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from cocos.counting import count_batch, count_generic, count_queries
 from cocos.data.layout import batch_similarity
-from cocos.losses import get_loss
+from cocos.objectives import get_loss
 
 SETTINGS = settings(max_examples=40, deadline=None)
 

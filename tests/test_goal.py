@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 
 from cocos.data.layout import DIRECTIONS, BatchLayout
 from cocos.errors import CocosError
-from cocos.losses import get_loss
 from cocos.losses.goal import (
     PAIR_WEIGHTS,
     TRIPLET_WEIGHTS,
@@ -35,6 +34,7 @@ from cocos.losses.goal import (
     weight_grid,
     weight_params,
 )
+from cocos.objectives import get_loss
 
 
 def sig(x):

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from cocos.counting import count_batch
 from cocos.errors import CocosError
-from cocos.losses import get_loss
+from cocos.objectives import get_loss
 from cocos_cli.main import app
 
 runner = CliRunner()

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from cocos.data.layout import batch_similarity
 from cocos.errors import CocosError
-from cocos.losses import get_loss
+from cocos.objectives import get_loss
 from tests.helpers import embed_similarities
 
 

@@ -25,9 +25,9 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from cocos.counting import count_batch
-from cocos.counting.ntxent import NTXentCounter
-from cocos.counting.smoothap import SmoothAPCounter
 from cocos.data.layout import batch_similarity
+from cocos.losses.ntxent import NTXentCounter
+from cocos.losses.smoothap import SmoothAPCounter
 from tests import oracle
 from tests.helpers import embed_similarities
 

@@ -12,9 +12,8 @@ from typer.testing import CliRunner
 
 from cocos.counting import EmbeddingSet, count_batch, count_embeddings
 from cocos.errors import CocosError
-from cocos.losses import get_loss
 from cocos.losses.functional import triplet_direction
-from cocos.objectives import OBJECTIVES, Note, Objective, get_objective, register, unregister
+from cocos.objectives import OBJECTIVES, Note, Objective, get_loss, get_objective, register, unregister
 from cocos.pipelines.count import count_file
 from cocos.pipelines.folder import main_per_query, write_results_folder
 from cocos.report.merge import build_tables, group_results

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import torch
 
-from cocos.counting.base import COMPANIONS, DEFAULT_EPS, Count, Counter
-from cocos.counting.generic import count_generic
 from cocos.data.layout import DIRECTIONS, batch_similarity
+from cocos.losses.counts import COMPANIONS, DEFAULT_EPS, Count, Counter
+from cocos.losses.generic import count_generic
 
 
 def get_counter(loss, **params) -> Counter:

@@ -23,7 +23,7 @@ from cocos.data.text import Vocabulary
 from cocos.device import resolve_device
 from cocos.errors import CocosError
 from cocos.io import write_npz
-from cocos.models.legacy import (
+from cocos.legacy import (
     UnsafeCheckpointError,
     checkpoint_from_raw,
     is_legacy_checkpoint,
@@ -51,7 +51,7 @@ class FrozenModel:
              device: str = "auto", vocab: str | os.PathLike | None = None, trust: bool = False) -> FrozenModel:
         """A cocos checkpoint, or a ``model_best.pth.tar`` of the original VSE++/VSRN code.
 
-        The original's checkpoint is converted in memory (:mod:`cocos.models.legacy`) and
+        The original's checkpoint is converted in memory (:mod:`cocos.legacy`) and
         needs ``vocab`` (its ``*_vocab.pkl`` or vocabulary JSON) and ``data`` (it records no
         data folder). Loading never runs code from the file unless ``trust`` (then
         ``torch.load(weights_only=False)``: only for files the user trusts).

@@ -1,27 +1,10 @@
-"""Training objectives, one per registered loss family (:mod:`cocos.objectives`).
+"""One module per loss family: its maths (one direction of the training loss, on a
+:class:`~cocos.data.layout.QueryView`) and its closed-form counter, over the shared core
+:mod:`cocos.losses.functional` (the maths every loss and its counter share) and
+:mod:`cocos.losses.counts` (what a count is, companions, aggregation).
 
-``get_loss(name, **params)`` returns a module mapping
-``(images, captions, caption_image=None, image_ids=None)`` to the scalar loss; its
-positives, negatives and maths are those of the family's counter. New families
-register an :class:`~cocos.objectives.Objective`; nothing here needs to change.
+``triplet`` (Triplet, Triplet SH), ``ntxent``, ``smoothap``, ``goal`` (GOAL's weights and designed
+gradients), ``generic`` (the autograd counter for any loss), ``ltd`` (latent target decoding, a
+training extension). The families' specs and the registry that builds the training losses
+(:func:`cocos.objectives.get_loss`) sit one layer above, in :mod:`cocos.objectives`.
 """
-
-from __future__ import annotations
-
-
-def get_loss(name, compat: bool = False, **params):
-    """Build the training loss of a registered family (or an ``Objective``); ``None`` parameters take defaults."""
-    from cocos.objectives import get_objective
-
-    return get_objective(name).loss(compat=compat, **params)
-
-
-def __getattr__(name):  # ContrastiveLoss without importing torch for a bare ``import cocos.losses``
-    if name == "ContrastiveLoss":
-        from cocos.losses.base import ContrastiveLoss
-
-        return ContrastiveLoss
-    raise AttributeError(name)
-
-
-__all__ = ["ContrastiveLoss", "get_loss"]

@@ -16,7 +16,7 @@ class VSEPP(nn.Module):
     are mean-pooled over the regions first. Caption side: ``CaptionEncoder``.
 
     Options beyond the bundled trainer's model, for checkpoints of the original code
-    (:mod:`cocos.models.legacy`): ``num_layers`` GRU layers in the caption encoder and
+    (:mod:`cocos.legacy`): ``num_layers`` GRU layers in the caption encoder and
     ``use_abs`` (absolute value of both normalised embeddings, VSE++ ``--use_abs``). They
     enter ``hparams`` only when they differ from the defaults, so a default model's
     ``hparams`` and state-dict keys are those of earlier versions.

@@ -46,7 +46,7 @@ class VSRN(nn.Module):
     ``(n, img_dim)`` are treated as one region. Caption side: ``CaptionEncoder``.
 
     Options beyond the bundled trainer's model, for checkpoints of the original code
-    (:mod:`cocos.models.legacy`): ``fc_norm=False`` leaves out the l2norm after the
+    (:mod:`cocos.legacy`): ``fc_norm=False`` leaves out the l2norm after the
     region projection (the VSRN code does so for ``f30k_precomp``); ``norm_over_regions=True``
     makes the two l2norms of the region features (after fc and after the graph reasoning)
     normalise each channel over the regions, as the VSRN code does (its ``l2norm`` sums over

@@ -3,7 +3,7 @@
 ``get_objective(name)`` gives a registered family; ``resolve(x)`` also accepts an
 :class:`Objective` (registered or not) and any callable with the ``get_loss``
 signature ``(images, captions, caption_image=None) -> scalar``. ``register`` adds
-a family: it then appears in ``cocos.losses.get_loss``, ``count_batch``, the
+a family: it then appears in ``cocos.objectives.get_loss``, ``count_batch``, the
 engine, the CLI's ``--loss`` choices, the tables and the figures. The built-in
 families (Triplet, Triplet SH, NT-Xent, SmoothAP) register in :mod:`.builtin`.
 """
@@ -66,6 +66,13 @@ def get_objective(name: str) -> Objective:
     return registry[name]
 
 
+def get_loss(name, compat: bool = False, **params):
+    """The training loss of a registered family (or an ``Objective``): a module mapping ``(images, captions,
+    caption_image=None, image_ids=None)`` to the scalar loss, whose positives, negatives and maths are those of
+    the family's counter; ``None`` parameters take the family's defaults."""
+    return get_objective(name).loss(compat=compat, **params)
+
+
 def resolve(loss) -> Objective:
     """A registered name, an :class:`Objective`, or a whole-batch callable, as an :class:`Objective`."""
     if isinstance(loss, Objective):
@@ -126,5 +133,5 @@ def parse_names(requested) -> list[str]:
         raise CocosError("no loss given")
     return list(dict.fromkeys(out))
 
-__all__ = ["DEFAULT_EPS", "OBJECTIVES", "Note", "Objective", "from_callable", "get_objective", "label",
+__all__ = ["DEFAULT_EPS", "OBJECTIVES", "Note", "Objective", "from_callable", "get_loss", "get_objective", "label",
            "names", "order", "paper_names", "parse_names", "register", "resolve", "unregister"]

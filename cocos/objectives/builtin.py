@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from functools import partial
 
-from cocos.counting.ntxent import NTXentCounter
-from cocos.counting.smoothap import SmoothAPCounter
-from cocos.counting.triplet import TripletCounter, TripletSHCounter
 from cocos.losses.functional import ntxent_direction, smoothap_direction, triplet_direction
+from cocos.losses.ntxent import NTXentCounter
+from cocos.losses.smoothap import SmoothAPCounter
+from cocos.losses.triplet import TripletCounter, TripletSHCounter
 from cocos.objectives import register
 from cocos.objectives.spec import Note, Objective
 

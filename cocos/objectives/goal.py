@@ -25,9 +25,9 @@ from dataclasses import replace
 
 import torch
 
-from cocos.counting.base import DEFAULT_EPS, Count, Counter, batch_counts, companions, nanmean
 from cocos.data.layout import QueryView
 from cocos.errors import CocosError, check_params
+from cocos.losses.counts import DEFAULT_EPS, Count, Counter, batch_counts, companions, nanmean
 from cocos.losses.functional import triplet_direction
 from cocos.losses.goal import triplet_weights
 from cocos.objectives.spec import Objective

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import torch
 
-from cocos.counting.base import Count, Counter, nanmean
-from cocos.counting.triplet import TripletSHCounter
 from cocos.data.layout import QueryView
 from cocos.errors import CocosError, check_params
+from cocos.losses.counts import Count, Counter, nanmean
 from cocos.losses.functional import triplet_direction
+from cocos.losses.triplet import TripletSHCounter
 from cocos.objectives.spec import Objective
 
 DEFAULTS = {"margin": 0.2, "lam": 1.0, "mu_down": 0.05, "mu_up": 0.5}

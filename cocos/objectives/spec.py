@@ -8,7 +8,7 @@ directions combine, its closed-form counter (or none: then the generic autograd
 counter counts it), the statistics the paper reports and the main one, the paper
 table it belongs to, its colour in figures and the notes its table needs.
 
-The training losses (:func:`cocos.losses.get_loss`), the counters, the engine,
+The training losses (:func:`cocos.objectives.get_loss`), the counters, the engine,
 the CLI's choices and flags, the tables, the figures and the summaries all loop
 over the registry (:mod:`cocos.objectives`); nothing else names a loss.
 """
@@ -19,15 +19,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from cocos.defaults import DEFAULT_EPS  # noqa: F401  (re-exported)
 from cocos.errors import CocosError, check_params
 
 if TYPE_CHECKING:  # pragma: no cover
-    from cocos.counting.base import Counter
     from cocos.losses.base import ContrastiveLoss
+    from cocos.losses.counts import Counter
 
 LAYOUTS = ("pair", "ranking")
 COMBINES = ("sum", "mean")
-DEFAULT_EPS = 0.01  # the COCOS paper's threshold for NT-Xent and SmoothAP
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,7 @@ class Objective:
         full = self.counter_params(eps, **params)
         if self.counter is not None:
             return self.counter(**full)
-        from cocos.counting.generic import BatchLossCounter, GenericCounter
+        from cocos.losses.generic import BatchLossCounter, GenericCounter
 
         return GenericCounter(self, **full) if self.direction_loss is not None else BatchLossCounter(self, **full)
 
@@ -167,7 +167,7 @@ def from_callable(fn: Callable[..., Any], name: str | None = None, label: str | 
     """A user's loss ``fn(images, captions, caption_image=None) -> scalar`` as a family without a closed form.
 
     It is counted by the generic autograd counter on the whole loss's ``dL/dS`` (see
-    :class:`cocos.counting.generic.BatchLossCounter`); ``name`` defaults to the function's name.
+    :class:`cocos.losses.generic.BatchLossCounter`); ``name`` defaults to the function's name.
     """
     if not callable(fn):
         raise CocosError(f"a loss must be a registered name, an Objective or a callable, got {type(fn).__name__}")

@@ -69,11 +69,12 @@ def data_warnings(frozen: FrozenModel) -> list[str]:
 
 
 def run_counts(emb: EmbeddingSet, losses, *, batch_size: int, seed: int, compat: bool, params: dict,
-               eps: float | None, sweep_eps, progress: bool) -> CountRun:
-    """Both counting modes in one pass (the shown one first), with the eps sweep."""
+               eps: float | None, sweep_eps, progress: bool, keep_per_query: bool = True) -> CountRun:
+    """Both counting modes in one pass (the shown one first), with the eps sweep (and the per-query rows that
+    the figures and queries.csv need, unless ``keep_per_query`` is off)."""
     modes = ["compat", "corrected"] if compat else ["corrected", "compat"]
     return count_embeddings(emb, losses, batch_size=batch_size, seed=seed, modes=modes, params=params, eps=eps,
-                            sweep_eps=sweep_eps, progress=progress)
+                            sweep_eps=sweep_eps, progress=progress, keep_per_query=keep_per_query)
 
 
 def counting_info(run: CountRun, compat: bool, sweep_eps) -> CountingInfo:
@@ -128,7 +129,7 @@ def analyze_checkpoint(
     ``batch_size=None`` counts at the batch size the checkpoint was trained with (the paper's
     practice). ``label`` (e.g. ``"last"``, ``"epoch 5"``) keeps checkpoints of one run apart in
     reports: the model is shown as ``VSE++ (last)``. ``vocab`` (and ``data``) import a checkpoint of
-    the original VSE++/VSRN code (:mod:`cocos.models.legacy`); ``trust`` loads a checkpoint with
+    the original VSE++/VSRN code (:mod:`cocos.legacy`); ``trust`` loads a checkpoint with
     ``weights_only=False`` (code in it may run: only for files the user trusts).
     """
     from cocos.objectives import paper_names

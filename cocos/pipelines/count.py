@@ -67,6 +67,7 @@ def count_file(
     label: str = "embeddings",
     device: str = "auto",
     progress: bool = False,
+    keep_per_query: bool = True,
 ) -> Counted:
     """Count an embeddings file; returns the results record, the tidy run and the embeddings."""
     from cocos.device import resolve_device
@@ -75,7 +76,7 @@ def count_file(
     path = Path(path)
     emb = read_embeddings(path, device=str(resolve_device(device)))
     run = run_counts(emb, losses, batch_size=batch_size, seed=seed, compat=compat, params=params or {}, eps=eps,
-                     sweep_eps=sweep_eps, progress=progress)
+                     sweep_eps=sweep_eps, progress=progress, keep_per_query=keep_per_query)
     shown, other = ("compat", "corrected") if compat else ("corrected", "compat")
     counts = np.bincount(emb.caption_image, minlength=emb.n_images)
     sha = sha256_file(path)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cocos.objectives.spec import DEFAULT_EPS
+from cocos.defaults import DEFAULT_EPS
 from cocos.presentation import ranked
 from cocos.report import style
 from cocos.report.tables import DIRECTIONS

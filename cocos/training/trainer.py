@@ -33,8 +33,8 @@ from cocos.data.text import Vocabulary, pad_batch
 from cocos.device import resolve_device
 from cocos.errors import CocosError, check_params
 from cocos.io import check_interrupt
-from cocos.losses import get_loss
 from cocos.models import MODELS, build_model
+from cocos.objectives import get_loss
 from cocos.training.checkpoint import RESUME_KEYS, SEED_LIMIT, load_checkpoint, peek_epoch, save_checkpoint
 from cocos.training.evaluate import evaluate_model, tokenize_split
 

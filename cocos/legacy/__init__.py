@@ -188,7 +188,7 @@ def convert_checkpoint(raw: dict, path: str | os.PathLike, vocab: str | os.PathL
 def loss_from_opt(opt: dict, path: str | os.PathLike) -> tuple[str, dict]:
     """The training loss of ``opt``: VSE++'s ``max_violation`` -> ``triplet_sh`` (else ``triplet``) with
     ``margin``; the reproducibility repository's ``criterion`` ``ntxent`` / ``ranking`` (SmoothAP) with ``tau``."""
-    from cocos.losses import get_loss
+    from cocos.objectives import get_loss
 
     criterion = opt.get("criterion", "triplet")
     criterion = str(criterion).lower() if criterion is not None else "triplet"

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from cocos.counting.base import Count, Counter, batch_counts, companions
 from cocos.data.layout import QueryView
 from cocos.errors import check_params
+from cocos.losses.counts import Count, Counter, batch_counts, companions
 from cocos.losses.functional import triplet_hinge
 
 

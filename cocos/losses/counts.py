@@ -14,8 +14,8 @@ from typing import ClassVar
 import torch
 
 from cocos.data.layout import QueryView
+from cocos.defaults import DEFAULT_EPS  # noqa: F401  (re-exported for the counters)
 from cocos.errors import CocosError
-from cocos.objectives.spec import DEFAULT_EPS  # noqa: F401  (re-exported for the counters)
 
 COMPANIONS = ("N_eff", "N_invsimpson", "top1_share")
 

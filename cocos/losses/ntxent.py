@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from cocos.counting.base import DEFAULT_EPS, Count, Counter, companions
 from cocos.data.layout import QueryView
 from cocos.errors import check_params
+from cocos.losses.counts import DEFAULT_EPS, Count, Counter, companions
 from cocos.losses.functional import ntxent_log_probs
 
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import torch
 
-from cocos.counting.base import DEFAULT_EPS, Count, Counter, companions
 from cocos.data.layout import QueryView
 from cocos.errors import check_params
+from cocos.losses.counts import DEFAULT_EPS, Count, Counter, companions
 from cocos.losses.functional import positive_index, smoothap_sigmoid
 
 

@@ -8,7 +8,7 @@ or ``> eps`` (absolute).
 Two forms of loss:
 
 * a *direction loss*, a function of one :class:`QueryView` (a family's maths, e.g.
-  ``cocos.losses.get_loss(name).direction_loss``): i2t and t2i gradients do not mix,
+  ``cocos.objectives.get_loss(name).direction_loss``): i2t and t2i gradients do not mix,
   and the count equals the closed form for Triplet and Triplet SH
   (:class:`GenericCounter`);
 * a *whole-batch* loss ``fn(images, captions, caption_image=None) -> scalar`` (a
@@ -31,9 +31,9 @@ from dataclasses import replace
 
 import torch
 
-from cocos.counting.base import Count, Counter, batch_counts, companions
 from cocos.data.layout import QueryView
 from cocos.errors import CocosError, check_params
+from cocos.losses.counts import Count, Counter, batch_counts, companions
 
 PROBE_T2 = 1e-12  # t^2 of the probe coordinates
 
