@@ -6,6 +6,11 @@ signature ``(images, captions, caption_image=None) -> scalar``. ``register`` add
 a family: it then appears in ``cocos.objectives.get_loss``, ``count_batch``, the
 engine, the CLI's ``--loss`` choices, the tables and the figures. The built-in
 families (Triplet, Triplet SH, NT-Xent, SmoothAP) register in :mod:`.builtin`.
+
+Plugins: a family in any installed package registers through the ``cocos.losses``
+entry-point group (``[project.entry-points."cocos.losses"] mytrip = "mypkg.losses:objective"``,
+the entry point naming an :class:`Objective`), or through ``COCOS_PLUGINS=module[,module]``
+for modules on the path; both are loaded with the registry (:func:`load_plugins`).
 """
 
 from __future__ import annotations
@@ -17,13 +22,54 @@ _REGISTRY: dict[str, Objective] = {}
 _builtin_loaded = False
 
 
+ENTRY_POINT_GROUP = "cocos.losses"  # ``name = package.module:objective`` in a plugin's pyproject.toml
+PLUGINS_ENV = "COCOS_PLUGINS"  # comma-separated modules on the path that define ``objective`` or ``objectives``
+
+
 def _registry() -> dict[str, Objective]:
-    """The registry, with the built-in families loaded on first use (they import torch; the spec does not)."""
+    """The registry, with the built-in families and then the plugins loaded on first use (they import torch; the
+    spec does not)."""
     global _builtin_loaded
     if not _builtin_loaded:
         _builtin_loaded = True
         from cocos.objectives import builtin  # noqa: F401  (registers the built-in families)
+
+        load_plugins()
     return _REGISTRY
+
+
+def _register_plugin(found, where: str) -> None:
+    items = found if isinstance(found, (list, tuple)) else [found]
+    for item in items:
+        if not isinstance(item, Objective):
+            raise CocosError(f"loss plugin {where}: names a {type(item).__name__}, not a cocos Objective")
+        if _REGISTRY.get(item.name) is not item:
+            register(item)
+
+
+def load_plugins() -> None:
+    """Register the loss families of installed plugins: every entry point of the ``cocos.losses`` group names an
+    :class:`Objective` (registered under its ``name``), and every module in ``COCOS_PLUGINS`` is imported and its
+    ``objective`` (or ``objectives``) registered, if it did not register them itself. A plugin that fails to load
+    is one error line naming it."""
+    import importlib
+    import os
+    from importlib.metadata import entry_points
+
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            found = point.load()
+        except Exception as exc:  # noqa: BLE001 - whatever a broken plugin raises: one line naming it
+            raise CocosError(f"loss plugin {point.name} ({point.value}) failed to load: {exc}") from None
+        _register_plugin(found, f"{point.name} ({point.value})")
+    for module in filter(None, (m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(","))):
+        try:
+            loaded = importlib.import_module(module)
+        except Exception as exc:  # noqa: BLE001 - as above
+            raise CocosError(f"loss plugin module {module} ({PLUGINS_ENV}) failed to load: {exc}") from None
+        found = getattr(loaded, "objectives", getattr(loaded, "objective", None))
+        if found is not None:
+            _register_plugin(found, module)
 
 
 def __getattr__(name: str):

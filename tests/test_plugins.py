@@ -1,0 +1,94 @@
+"""Loss plugins: one module in a separate package reaches every command (issue 17).
+
+The plugin is a module ``cocos_sqhinge`` written to a temporary folder, found either through an
+entry point of the ``cocos.losses`` group (a ``.dist-info`` folder on the path, as ``pip install``
+leaves it) or through ``COCOS_PLUGINS``. Each command runs in a fresh process, so nothing of the
+test process's registry leaks into it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+PLUGIN = '''
+from cocos.losses.functional import triplet_hinge
+from cocos.objectives import Objective
+
+
+def squared_hinge(view, margin=0.1):
+    """One direction: the squared hinge of every (positive, negative) pair."""
+    return triplet_hinge(view, margin).clamp(min=0).pow(2).sum()
+
+
+objective = Objective(name="sqhinge", label="Squared hinge", direction_loss=squared_hinge,
+                      defaults={"margin": 0.1}, color="#9467bd", stats=("C_q", "C_B", "C_0"))
+'''
+
+
+@pytest.fixture(scope="module")
+def plugin(tmp_path_factory):
+    """The plugin's folder (holding the module and an installed-package entry point) and embeddings to count."""
+    root = tmp_path_factory.mktemp("plugin")
+    (root / "cocos_sqhinge.py").write_text(PLUGIN)
+    info = root / "cocos_sqhinge-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: cocos-sqhinge\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[cocos.losses]\nsqhinge = cocos_sqhinge:objective\n")
+    rng = np.random.default_rng(0)
+    np.savez(root / "emb.npz", images=rng.normal(size=(32, 8)).astype(np.float32),
+             captions=rng.normal(size=(160, 8)).astype(np.float32))
+    return root
+
+
+def cocos(args, cwd: Path, path: Path | None = None, plugins: str | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "COCOS_PLUGINS")}
+    if path is not None:
+        env["PYTHONPATH"] = str(path)
+    if plugins is not None:
+        env["COCOS_PLUGINS"] = plugins
+    return subprocess.run([sys.executable, "-c", "from cocos_cli.main import run; run()", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_an_entry_point_plugin_is_listed_counted_and_reported_without_being_installed(plugin, tmp_path):
+    listed = cocos(["losses"], tmp_path, path=plugin)
+    assert listed.returncode == 0 and "sqhinge" in listed.stdout and "Squared hinge" in listed.stdout, listed.stderr
+    counted = cocos(["count", str(plugin / "emb.npz"), "--loss", "sqhinge", "--loss", "triplet", "--batch-size",
+                     "16", "--out", str(tmp_path / "with"), "--no-progress"], tmp_path, path=plugin)
+    assert counted.returncode == 0, counted.stderr
+    results = json.loads((tmp_path / "with" / "results.json").read_text())
+    assert results["presentation"]["sqhinge"]["label"] == "Squared hinge"
+    assert set(results["stats"]["sqhinge"]) == {"i2t", "t2i"}
+    # the same report in a process without the plugin: identical tables
+    rendered = cocos(["report", str(tmp_path / "with"), "--out", str(tmp_path / "without")], tmp_path)
+    assert rendered.returncode == 0, rendered.stderr
+    plugged = cocos(["report", str(tmp_path / "with"), "--out", str(tmp_path / "plugged")], tmp_path, path=plugin)
+    assert plugged.returncode == 0, plugged.stderr
+    for name in ("tables.md", "tables.tex"):
+        assert (tmp_path / "without" / name).read_text() == (tmp_path / "plugged" / name).read_text()
+    assert "Squared hinge" in (tmp_path / "without" / "tables.md").read_text()
+
+
+def test_cocos_plugins_names_a_module_on_the_path(plugin, tmp_path):
+    # the module alone (no dist-info): copy it elsewhere so that the entry point is not found
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "cocos_sqhinge.py").write_text(PLUGIN)
+    without = cocos(["losses"], tmp_path, path=tmp_path / "mods")
+    assert "sqhinge" not in without.stdout
+    listed = cocos(["losses"], tmp_path, path=tmp_path / "mods", plugins="cocos_sqhinge")
+    assert listed.returncode == 0 and "sqhinge" in listed.stdout, listed.stderr
+
+
+def test_a_broken_plugin_is_one_error_line_naming_it(tmp_path):
+    (tmp_path / "broken_plugin.py").write_text("raise RuntimeError('oops')\n")
+    res = cocos(["losses"], tmp_path, path=tmp_path, plugins="broken_plugin")
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == ["error: loss plugin module broken_plugin (COCOS_PLUGINS) failed to "
+                                               "load: oops"]
