@@ -210,3 +210,25 @@ def test_float32_and_float64_agree(loss):
     for d in a:
         for k in a[d]:
             assert a[d][k] == pytest.approx(b[d][k], rel=1e-4, abs=1e-6, nan_ok=True), (d, k)
+
+
+def test_smoothap_companions_weigh_negatives_only():
+    """The companions (N_eff, inverse Simpson, top-1 share) of a SmoothAP query use its weights on negatives: a
+    query's other positives, which carry SmoothAP weight too, are not negatives (definitions file §7)."""
+    from cocos.data.layout import BatchLayout
+    from cocos.losses.counts import companions
+    from cocos.losses.smoothap import SmoothAPCounter
+
+    rng = np.random.default_rng(5)
+    s = torch.as_tensor(rng.uniform(-0.3, 0.3, size=(3, 9)))  # 3 images x 3 captions each (ranking batch)
+    view = BatchLayout.build(3, 9).view(s, "i2t", False)
+    counter = SmoothAPCounter(tau=0.05)
+    got = counter.count(view).per_query
+    w, _ = counter.pair_weights(view)
+    for q in range(3):
+        negatives = [c for c in range(9) if c // 3 != q]
+        on_neg = torch.stack([w[q, :, c].sum() for c in negatives])  # summed over the query's positives (anchors)
+        assert float(w[q][:, [c for c in range(9) if c // 3 == q]].abs().sum()) > 0  # positives do carry weight
+        want, _ = companions(on_neg[None])
+        for stat in ("N_eff", "N_invsimpson", "top1_share"):
+            assert float(got[stat][q]) == pytest.approx(float(want[stat][0]), rel=1e-12), stat

@@ -150,3 +150,16 @@ def test_bad_goal_flags_are_one_line_exit_2_nothing_written(tmp_path, args, mess
 def test_get_loss_refuses_unknown_weights():
     with pytest.raises(CocosError, match="unknown pair weight"):
         get_loss("goal", pair_weight="square")
+
+
+@pytest.mark.parametrize("scale", [2.0, 0.5])
+def test_the_designed_gradient_scales_with_the_upstream_gradient(scale):
+    """Loss weighting (or AMP's loss scaling) multiplies GOAL's designed gradient like any other loss's."""
+    torch.manual_seed(0)
+    loss = get_loss("goal", triplet_weight="nca", pair_weight="sig")
+    images = torch.randn(6, 8, dtype=torch.float64, requires_grad=True)
+    captions = torch.randn(6, 8, dtype=torch.float64, requires_grad=True)
+    (g1,) = torch.autograd.grad(loss(images, captions), images)
+    (g2,) = torch.autograd.grad(scale * loss(images, captions), images)
+    assert g1.abs().sum() > 0
+    assert torch.allclose(g2, scale * g1, rtol=1e-12, atol=0)

@@ -85,9 +85,15 @@ def assert_stats_equal(got: dict, want: dict, context: str = "") -> None:
 @st.composite
 def batches(draw, loss: str):
     """A random batch and loss parameters: ``dict`` with S, caption_image, image_ids, params, grid, ..."""
-    layout = draw(st.sampled_from(["pair", "pair", "ranking"]))
+    # irregular: images with different numbers of captions (padded positives); SmoothAP needs k equal per image
+    layout = draw(st.sampled_from(["pair", "pair", "ranking"] + (["irregular"] if loss != "smoothap" else [])))
     grid = draw(st.booleans())
-    if layout == "pair":
+    if layout == "irregular":
+        ks = draw(st.lists(st.integers(1, 4), min_size=1, max_size=5))
+        b, k, m = len(ks), max(ks), sum(ks)
+        caption_image = np.repeat(np.arange(b), ks)
+        image_ids = None
+    elif layout == "pair":
         b = draw(st.integers(1, 6))
         k = 1
         m = b
@@ -143,7 +149,7 @@ def run_both(loss: str, batch: dict):
         assume(gap > GAP)
     if batch["grid"]:
         images, captions = embed_exact(s)
-        scores, _ = batch_similarity(images, captions)
+        scores, _ = batch_similarity(images, captions, batch["caption_image"])
         assert np.array_equal(scores.numpy(), s), "embed_exact must reproduce S exactly"
     else:
         images, captions = embed_similarities(s)

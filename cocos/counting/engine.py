@@ -357,32 +357,8 @@ def count_embeddings(
     each rank counts its contiguous block of the seeded batch plan and the blocks are
     joined in order, so every rank returns the one-process result.
     """
-    from cocos.objectives import paper_names, resolve
-
     params = params or {}
-    objectives = [resolve(x) for x in (paper_names() if losses is None else list(losses))]
-    seen = [o.name for o in objectives]
-    if len(set(seen)) != len(seen):
-        raise CocosError(f"two losses share a name ({', '.join(seen)}); give each its own name")
-    from cocos.objectives import OBJECTIVES
-
-    for o in objectives:
-        if o.name in OBJECTIVES and OBJECTIVES[o.name] is not o:
-            raise CocosError(f"'{o.name}' is the name of a registered loss; give your loss another name "
-                             "(Objective(name=...) or the function's name)")
-    modes = [mode_of(compat)] if modes is None else list(dict.fromkeys(modes))
-    for m in modes:
-        if m not in MODES:
-            raise CocosError(f"unknown counting mode '{m}' (use {', '.join(MODES)})")
-    if sweep_eps is not None:
-        for e in sweep_eps:
-            check_params(eps=e)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-        raise CocosError(f"batch size must be a positive integer, got {batch_size!r}")
-    counters = {o.name: o.make_counter(eps=eps, **params.get(o.name, {})) for o in objectives}
-    unknown = sorted(set(params) - set(counters))
-    if unknown:
-        raise CocosError(f"parameters given for losses not counted: {', '.join(unknown)}")
+    objectives, counters, modes = _setup(losses, batch_size, compat, modes, params, eps, sweep_eps)
     by_layout: dict[str, list] = defaultdict(list)
     for o in objectives:
         by_layout[o.layout].append(o)
@@ -393,44 +369,14 @@ def count_embeddings(
     collect = _Collector(keep_per_query)
     mine = {layout: aligned_block(plan.n_batches, chunk, group) for layout, plan in plans.items()}  # whole chunks
     total = sum(len(r) for r in mine.values())
-    device = emb.images.device
     with progress_bar(total, "counting", enabled=progress and group.is_main) as advance:
         for layout_name, plan in plans.items():
             own = mine[layout_name]
             for start in range(own.start, own.stop, chunk):
                 stop = min(start + chunk, own.stop)
-                cap, img = plan.captions[start:stop], plan.images[start:stop]
-                c, i = torch.as_tensor(cap, device=device), torch.as_tensor(img, device=device)
-                scores = emb.images[i] @ emb.captions[c].transpose(-1, -2)  # (nb, B, M)
-                if layout_name == "pair":
-                    layout = BatchLayout.build(batch_size, batch_size,
-                                               torch.arange(batch_size, device=device), image_ids=i)
-                else:
-                    layout = BatchLayout.build(batch_size, c.shape[-1], device=device)
-                for o in by_layout[layout_name]:
-                    counter = counters[o.name]
-                    s = scores
-                    if getattr(counter, "needs_embeddings", False):
-                        s = counter.gradients(emb.images[i], emb.captions[c], layout.caption_image)
-                    main_eps = counter.params().get("eps", np.nan) if o.uses_eps else np.nan
-                    intra = {}
-                    if getattr(counter, "needs_intra", False):  # the queries' intra-modal similarities (IMC)
-                        intra = intra_similarities(emb.images[i], emb.captions[c])
-                    for mode in modes:
-                        for d in DIRECTIONS:
-                            view = layout.view(s, d, mode == "compat", intra=intra.get(d))
-                            result = counter.count(view)
-                            key = (o.name, d, mode)
-                            collect.add_batch((*key, main_eps), {**result.batch, "n_excluded": result.n_excluded})
-                            if keep_per_query:
-                                kind = result.item_kind or ("image" if d == "i2t" else "caption")
-                                # the dataset rows of the entries: images (i2t, or regrouped by image), else captions
-                                collect.add_queries((*key, kind), result.per_query, img if kind == "image" else cap)
-                            if sweep_eps is not None and o.uses_eps:
-                                for e, res in counter.sweep(view, sweep_eps).items():
-                                    if e != main_eps:
-                                        collect.add_batch((*key, e), res.batch)
-                advance(len(cap))
+                _count_chunk(emb, plan.captions[start:stop], plan.images[start:stop], layout_name, batch_size,
+                             [(o, counters[o.name]) for o in by_layout[layout_name]], modes, sweep_eps, collect)
+                advance(stop - start)
     if group.active:
         collect.merge(gather_blocks(collect.parts(), group))
     batches, queries = collect.frames()
@@ -439,3 +385,67 @@ def count_embeddings(
                     params={n: c.params() for n, c in counters.items()},
                     labels={o.name: o.label for o in objectives},
                     batch_size=int(batch_size), seed=int(seed))
+
+
+def _setup(losses, batch_size, compat, modes, params, eps, sweep_eps):
+    """The specs, their counters and the counting modes of :func:`count_embeddings`, every argument checked."""
+    from cocos.objectives import OBJECTIVES, paper_names, resolve
+
+    objectives = [resolve(x) for x in (paper_names() if losses is None else list(losses))]
+    seen = [o.name for o in objectives]
+    if len(set(seen)) != len(seen):
+        raise CocosError(f"two losses share a name ({', '.join(seen)}); give each its own name")
+    for o in objectives:
+        if o.name in OBJECTIVES and OBJECTIVES[o.name] is not o:
+            raise CocosError(f"'{o.name}' is the name of a registered loss; give your loss another name "
+                             "(Objective(name=...) or the function's name)")
+    modes = [mode_of(compat)] if modes is None else list(dict.fromkeys(modes))
+    for m in modes:
+        if m not in MODES:
+            raise CocosError(f"unknown counting mode '{m}' (use {', '.join(MODES)})")
+    for e in sweep_eps or ():
+        check_params(eps=e)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise CocosError(f"batch size must be a positive integer, got {batch_size!r}")
+    counters = {o.name: o.make_counter(eps=eps, **params.get(o.name, {})) for o in objectives}
+    unknown = sorted(set(params) - set(counters))
+    if unknown:
+        raise CocosError(f"parameters given for losses not counted: {', '.join(unknown)}")
+    return objectives, counters, modes
+
+
+def _count_chunk(emb, cap, img, layout_name, batch_size, specs, modes, sweep_eps, collect) -> None:
+    """Count a chunk of batches (dataset rows ``cap`` (nb, M), ``img`` (nb, B)) for every (spec, counter) of one
+    layout, both directions, every mode, into ``collect``; the similarity rows are computed once for all."""
+    device = emb.images.device
+    c, i = torch.as_tensor(cap, device=device), torch.as_tensor(img, device=device)
+    scores = emb.images[i] @ emb.captions[c].transpose(-1, -2)  # (nb, B, M)
+    if layout_name == "pair":
+        layout = BatchLayout.build(batch_size, batch_size, torch.arange(batch_size, device=device), image_ids=i)
+    else:
+        layout = BatchLayout.build(batch_size, c.shape[-1], device=device)
+    for o, counter in specs:
+        s = scores
+        if getattr(counter, "needs_embeddings", False):
+            s = counter.gradients(emb.images[i], emb.captions[c], layout.caption_image)
+        main_eps = counter.params().get("eps", np.nan) if o.uses_eps else np.nan
+        intra = {}
+        if getattr(counter, "needs_intra", False):  # the queries' intra-modal similarities (IMC)
+            intra = intra_similarities(emb.images[i], emb.captions[c])
+        for mode in modes:
+            for d in DIRECTIONS:
+                view = layout.view(s, d, mode == "compat", intra=intra.get(d))
+                _collect_view(collect, o, counter, view, (o.name, d, mode), main_eps, sweep_eps, cap, img)
+
+
+def _collect_view(collect, o, counter, view, key, main_eps, sweep_eps, cap, img) -> None:
+    result = counter.count(view)
+    collect.add_batch((*key, main_eps), {**result.batch, "n_excluded": result.n_excluded})
+    if collect.keep_queries:
+        kind = result.item_kind or ("image" if key[1] == "i2t" else "caption")
+        # the dataset rows of the entries: images (i2t, or regrouped by image), else captions
+        collect.add_queries((*key, kind), result.per_query, img if kind == "image" else cap)
+    if sweep_eps is not None and o.uses_eps:
+        for e, res in counter.sweep(view, sweep_eps).items():
+            if e != main_eps:
+                collect.add_batch((*key, e), res.batch)

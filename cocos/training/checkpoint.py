@@ -145,27 +145,37 @@ def verify_content_hash(ckpt: dict, where) -> None:
         raise CocosError(f"{where}: is corrupted (its content does not match the {HASH_KEY} stored in it)")
 
 
+def _sized(tag: bytes, data: bytes) -> bytes:
+    return tag + struct.pack("<Q", len(data)) + data
+
+
+def _encode_scalar(value) -> bytes | None:
+    """The bytes of a plain value (None, bool, int, float, complex, str, bytes, dtype, device); None otherwise."""
+    if value is None:
+        return b"N"
+    if isinstance(value, bool):
+        return b"B1" if value else b"B0"
+    if isinstance(value, int):
+        return _sized(b"I", str(value).encode())
+    if isinstance(value, float):
+        return _sized(b"F", value.hex().encode())
+    if isinstance(value, complex):
+        return _sized(b"C", f"{value.real.hex()},{value.imag.hex()}".encode())
+    if isinstance(value, str):
+        return _sized(b"S", value.encode("utf-8", "surrogatepass"))
+    if isinstance(value, (bytes, bytearray)):
+        return _sized(b"Y", bytes(value))
+    if isinstance(value, (torch.dtype, torch.device)):
+        return _sized(b"O", str(value).encode())
+    return None
+
+
 def _encode(value, put, depth: int) -> None:
     if depth > 64:
         raise CocosError("checkpoint is nested too deeply")
-    if value is None:
-        put(b"N")
-    elif isinstance(value, bool):
-        put(b"B1" if value else b"B0")
-    elif isinstance(value, int):
-        text = str(value).encode()
-        put(b"I" + struct.pack("<Q", len(text)) + text)
-    elif isinstance(value, float):
-        text = value.hex().encode()
-        put(b"F" + struct.pack("<Q", len(text)) + text)
-    elif isinstance(value, complex):
-        text = f"{value.real.hex()},{value.imag.hex()}".encode()
-        put(b"C" + struct.pack("<Q", len(text)) + text)
-    elif isinstance(value, str):
-        data = value.encode("utf-8", "surrogatepass")
-        put(b"S" + struct.pack("<Q", len(data)) + data)
-    elif isinstance(value, (bytes, bytearray)):
-        put(b"Y" + struct.pack("<Q", len(value)) + bytes(value))
+    plain = _encode_scalar(value)
+    if plain is not None:
+        put(plain)
     elif isinstance(value, torch.Tensor):
         _encode_tensor(value, put)
     elif isinstance(value, (list, tuple)):  # torch.Size is a tuple
@@ -183,9 +193,6 @@ def _encode(value, put, depth: int) -> None:
         for key_bytes, item in entries:
             put(key_bytes)
             _encode(item, put, depth + 1)
-    elif isinstance(value, (torch.dtype, torch.device)):
-        text = str(value).encode()
-        put(b"O" + struct.pack("<Q", len(text)) + text)
     else:
         raise CocosError(f"checkpoint holds a value of type {type(value).__name__}, which a checkpoint may not hold")
 
@@ -535,38 +542,47 @@ def _check_optimizer(check: _Checker, opt, shapes: list[tuple], field: str) -> N
         check.fail(f"{field}.state", f"must be a dict, got {_show(state)}")
     ids: list[int] = []
     for g, group in enumerate(groups):
-        group = check.dict(group, f"{field}.param_groups[{g}]")
-        for i, pid in enumerate(check.list(check.key(group, "params", f"{field}.param_groups[{g}]"),
-                                           f"{field}.param_groups[{g}].params")):
-            ids.append(check.int(pid, f"{field}.param_groups[{g}].params[{i}]"))
-        for key, value in group.items():
-            if key == "params":
-                continue
-            items = value if isinstance(value, (list, tuple)) else [value]
-            if not all(isinstance(v, _GROUP_VALUE) for v in items):
-                check.fail(f"{field}.param_groups[{g}].{key}", f"must be plain numbers, got {_show(value)}")
-            if any(_is_number(v) and not math.isfinite(v) for v in items):
-                check.fail(f"{field}.param_groups[{g}].{key}", f"must be finite, got {_show(value)}")
-        if "lr" in group:
-            check.number(group["lr"], f"{field}.param_groups[{g}].lr", minimum=0)
+        ids += _check_param_group(check, group, f"{field}.param_groups[{g}]")
     if len(ids) != len(shapes) or len(set(ids)) != len(ids):
         check.fail(field, f"covers {len(set(ids))} parameters, but the model has {len(shapes)}")
     shape_of = dict(zip(ids, shapes, strict=True))
     for pid, entry in state.items():
         if not _is_int(pid) or pid not in shape_of:
             check.fail(f"{field}.state", f"holds the state of parameter {_show(pid)}, which no group names")
-        entry = check.dict(entry, f"{field}.state[{pid}]")
-        for key, value in entry.items():
-            name = f"{field}.state[{pid}].{key}"
-            if key == "step":
-                if isinstance(value, torch.Tensor):
-                    check.tensor(value, name, shape=())
-                    value = float(value)
-                check.number(value, name, minimum=0)
-            elif isinstance(value, torch.Tensor):
-                check.tensor(value, name, shape=shape_of[pid], dtype=torch.float32)
-            else:
-                check.fail(name, f"must be a tensor, got {_show(value)}")
+        _check_param_state(check, check.dict(entry, f"{field}.state[{pid}]"), shape_of[pid], f"{field}.state[{pid}]")
+
+
+def _check_param_group(check: _Checker, group, where: str) -> list[int]:
+    """One parameter group: plain finite settings; returns the parameter ids it names."""
+    group = check.dict(group, where)
+    ids = [check.int(pid, f"{where}.params[{i}]")
+           for i, pid in enumerate(check.list(check.key(group, "params", where), f"{where}.params"))]
+    for key, value in group.items():
+        if key == "params":
+            continue
+        items = value if isinstance(value, (list, tuple)) else [value]
+        if not all(isinstance(v, _GROUP_VALUE) for v in items):
+            check.fail(f"{where}.{key}", f"must be plain numbers, got {_show(value)}")
+        if any(_is_number(v) and not math.isfinite(v) for v in items):
+            check.fail(f"{where}.{key}", f"must be finite, got {_show(value)}")
+    if "lr" in group:
+        check.number(group["lr"], f"{where}.lr", minimum=0)
+    return ids
+
+
+def _check_param_state(check: _Checker, entry: dict, shape: tuple, where: str) -> None:
+    """One parameter's optimizer state: a step count and float32 tensors of the parameter's shape."""
+    for key, value in entry.items():
+        name = f"{where}.{key}"
+        if key == "step":
+            if isinstance(value, torch.Tensor):
+                check.tensor(value, name, shape=())
+                value = float(value)
+            check.number(value, name, minimum=0)
+        elif isinstance(value, torch.Tensor):
+            check.tensor(value, name, shape=shape, dtype=torch.float32)
+        else:
+            check.fail(name, f"must be a tensor, got {_show(value)}")
 
 
 _SCHEDULER_TYPES = {"step_size": "int", "gamma": "number", "base_lrs": "numbers", "last_epoch": "int",

@@ -1,0 +1,89 @@
+"""A small mutation check of the core maths: does the test suite notice one-line mistakes?
+
+Each mutant is one line of ``cocos/`` replaced by a plausible wrong version. For each, the
+repository (``cocos/``, ``tests/``, ``pyproject.toml``) is copied to a temporary folder, the line
+is changed there, and the test files that guard it run against the copy (``python -m pytest``
+from the copy's root imports the copy's ``cocos``). A mutant is *killed* when a test fails.
+
+    python benchmarks/mutants.py [--only NAME]
+
+Add a mutant here whenever a change touches maths that a test should guard; every mutant
+below must be killed (the exit code is the number that survive).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# name: (file, original line, mutated line, test files)
+MUTANTS = {
+    "triplet_hinge without the padded-positive mask": (
+        "cocos/losses/functional.py",
+        "    mask = valid[..., :, None] & view.neg[..., None, :]",
+        "    mask = view.neg[..., None, :]",
+        ["tests/test_oracle.py"]),
+    "GOAL backward ignores the upstream gradient": (
+        "cocos/objectives/goal.py",
+        "        return upstream * grad, None, None",
+        "        return grad, None, None",
+        ["tests/test_goal_objective.py"]),
+    "SmoothAP companions without the negatives mask": (
+        "cocos/losses/smoothap.py",
+        "        neg_w = torch.where(view.neg, w.sum(-2), 0.0)",
+        "        neg_w = w.sum(-2)",
+        ["tests/test_counting_hand.py"]),
+    "Triplet violation >= instead of > (a hinge of exactly 0 counts)": (
+        "cocos/losses/triplet.py",
+        "            hit = hinge > 0",
+        "            hit = hinge >= 0",
+        ["tests/test_counting_hand.py", "tests/test_oracle.py"]),
+    "GOAL MS mean counts the selected pair again": (
+        "cocos/losses/goal.py",
+        "        return torch.where(n > 0, total / n.clamp_min(1), torch.full_like(total, neutral))",
+        "        return (neutral + total) / (1 + n)",
+        ["tests/test_goal.py"]),
+}
+
+
+def run(name: str, file: str, original: str, mutated: str, tests: list[str]) -> bool:
+    """True when the mutant is killed."""
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp)
+        for item in ("cocos", "tests"):
+            shutil.copytree(ROOT / item, copy / item, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copy(ROOT / "pyproject.toml", copy / "pyproject.toml")
+        target = copy / file
+        text = target.read_text(encoding="utf-8")
+        if text.count(original) != 1:
+            raise SystemExit(f"{name}: the line to mutate is not (exactly once) in {file}; update MUTANTS")
+        target.write_text(text.replace(original, mutated), encoding="utf-8")
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(copy)}
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
+                              cwd=copy, env=env, capture_output=True, text=True)
+        return done.returncode != 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", help="run the mutants whose name contains this text")
+    a = parser.parse_args()
+    survived = 0
+    for name, (file, original, mutated, tests) in MUTANTS.items():
+        if a.only and a.only not in name:
+            continue
+        killed = run(name, file, original, mutated, tests)
+        survived += not killed
+        print(f"{'killed  ' if killed else 'SURVIVED'}  {name}  ({file})")
+    sys.exit(survived)
+
+
+if __name__ == "__main__":
+    main()
