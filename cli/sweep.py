@@ -1,0 +1,64 @@
+"""``cocos sweep GRID.toml``: losses x seeds x models, locally or on Slurm, merged into one report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from .common import handle_errors
+from .main import app
+
+
+@app.command("sweep")
+@handle_errors
+def sweep(
+    grid_file: Path = typer.Argument(..., metavar="GRID.toml", help="The grid (see examples/demo_grid.toml)."),
+    executor: str = typer.Option("local", metavar="local|slurm", help="Run here, or submit to Slurm (submitit)."),
+    jobs: int = typer.Option(1, help="local: runs at a time, each on its share of cores (or one GPU each)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and the commands; run nothing."),
+    resume: bool = typer.Option(False, "--resume", help="Continue interrupted runs from their last.pt."),
+    retrain: bool = typer.Option(False, "--retrain", help="Train every run again."),
+    reports: Path = typer.Option(None, help="Reports root (default: the grid's, else reports/)."),
+    checkpoints: Path = typer.Option(None, help="Checkpoints root (default: the grid's, else checkpoints/)."),
+    partition: str = typer.Option(None, help="slurm: partition."),
+    time_limit: str = typer.Option(None, "--time", help="slurm: time limit per run, HH:MM:SS."),
+    gpus: int = typer.Option(None, help="slurm: GPUs per run."),
+    mem_gb: int = typer.Option(None, help="slurm: memory per run in GB."),
+    array_parallelism: int = typer.Option(None, help="slurm: runs at a time."),
+    cluster: str = typer.Option(None, hidden=True, help="submitit cluster (debug, local) instead of slurm."),
+    progress: bool = typer.Option(False, "--progress/--no-progress", help="Show progress bars (jobs 1)."),
+) -> None:
+    """Train and analyse every (model, loss, seed) of a grid and merge them into one report (mean ± std)."""
+    from cocos.errors import CocosError
+    from cocos.pipelines.sweep import load_grid, plan, run_sweep, slurm_params, train_command
+
+    if executor not in ("local", "slurm"):
+        raise CocosError(f"unknown executor '{executor}' (choose from local, slurm)")
+    grid = load_grid(grid_file, reports=reports, checkpoints=checkpoints)
+    options = {"partition": partition, "time": time_limit, "gpus": gpus, "mem_gb": mem_gb,
+               "array_parallelism": array_parallelism}
+    if dry_run:
+        params = slurm_params(grid, options)
+        typer.echo(f"sweep {grid.name}: {len(grid.runs)} runs; checkpoints in {grid.checkpoints / grid.name}/, "
+                   f"reports in {grid.report_dir}/, merged report in {grid.summary}/")
+        known = Path(grid.data, "train_ims.npy").exists()
+        steps = plan(grid, resume, retrain) if known else [(r, "train") for r in grid.runs]
+        for run, step in steps:
+            typer.echo(f"  {run.name}: {step}")
+            if step != "skip":
+                typer.echo(f"    {train_command(run)}")
+                typer.echo(f"    cocos analyze {run.train['out']}/model_best.pt --out {run.report}")
+        typer.echo(f"  then: cocos report {grid.report_dir} --out {grid.summary}")
+        if executor == "slurm":
+            typer.echo(f"  slurm: one array job ({params}), the merge as a job depending on it")
+        return
+    try:
+        results = run_sweep(grid, executor=executor, jobs=jobs, resume=resume, retrain=retrain, progress=progress,
+                            slurm=options, cluster=cluster, log=typer.echo)
+    except KeyboardInterrupt:
+        typer.echo("interrupted: finished runs are kept; run the sweep again (with --resume) to complete it",
+                   err=True)
+        raise typer.Exit(code=130) from None
+    if any(s["status"] != "ok" for s in results):
+        raise typer.Exit(code=1)
