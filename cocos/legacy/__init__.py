@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from cocos.defaults import DEFAULT_MARGIN, DEFAULT_TAU_NTXENT, DEFAULT_TAU_SMOOTHAP
 from cocos.errors import CocosError
 from cocos.safeload import UnsafeCheckpointError, first_line, load_torch_file
 
@@ -202,9 +203,9 @@ def loss_from_opt(opt: dict, path: str | os.PathLike) -> tuple[str, dict]:
 
     if name is None:
         name = "triplet_sh" if _bool(opt.get("max_violation")) else "triplet"
-        params = {"margin": setting("margin", 0.2)}
+        params = {"margin": setting("margin", DEFAULT_MARGIN)}
     else:
-        params = {"tau": setting("tau", {"ntxent": 0.1, "smoothap": 0.01}[name])}
+        params = {"tau": setting("tau", {"ntxent": DEFAULT_TAU_NTXENT, "smoothap": DEFAULT_TAU_SMOOTHAP}[name])}
     try:
         return name, get_loss(name, **params).params()
     except CocosError as exc:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from cocos.data.layout import QueryView
+from cocos.defaults import DEFAULT_MARGIN, DEFAULT_TAU_NTXENT, DEFAULT_TAU_SMOOTHAP
 
 SIGMOID_CLAMP = 50.0  # SmoothAP: the sigmoid's exponent is clamped to [-50, 50]
 
@@ -47,7 +48,7 @@ def triplet_hinge(view: QueryView, margin: float) -> torch.Tensor:
     return hinge.masked_fill(~mask, float("-inf"))
 
 
-def triplet_direction(view: QueryView, margin: float = 0.2, hardest: bool = False) -> torch.Tensor:
+def triplet_direction(view: QueryView, margin: float = DEFAULT_MARGIN, hardest: bool = False) -> torch.Tensor:
     """Triplet loss of one direction, summed over queries (VSE++ ``ContrastiveLoss``).
 
     ``hardest=False``: all triplets (paper Eq. 3); ``hardest=True``: only the hardest
@@ -65,7 +66,7 @@ def ntxent_log_probs(view: QueryView, tau: float) -> torch.Tensor:
     return torch.log_softmax(logits, dim=-1)
 
 
-def ntxent_direction(view: QueryView, tau: float = 0.1) -> torch.Tensor:
+def ntxent_direction(view: QueryView, tau: float = DEFAULT_TAU_NTXENT) -> torch.Tensor:
     """NT-Xent of one direction: mean over queries of ``-log p(q, p)`` (mean over positives)."""
     logp = ntxent_log_probs(view, tau)
     pos = view.pos.to(logp.dtype)
@@ -104,7 +105,7 @@ def smoothap_sigmoid(
     return g, anchor_valid
 
 
-def smoothap_direction(view: QueryView, tau: float = 0.01) -> torch.Tensor:
+def smoothap_direction(view: QueryView, tau: float = DEFAULT_TAU_SMOOTHAP) -> torch.Tensor:
     """SmoothAP loss of one direction: mean over queries of ``1 - AP_q`` (paper Eq. 8).
 
     ``AP_q = 1/|P| sum_a (1 + sum_{b in P} G(a,b)) / (1 + sum_b G(a,b))``.

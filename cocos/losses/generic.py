@@ -32,6 +32,7 @@ from dataclasses import replace
 import torch
 
 from cocos.data.layout import QueryView
+from cocos.defaults import DEFAULT_EPS
 from cocos.errors import CocosError, check_params
 from cocos.losses.counts import Count, Counter, batch_counts, companions
 
@@ -51,7 +52,7 @@ def negative_gradients(view: QueryView, loss_fn: Callable[[QueryView], torch.Ten
     return torch.where(view.neg, grad.abs(), 0.0).detach()
 
 
-def count_from_gradients(g: torch.Tensor, view: QueryView, eps: float = 0.01, relative: bool = True,
+def count_from_gradients(g: torch.Tensor, view: QueryView, eps: float = DEFAULT_EPS, relative: bool = True,
                          extras: bool = True) -> Count:
     """Per query: the negatives whose gradient magnitude ``g`` (``(..., Q, K)``, 0 off negatives) passes ``eps``."""
     threshold = eps * g.amax(-1, keepdim=True) if relative else torch.full_like(g[..., :1], eps)
@@ -67,7 +68,7 @@ def count_from_gradients(g: torch.Tensor, view: QueryView, eps: float = 0.01, re
 def count_generic(
     view: QueryView,
     loss_fn: Callable[[QueryView], torch.Tensor],
-    eps: float = 0.01,
+    eps: float = DEFAULT_EPS,
     relative: bool = True,
 ) -> Count:
     """Per query: the number of negatives whose gradient weight passes the threshold."""
@@ -79,7 +80,7 @@ class GenericCounter(Counter):
 
     uses_eps = True
 
-    def __init__(self, objective, eps: float = 0.01, relative: bool = True, **params) -> None:
+    def __init__(self, objective, eps: float = DEFAULT_EPS, relative: bool = True, **params) -> None:
         check_params(eps=eps)
         self.objective, self.eps, self.relative = objective, float(eps), relative
         self.loss_params = objective.params(**params)

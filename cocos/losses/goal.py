@@ -75,6 +75,7 @@ from dataclasses import dataclass
 import torch
 
 from cocos.data.layout import DIRECTIONS, BatchLayout, QueryView
+from cocos.defaults import DEFAULT_MARGIN
 from cocos.errors import CocosError
 from cocos.losses.functional import positive_index
 
@@ -101,7 +102,7 @@ def _pair(sp, sn) -> tuple[torch.Tensor, torch.Tensor]:
 # -- triplet weights ------------------------------------------------------------------
 
 
-def t_con(sp, sn, margin: float = 0.2) -> torch.Tensor:
+def t_con(sp, sn, margin: float = DEFAULT_MARGIN) -> torch.Tensor:
     """Constant triplet weight (Eq. 5): ``1{m + Sn − Sp > 0}`` (strict: 0 on the boundary)."""
     sp, sn = _pair(sp, sn)
     return (margin + sn - sp > 0).to(sp.dtype)

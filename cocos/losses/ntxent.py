@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from cocos.data.layout import QueryView
+from cocos.defaults import DEFAULT_TAU_NTXENT
 from cocos.errors import check_params
 from cocos.losses.counts import DEFAULT_EPS, Count, Counter, companions
 from cocos.losses.functional import ntxent_log_probs
@@ -19,7 +20,7 @@ from cocos.losses.functional import ntxent_log_probs
 class NTXentCounter(Counter):
     uses_eps = True
 
-    def __init__(self, tau: float = 0.1, eps: float = DEFAULT_EPS) -> None:
+    def __init__(self, tau: float = DEFAULT_TAU_NTXENT, eps: float = DEFAULT_EPS) -> None:
         check_params(tau=tau, eps=eps)
         self.tau = float(tau)
         self.eps = float(eps)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from cocos.data.layout import QueryView
+from cocos.defaults import DEFAULT_TAU_SMOOTHAP
 from cocos.errors import check_params
 from cocos.losses.counts import DEFAULT_EPS, Count, Counter, companions
 from cocos.losses.functional import positive_index, smoothap_sigmoid
@@ -27,7 +28,7 @@ from cocos.losses.functional import positive_index, smoothap_sigmoid
 class SmoothAPCounter(Counter):
     uses_eps = True
 
-    def __init__(self, tau: float = 0.01, eps: float = DEFAULT_EPS) -> None:
+    def __init__(self, tau: float = DEFAULT_TAU_SMOOTHAP, eps: float = DEFAULT_EPS) -> None:
         check_params(tau=tau, eps=eps)
         self.tau = float(tau)
         self.eps = float(eps)

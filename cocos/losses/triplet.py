@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from cocos.data.layout import QueryView
+from cocos.defaults import DEFAULT_MARGIN
 from cocos.errors import check_params
 from cocos.losses.counts import Count, Counter, batch_counts, companions
 from cocos.losses.functional import triplet_hinge
@@ -26,7 +27,7 @@ class TripletCounter(Counter):
 
     hardest = False
 
-    def __init__(self, margin: float = 0.2) -> None:
+    def __init__(self, margin: float = DEFAULT_MARGIN) -> None:
         check_params(margin=margin)
         self.margin = float(margin)
 

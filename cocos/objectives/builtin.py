@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from functools import partial
 
+from cocos.defaults import DEFAULT_MARGIN, DEFAULT_TAU_NTXENT
 from cocos.losses.functional import ntxent_direction, smoothap_direction, triplet_direction
 from cocos.losses.ntxent import NTXentCounter
 from cocos.losses.smoothap import SmoothAPCounter
@@ -49,19 +50,19 @@ NTXENT_WEIGHTS = Note(
 
 TRIPLET = register(Objective(
     name="triplet", label="Triplet loss", layout="pair",
-    direction_loss=partial(triplet_direction, hardest=False), defaults={"margin": 0.2}, combine="sum",
+    direction_loss=partial(triplet_direction, hardest=False), defaults={"margin": DEFAULT_MARGIN}, combine="sum",
     counter=TripletCounter, stats=("C_q", "C_B", "C_0"), main_stat="C_q", table="2", color="#1f77b4", marker="o",
     notes=(TRIPLET_COMPAT,), description="hinge over all negatives (paper Eq. 3)",
 ))
 TRIPLET_SH = register(Objective(
     name="triplet_sh", label="Triplet loss SH", layout="pair",
-    direction_loss=partial(triplet_direction, hardest=True), defaults={"margin": 0.2}, combine="sum",
+    direction_loss=partial(triplet_direction, hardest=True), defaults={"margin": DEFAULT_MARGIN}, combine="sum",
     counter=TripletSHCounter, stats=("C_q", "C_B", "C_0"), main_stat="C_q", table="2", color="#ff7f0e", marker="s",
     description="hinge on the hardest negative only (VSE++ max violation)", warmup_loss="triplet",
 ))
 NTXENT = register(Objective(
     name="ntxent", label="NT-Xent", layout="pair",
-    direction_loss=ntxent_direction, defaults={"tau": 0.1}, combine="mean",
+    direction_loss=ntxent_direction, defaults={"tau": DEFAULT_TAU_NTXENT}, combine="mean",
     counter=NTXentCounter, stats=("C_qv-", "W_qv-", "W_qv+", "W_low"), main_stat="C_qv-", table="3",
     color="#2ca02c", marker="^", notes=(NTXENT_WEIGHTS,), description="softmax cross-entropy at temperature tau",
 ))

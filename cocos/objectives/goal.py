@@ -26,6 +26,7 @@ from dataclasses import replace
 import torch
 
 from cocos.data.layout import QueryView
+from cocos.defaults import DEFAULT_MARGIN
 from cocos.errors import CocosError, check_params
 from cocos.losses.counts import DEFAULT_EPS, Count, Counter, batch_counts, companions, nanmean
 from cocos.losses.functional import triplet_direction
@@ -34,8 +35,8 @@ from cocos.objectives.spec import Objective
 
 TRIPLET = {"con": "T_con", "nca": "T_nca", "cir": "T_cir"}
 PAIR = {"con": "P_con", "lin": "P_lin", "sig": "P_sig", "lin_ms": "P_lin-ms", "sig_ms": "P_sig-ms"}
-DEFAULTS = {"triplet_weight": "con", "pair_weight": "con", "margin": 0.2, "tau": 10.0, "alpha": 2.0, "beta": 10.0,
-            "lam": 0.5, "offset": False}
+DEFAULTS = {"triplet_weight": "con", "pair_weight": "con", "margin": DEFAULT_MARGIN, "tau": 10.0, "alpha": 2.0,
+            "beta": 10.0, "lam": 0.5, "offset": False}
 
 
 def check(params: dict) -> None:

@@ -20,13 +20,14 @@ from __future__ import annotations
 import torch
 
 from cocos.data.layout import QueryView
+from cocos.defaults import DEFAULT_MARGIN
 from cocos.errors import CocosError, check_params
 from cocos.losses.counts import Count, Counter, nanmean
 from cocos.losses.functional import triplet_direction
 from cocos.losses.triplet import TripletSHCounter
 from cocos.objectives.spec import Objective
 
-DEFAULTS = {"margin": 0.2, "lam": 1.0, "mu_down": 0.05, "mu_up": 0.5}
+DEFAULTS = {"margin": DEFAULT_MARGIN, "lam": 1.0, "mu_down": 0.05, "mu_up": 0.5}
 
 
 def check(params: dict) -> None:
@@ -51,7 +52,7 @@ def imc_term(intra: torch.Tensor, mu_down: float, mu_up: float) -> torch.Tensor:
     return (intra * band).sum() / intra.shape[-1]
 
 
-def imc_direction(view: QueryView, margin: float = 0.2, lam: float = 1.0, mu_down: float = 0.05,
+def imc_direction(view: QueryView, margin: float = DEFAULT_MARGIN, lam: float = 1.0, mu_down: float = 0.05,
                   mu_up: float = 0.5) -> torch.Tensor:
     """Triplet SH of the direction plus λ times the intra-modal term of its queries' modality."""
     if view.intra is None:
@@ -64,7 +65,8 @@ class IMCCounter(Counter):
 
     needs_intra = True
 
-    def __init__(self, margin: float = 0.2, lam: float = 1.0, mu_down: float = 0.05, mu_up: float = 0.5) -> None:
+    def __init__(self, margin: float = DEFAULT_MARGIN, lam: float = 1.0, mu_down: float = 0.05,
+                 mu_up: float = 0.5) -> None:
         check_params(margin=margin)
         self.loss_params = {"margin": float(margin), "lam": float(lam), "mu_down": float(mu_down),
                             "mu_up": float(mu_up)}

@@ -17,6 +17,7 @@ from pathlib import Path
 from cocos import __version__
 from cocos.counting.engine import DEFAULT_SWEEP, CountRun, EmbeddingSet, count_embeddings
 from cocos.data.precomp import data_fingerprint
+from cocos.defaults import DEFAULT_EPS
 from cocos.embed import FrozenModel, save_embeddings
 from cocos.errors import CocosError
 from cocos.objectives import OBJECTIVES, counter_params, names
@@ -116,7 +117,7 @@ def analyze_checkpoint(
     compat: bool = False,
     split: str = "test",
     device: str = "auto",
-    eps: float = 0.01,
+    eps: float = DEFAULT_EPS,
     sweep_eps=DEFAULT_SWEEP,
     save_embeddings_to: str | os.PathLike | None = None,
     label: str | None = None,

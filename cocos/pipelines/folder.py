@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 from cocos.counting.engine import CountRun, EmbeddingSet
+from cocos.defaults import DEFAULT_EPS, DEFAULT_MARGIN, DEFAULT_TAU_NTXENT
 from cocos.results import Results, lookup
 
 CSV_FLOAT = "%.10g"
@@ -105,7 +106,8 @@ def write_results_folder(
                                      title=f"{name}: contributing candidates per query ({shown} counting)")
         if results.sweep:
             used = [p["eps"] for p in results.counting.params.values() if "eps" in p]
-            plot_eps_sweep(results.sweep, tmp / "eps_sweep", looks=results.presentation, eps=used[0] if used else 0.01,
+            plot_eps_sweep(results.sweep, tmp / "eps_sweep", looks=results.presentation,
+                           eps=used[0] if used else DEFAULT_EPS,
                            title=f"{name}: COCOS vs threshold ε ({shown} counting)")
         if run.queries is not None:
             _distributions(results, run, shown, tmp, name)
@@ -161,8 +163,8 @@ def _diagram(results: Results, embeddings: EmbeddingSet, stem: Path, extent=None
         weights = spec.diagram(own)
         params = {k: v for k, v in own.items() if k not in ("triplet_weight", "pair_weight")}
     else:
-        tau = lookup(c.params, "ntxent", "tau") or 0.1
-        weights, params = ["T_con", "T_nca"], {"margin": trained.get("margin", 0.2), "tau": 1.0 / tau}
+        tau = lookup(c.params, "ntxent", "tau") or DEFAULT_TAU_NTXENT
+        weights, params = ["T_con", "T_nca"], {"margin": trained.get("margin", DEFAULT_MARGIN), "tau": 1.0 / tau}
     by = f" trained with the {loss_label(results.training.loss, results)}" if results.training else ""
     which = "training triplets" if results.data.split_counted == "train" else "triplets"
     title = f"{results.model.label}{by} on {results.data.name}: {which} ({mode_name(c.compat)} counting)"

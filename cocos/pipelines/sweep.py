@@ -44,6 +44,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from cocos.defaults import DEFAULT_EPS
 from cocos.errors import CocosError
 
 try:
@@ -154,7 +155,7 @@ def load_grid(path: str | os.PathLike, reports: str | None = None, checkpoints: 
         raise CocosError(f"{where}: name '{name}' must be letters, digits, '_', '.', '-'")
     shared = dict(raw.get("train", {}))
     _unknown(f"{where}: [train]", shared, _train_keys())
-    analyze = {"batch_size": None, "split": "test", "compat": False, "eps": 0.01, **raw.get("analyze", {})}
+    analyze = {"batch_size": None, "split": "test", "compat": False, "eps": DEFAULT_EPS, **raw.get("analyze", {})}
     _unknown(f"{where}: [analyze]", analyze, ANALYZE_KEYS)
     slurm = dict(raw.get("slurm", {}))
     _unknown(f"{where}: [slurm]", slurm, SLURM_KEYS)

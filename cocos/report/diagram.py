@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from cocos.defaults import DEFAULT_MARGIN
 from cocos.errors import CocosError
 from cocos.losses.goal import PAIR_WEIGHTS, parse_weight, triplet_part, weight_grid, weight_params
 
@@ -251,7 +252,7 @@ def plot_triplet_diagram(
             ax.set_box_aspect(1)  # square panels that the layout engine can place (aspect="equal" it cannot)
             binary = bool(np.isin(v, (0.0, 1.0)).all())
             if spec.triplet == "T_con" and spec.pair is None:  # the exact boundary: Sn = Sp - margin
-                m = float(weight_params("T_con", **params).get("margin", 0.2))
+                m = float(weight_params("T_con", **params).get("margin", DEFAULT_MARGIN))
                 ax.plot([lo, hi], [lo - m, hi - m], color="white", linewidth=1.0)
             else:
                 scale = 1.0 if v.max() <= 1.0 else float(v.max())
