@@ -365,19 +365,24 @@ def remove_created(created: list[Path]) -> None:
         shutil.rmtree(created[0], ignore_errors=True)
 
 
+def _check_writable_ancestor(path: Path, start: Path) -> None:
+    """The nearest existing folder at or above ``start`` must be a folder this process may write into."""
+    folder = start
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise CocosError(f"{path}: cannot write ({folder} is not a folder)")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise CocosError(f"{path}: cannot write ({folder} is not writable: read-only or no permission)")
+
+
 def check_writable_dir(path: str | os.PathLike, what: str = "folder") -> Path:
     """Refuse an output folder that cannot be made or written, before any work: it must be a folder (or absent)
     and its nearest existing ancestor a writable folder (a read-only mount, a file in the way)."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise CocosError(f"{path}: exists and is not a folder; choose another {what}")
-    folder = path.absolute()
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    if not folder.is_dir():
-        raise CocosError(f"{path}: cannot be made ({folder} is not a folder)")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise CocosError(f"{path}: cannot write ({folder} is read-only or not writable)")
+    _check_writable_ancestor(path, path.absolute())
     return path
 
 
@@ -387,13 +392,7 @@ def check_writable_file(path: str | os.PathLike) -> Path:
     path = Path(path)
     if path.is_dir():
         raise CocosError(f"{path}: is a folder, expected a file path")
-    folder = path.absolute().parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    if not folder.is_dir():
-        raise CocosError(f"{path}: cannot write ({folder} is not a folder)")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise CocosError(f"{path}: cannot write ({folder} is not writable)")
+    _check_writable_ancestor(path, path.absolute().parent)
     return path
 
 
