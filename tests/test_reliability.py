@@ -454,3 +454,25 @@ def test_blockwise_normalisation_equals_the_whole_and_names_the_row(monkeypatch)
     x[23, 2], x[40] = 1.0, 0.0
     with pytest.raises(CocosError, match="images row 40 is a zero vector"):
         engine.normalised("images", x)
+
+
+def test_undefined_statistics_in_the_track_are_kept_not_refused(world, tmp_path):
+    """A statistic undefined in a batch (C_q when no query counts) is NaN in cocos_track.csv: a valid log, which
+    resume and analyze read; only a row without its labels, or a cut last line, is damage."""
+    from cocos.training.logs import read_logs
+
+    run = tmp_path / "ck"
+    shutil.copytree(world / "ck", run)
+    lines = (run / "cocos_track.csv").read_text().splitlines()
+    cells = lines[1].split(",")
+    cells[-1] = ""  # value NaN
+    (run / "cocos_track.csv").write_text("\n".join([lines[0], ",".join(cells), *lines[2:]]) + "\n")
+    logs = read_logs(run)
+    assert logs.track["value"].isna().sum() == 1
+    res = runner.invoke(app, ["analyze", str(run / "model_best.pt"), "--out", str(tmp_path / "rep"), "--loss",
+                              "triplet", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    cells[-2] = ""  # and no statistic name: damage
+    (run / "cocos_track.csv").write_text("\n".join([lines[0], ",".join(cells), *lines[2:]]) + "\n")
+    with pytest.raises(CocosError, match="no value in column stat"):
+        read_logs(run)

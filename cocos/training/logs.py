@@ -38,13 +38,20 @@ class TrainingLogs:
         return self.steps is not None and all(c in self.steps for c in LTD_COLUMNS)
 
 
-def _read(path: Path, columns, numeric) -> pd.DataFrame | None:
+def _read(path: Path, columns, numeric, complete) -> pd.DataFrame | None:
     """A log CSV with its columns checked: the required ones present, ``step``/``epoch`` positive integers,
-    the ``numeric`` ones numbers in every row (a row cut mid-line or text in a number column is refused)."""
+    the ``numeric`` ones numbers (text in a number column is refused) and the ``complete`` ones present in every
+    row. cocos ends every log with a newline, so a file that does not was cut mid-line."""
     if not path.is_file():
         return None
     try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, path.stat().st_size - 1))
+            if path.stat().st_size and fh.read(1) != b"\n":
+                raise CocosError(f"{path}: its last line is cut (a damaged file?)")
         frame = pd.read_csv(path)
+    except CocosError:
+        raise
     except (ValueError, OSError, UnicodeDecodeError) as exc:
         raise CocosError(f"{path}: not a readable CSV ({(str(exc).splitlines() or ['?'])[0]})") from None
     missing = [c for c in columns if c not in frame]
@@ -56,6 +63,7 @@ def _read(path: Path, columns, numeric) -> pd.DataFrame | None:
     for c in (c for c in numeric if c in frame):
         if not pd.api.types.is_numeric_dtype(frame[c]):
             raise CocosError(f"{path}: column {c} must hold numbers (a damaged file?)")
+    for c in (c for c in complete if c in frame):
         if frame[c].isna().any():
             row = int(frame.index[frame[c].isna()][0]) + 2  # 1-based, after the header line
             raise CocosError(f"{path}: line {row} has no value in column {c} (a cut or damaged file?)")
@@ -69,8 +77,9 @@ def _read(path: Path, columns, numeric) -> pd.DataFrame | None:
 def read_logs(folder: str | os.PathLike, max_epoch: int | None = None) -> TrainingLogs:
     """The logs in a checkpoint or report folder; rows after ``max_epoch`` (a later checkpoint's) are left out."""
     folder = Path(folder)
-    steps = _read(folder / TRAIN_LOG, LOG_COLUMNS, LOG_NUMERIC)
-    track = _read(folder / TRACK_LOG, TRACK_COLUMNS, ("value",))
+    steps = _read(folder / TRAIN_LOG, LOG_COLUMNS, LOG_NUMERIC, complete=LOG_NUMERIC)
+    # a statistic may be undefined in a batch (NaN value, e.g. C_q when no query counts); its labels may not be
+    track = _read(folder / TRACK_LOG, TRACK_COLUMNS, ("value",), complete=("loss", "direction", "stat"))
     if max_epoch is not None:
         steps = steps[steps["epoch"] <= max_epoch] if steps is not None else None
         track = track[track["epoch"] <= max_epoch] if track is not None else None
