@@ -8,13 +8,15 @@ import typer
 
 from cocos.objectives.spec import DEFAULT_EPS
 
-from .common import check_latex_width, handle_errors, parse_params
+from . import lossflags
+from .common import check_latex_width, handle_errors
 from .main import app
 
 
-@app.command("count")
+@app.command("count", context_settings=lossflags.CONTEXT, epilog=lossflags.HELP)
 @handle_errors
 def count(
+    ctx: typer.Context,
     embeddings: Path = typer.Argument(..., help="An .npz with 'images' (N, d), 'captions' (N*k, d) "
                                       "and optionally 'caption_image' (N*k,)."),
     out: Path = typer.Option(None, "--out", "-o", help="Write a report folder here (results.json, batches.csv, "
@@ -53,7 +55,7 @@ def count(
 
     check_latex_width(latex_width)
     names = parse_names(loss)
-    params = parse_params(param, names)
+    params = lossflags.merge(param, ctx.args, names, "count")
     inputs = [embeddings] + ([json_path] if json_path else [])
     if out is not None:
         check_output_dir(out, inputs, overwrite)

@@ -6,13 +6,15 @@ from pathlib import Path
 
 import typer
 
+from . import lossflags
 from .common import handle_errors
 from .main import app
 
 
-@app.command("train")
+@app.command("train", context_settings=lossflags.CONTEXT, epilog=lossflags.HELP)
 @handle_errors
 def train(
+    ctx: typer.Context,
     data: Path = typer.Option(..., help="Folder with {train,dev,test}_ims.npy and _caps.txt."),
     model: str = typer.Option("vsepp", help="vsepp or vsrn."),
     loss: str = typer.Option("triplet_sh", help="A registered loss (see `cocos losses`)."),
@@ -23,12 +25,9 @@ def train(
     batch_size: int = typer.Option(128, help="Pair batches: captions; ranking batches: images."),
     embed_size: int = typer.Option(1024, help="Joint embedding size."),
     word_dim: int = typer.Option(300, help="Word embedding size."),
-    margin: float = typer.Option(None, help="Triplet margin (default 0.2)."),
-    tau: float = typer.Option(None, help="Temperature (NT-Xent 0.1, SmoothAP 0.01)."),
-    triplet_weight: str = typer.Option(None, help="goal: triplet weight con, nca or cir (default con)."),
-    pair_weight: str = typer.Option(None, help="goal: pair weight con, lin, sig, lin_ms or sig_ms (default con)."),
     param: list[str] = typer.Option([], "--param", "-p", metavar="NAME=VALUE",
-                                    help="Any other parameter of the loss (see `cocos losses`)."),
+                                    help="A parameter of the loss (see `cocos losses`); each is also a flag, "
+                                         "e.g. --margin 0.3, --tau 0.05, --triplet-weight cir."),
     warmup_epochs: int = typer.Option(0, help="triplet_sh only: epochs of all-triplet loss first (VSE-inf)."),
     ltd: bool = typer.Option(False, "--ltd", help="Add latent target decoding (LTD, Bleeker et al. 2023) to the loss."),
     ltd_mode: str = typer.Option("constraint", metavar="constraint|dual",
@@ -51,18 +50,14 @@ def train(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
 ) -> None:
     """Train VSE++ or VSRN with one loss; keeps model_best.pt (best validation rsum) and last.pt."""
+    from cocos.objectives import get_objective
     from cocos.training.trainer import TrainConfig, Trainer
 
-    from .common import parse_params
-
-    extra = parse_params(param, [loss]).get(loss, {}) if param else {}
-    for name, value in (("triplet_weight", triplet_weight), ("pair_weight", pair_weight)):
-        if value is not None:
-            extra[name] = value
-    extra = extra or None
+    get_objective(loss)  # an unknown loss is named before its parameters are looked up
+    extra = lossflags.merge(param, ctx.args, [loss], "train").get(loss) or None
     cfg = TrainConfig(data=str(data), model=model, loss=loss, out=str(out), epochs=epochs, lr=lr,
                       lr_update=lr_update, batch_size=batch_size, embed_size=embed_size,
-                      word_dim=word_dim, margin=margin, tau=tau, params=extra, k=k, seed=seed, device=device,
+                      word_dim=word_dim, params=extra, k=k, seed=seed, device=device,
                       warmup_epochs=warmup_epochs, vocab=str(vocab) if vocab else None, ltd=ltd, ltd_mode=ltd_mode,
                       ltd_eta=ltd_eta, ltd_beta=ltd_beta, ltd_targets=str(ltd_targets) if ltd_targets else None,
                       track_cocos=track_cocos, save_every=save_every)

@@ -45,7 +45,7 @@ OUTPUT_NAMES = ("last.pt", "model_best.pt", TRAIN_LOG, TRACK_LOG, "training.png"
                 "cocos_track.pdf")
 OUTPUT_PATTERNS = (r"epoch_\d+\.pt",)
 # flags that change what a run computes: a resumed run must keep them
-RESUME_FLAGS = ("lr", "lr_update", "batch_size", "embed_size", "word_dim", "margin", "tau", "params", "seed", "k",
+RESUME_FLAGS = ("lr", "lr_update", "batch_size", "embed_size", "word_dim", "seed", "k",
                 "warmup_epochs", "compat", "grad_clip", "ltd", "ltd_mode", "ltd_eta", "ltd_beta", "ltd_targets")
 
 
@@ -61,9 +61,7 @@ class TrainConfig:
     batch_size: int = 128
     embed_size: int = 1024
     word_dim: int = 300
-    margin: float | None = None
-    tau: float | None = None
-    params: dict | None = None  # any other parameters of the loss's spec (cocos train -p NAME=VALUE)
+    params: dict | None = None  # the loss's parameters (its spec's; cocos train --NAME VALUE or -p NAME=VALUE)
     grad_clip: float = 2.0
     warmup_epochs: int = 0  # triplet_sh only: epochs of summed violations first (VSE-infinity practice)
     vocab_threshold: int = 4
@@ -106,7 +104,7 @@ class TrainConfig:
             with_warmup = [n for n, o in OBJECTIVES.items() if o.warmup_loss]
             raise CocosError(f"--warmup-epochs applies to {', '.join(with_warmup)} only (e.g. all-triplet warm-up "
                              "before max violation)")
-        check_params(lr=self.lr, margin=self.margin, tau=self.tau)
+        check_params(lr=self.lr)
         get_loss(self.loss, **self.loss_params())  # the loss's own checks
         for name in ("track_cocos", "save_every"):
             value = getattr(self, name)
@@ -126,8 +124,15 @@ class TrainConfig:
         return LTDConfig(mode=self.ltd_mode, eta=self.ltd_eta, beta=self.ltd_beta, targets=self.ltd_targets)
 
     def loss_params(self) -> dict:
-        params = {**(self.params or {}), "margin": self.margin, "tau": self.tau}
-        return {k: v for k, v in params.items() if v is not None}  # the spec refuses what the loss does not take
+        return recorded_loss_params(asdict(self))
+
+
+def recorded_loss_params(train: dict) -> dict:
+    """The loss parameters a run's settings give (``None`` = the default). Settings written before loss parameters
+    were flags of the spec kept ``margin`` and ``tau`` as fields of their own beside ``params``."""
+    old = {k: train[k] for k in ("margin", "tau") if train.get(k) is not None}
+    params = {**old, **(train.get("params") or {})}
+    return {k: v for k, v in params.items() if v is not None}  # the spec refuses what the loss does not take
 
 
 def epoch_seed(seed: int, epoch: int) -> int:
@@ -319,6 +324,9 @@ class Trainer:
             raise CocosError(f"{self.last_path}: checkpoint was trained on other data than {cfg.data}")
         # a resumed run equals an uninterrupted one only with the same flags (epochs may grow)
         recorded = {"ltd": False, **ckpt.get("train", {})}
+        if "params" in recorded and recorded_loss_params(recorded) != cfg.loss_params():
+            raise CocosError(f"{self.last_path}: was trained with loss parameters {recorded_loss_params(recorded)}, "
+                             f"not {cfg.loss_params()}; resume with the same flags")
         for name in RESUME_FLAGS:
             if name in recorded and recorded[name] != getattr(cfg, name):
                 raise CocosError(f"{self.last_path}: was trained with --{name.replace('_', '-')} {recorded[name]}, "
