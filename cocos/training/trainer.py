@@ -9,9 +9,11 @@ dropped (VSRN's BatchNorm needs two). Validation every epoch on the dev split;
 Batch order depends only on ``(seed, epoch)``, so a resumed run equals an
 uninterrupted one.
 
-Options beyond the paper's schedule: ``ltd`` adds latent target decoding
-(:mod:`cocos.losses.ltd`) to any loss; ``track_cocos`` counts the training batch
-every N steps (:mod:`cocos.training.track`, ``cocos_track.csv``); ``save_every``
+The step is VSE++'s loop (forward, loss, backward, clip, step); what a run adds to it
+is a hook (:mod:`cocos.training.hooks`): ``warmup_epochs`` trains the family's warm-up
+loss first; ``ltd`` adds latent target decoding (:mod:`cocos.losses.ltd`) to any loss;
+``track_cocos`` counts the training batch every N steps (:mod:`cocos.training.track`,
+``cocos_track.csv``). ``save_every``
 keeps ``epoch_NNN.pt`` every K epochs. Every step's losses (and LTD's ``λ`` and
 ``L_rec/η``) go to ``train_log.csv``. Both CSVs are rewritten atomically at the end
 of each epoch and cut back to the checkpoint's epoch on resume.
@@ -34,9 +36,10 @@ from cocos.device import resolve_device
 from cocos.errors import CocosError, check_params
 from cocos.io import check_interrupt
 from cocos.models import MODELS, build_model
-from cocos.objectives import get_loss
+from cocos.objectives import get_loss, get_objective
 from cocos.training.checkpoint import RESUME_KEYS, SEED_LIMIT, load_checkpoint, peek_epoch, save_checkpoint
 from cocos.training.evaluate import evaluate_model, tokenize_split
+from cocos.training.hooks import Hook, LTDHook, StepBatch, TrackHook, WarmUp
 
 TRAIN_LOG = "train_log.csv"
 TRACK_LOG = "cocos_track.csv"
@@ -207,32 +210,48 @@ class Trainer:
         self.model = build_model(cfg.model, img_dim=self.train_split.feature_dim,
                                  vocab_size=len(self.vocab), word_dim=cfg.word_dim,
                                  embed_size=cfg.embed_size).to(self.device)
-        self.ltd = None
-        if cfg.ltd:  # built after the model, so the model's initialisation is that of a run without LTD
-            from cocos.losses.ltd import LatentTargetDecoding
-
-            self.ltd = LatentTargetDecoding(cfg.ltd_config(), cfg.embed_size, self.targets.shape[1]).to(self.device)
         self.loss_fn = get_loss(cfg.loss, **cfg.loss_params(), compat=cfg.compat)
-        warmup = self.loss_fn.objective.warmup_loss
-        if cfg.warmup_epochs:  # the warm-up loss takes the parameters it shares with the loss (the margin)
-            from cocos.objectives import get_objective
-
-            shared = {k: v for k, v in self.loss_fn.params().items() if k in get_objective(warmup).defaults}
-            self.warmup_fn = get_loss(warmup, **shared, compat=cfg.compat)
-        else:
-            self.warmup_fn = None
+        self.hooks = self._hooks()
         self.optimizer = torch.optim.Adam(self.trained_parameters(), lr=cfg.lr)
         self.scheduler = torch.optim.lr_scheduler.StepLR(self.optimizer, step_size=cfg.lr_update, gamma=0.1)
-        self.tracker = None
-        if cfg.track_cocos:
-            from cocos.training.track import CocosTracker
-
-            self.tracker = CocosTracker(cfg.track_cocos, cfg.loss, self.loss_fn.params(), self.loss_fn.batch_layout,
-                                        compat=cfg.compat)
         self.epoch, self.step_count, self.best_rsum, self.history, self.step_log = 0, 0, -math.inf, [], []
         self.best_metrics: dict = {}  # of this process's run (rank 0 returns the file's, which also covers a resume)
         if resume_ckpt is not None:
             self._resume_from(resume_ckpt)
+
+    def _hooks(self) -> list[Hook]:
+        """The run's extensions of the loop (:mod:`cocos.training.hooks`), in the order they are called."""
+        cfg, hooks = self.cfg, []
+        if cfg.warmup_epochs:  # the warm-up loss takes the parameters it shares with the loss (the margin)
+            warmup = get_objective(self.loss_fn.objective.warmup_loss)
+            shared = {k: v for k, v in self.loss_fn.params().items() if k in warmup.defaults}
+            hooks.append(WarmUp(cfg.warmup_epochs, get_loss(warmup.name, **shared, compat=cfg.compat)))
+        if cfg.ltd:  # built after the model, so the model's initialisation is that of a run without LTD
+            from cocos.losses.ltd import LatentTargetDecoding
+
+            ltd = LatentTargetDecoding(cfg.ltd_config(), cfg.embed_size, self.targets.shape[1]).to(self.device)
+            hooks.append(LTDHook(ltd, self.targets, self.last_path))
+        if cfg.track_cocos:
+            from cocos.training.track import CocosTracker
+
+            tracker = CocosTracker(cfg.track_cocos, cfg.loss, self.loss_fn.params(), self.loss_fn.batch_layout,
+                                   compat=cfg.compat)
+            hooks.append(TrackHook(tracker, self.group.is_main, TRACK_LOG))
+        return hooks
+
+    def _hook(self, kind: type[Hook]) -> Hook | None:
+        return next((h for h in self.hooks if isinstance(h, kind)), None)
+
+    @property
+    def ltd(self):
+        """The latent target decoding module of an ``--ltd`` run (None otherwise)."""
+        hook = self._hook(LTDHook)
+        return hook.ltd if hook is not None else None
+
+    @property
+    def warmup_fn(self):
+        hook = self._hook(WarmUp)
+        return hook.loss_fn if hook is not None else None
 
     def _resume_from(self, ckpt: dict) -> None:
         """Load model, optimizer, scheduler, LTD and RNG state; anything that does not fit is one line."""
@@ -242,11 +261,9 @@ class Trainer:
         if ckpt["epoch"] > self.cfg.epochs:
             raise CocosError(f"{self.last_path}: already holds epoch {ckpt['epoch']}, beyond --epochs "
                              f"{self.cfg.epochs}")
-        if self.ltd is not None and not isinstance(ckpt.get("ltd"), dict):
-            raise CocosError(f"{self.last_path}: holds no LTD state; it was trained without --ltd")
-        if self.ltd is not None and ckpt["ltd"]["hparams"]["target_dim"] != self.targets.shape[1]:
-            raise CocosError(f"{self.last_path}: its LTD decoder reconstructs {ckpt['ltd']['hparams']['target_dim']}-d "
-                             f"targets, but the targets of this run are {self.targets.shape[1]}-d")
+        for hook in self.hooks:
+            if isinstance(hook, LTDHook):
+                hook.check(ckpt)
         rng = torch.get_rng_state()
         for what, load in (("model weights", lambda: self.model.load_state_dict(ckpt["state_dict"])),
                            ("optimizer state", lambda: self.optimizer.load_state_dict(ckpt["optimizer"])),
@@ -281,9 +298,8 @@ class Trainer:
         return {"last": peek_epoch(self.last_path), "best": peek_epoch(self.best_path)}
 
     def trained_parameters(self) -> list[torch.nn.Parameter]:
-        """What Adam trains and the gradient clip covers: the model, and LTD's decoder (not λ)."""
-        params = list(self.model.parameters())
-        return params + (list(self.ltd.decoder.parameters()) if self.ltd is not None else [])
+        """What Adam trains and the gradient clip covers: the model, and the hooks' (LTD's decoder, not λ)."""
+        return list(self.model.parameters()) + [p for h in self.hooks for p in h.parameters()]
 
     def _ltd_targets(self) -> torch.Tensor:
         from cocos.data.targets import read_targets, sentence_targets
@@ -307,8 +323,9 @@ class Trainer:
         check_resumable(logs, self.out, self.step_count)
         if logs.steps is not None:
             self.step_log = logs.steps.to_dict("records")
-        if logs.track is not None and self.tracker is not None:
-            self.tracker.restore(logs.track)
+        for hook in self.hooks:
+            if not isinstance(hook, LTDHook):  # LTD's state was loaded with the model's
+                hook.resume({}, logs)
 
     def _check_resume(self, ckpt: dict) -> None:
         cfg = self.cfg
@@ -381,26 +398,44 @@ class Trainer:
         return img[rows.start:rows.stop], cap[rows.start:rows.stop], True
 
     def step(self, img: np.ndarray, cap: np.ndarray, caption_image, loss_fn=None, epoch: int = 0) -> float:
-        """One optimiser step; logs its losses (and tracks COCOS when due) from this forward pass."""
-        from cocos.distributed import all_gather_with_grad, average_gradients, broadcast_buffers
-
+        """One optimiser step, as VSE++'s loop: forward, loss, backward, clip, step; the hooks at their points."""
         check_interrupt()  # a Ctrl-C that something swallowed on its way up
         self.step_count += 1
-        local_img, local_cap, split = self._local_rows(img, cap)
+        batch = StepBatch(self.step_count, epoch, img, cap, caption_image, torch.as_tensor(img, device=self.device),
+                          self._full_batch(img, cap))
+        img_emb, cap_emb, split = self.forward(batch)
+        for hook in self.hooks:
+            hook.observe(batch, img_emb, cap_emb)
+        loss_con = (loss_fn or self.loss_fn)(img_emb, cap_emb, caption_image=caption_image, image_ids=batch.image_ids)
+        loss, record = loss_con, {}
+        for hook in self.hooks:
+            term, more = hook.extra_loss(batch, img_emb, cap_emb)
+            loss, record = (loss if term is None else loss + term), {**record, **more}
+        self.optimize(loss, split)
+        for hook in self.hooks:
+            hook.after_step()
+        value = float(loss.detach())
+        self.step_log.append({"step": self.step_count, "epoch": epoch, "loss": value,
+                              "L_con": float(loss_con.detach()) if record else value, **record})
+        return value
+
+    def forward(self, batch: StepBatch) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """The embeddings of the global batch; under torchrun this rank encodes its block and gathers the rest
+        with their gradients (returns whether the batch was split)."""
+        from cocos.distributed import all_gather_with_grad
+
+        local_img, local_cap, split = self._local_rows(batch.images, batch.captions)
         feats = self.train_split.features_for(local_img).to(self.device)
         tokens, lengths = pad_batch([self.train_ids[c] for c in local_cap])
         img_emb, cap_emb = self.model(feats, tokens.to(self.device), lengths)
         if split:  # the loss sees the global batch: every rank's rows, in order, with their gradients
             img_emb, cap_emb = all_gather_with_grad(img_emb, self.group), all_gather_with_grad(cap_emb, self.group)
-        image_ids = torch.as_tensor(img, device=self.device)
-        if (self.tracker is not None and self.group.is_main and self.tracker.due(self.step_count)
-                and self._full_batch(img, cap)):
-            self.tracker.observe(self.step_count, epoch, img_emb, cap_emb, caption_image, image_ids)
-        loss_con = (loss_fn or self.loss_fn)(img_emb, cap_emb, caption_image=caption_image, image_ids=image_ids)
-        loss, record = loss_con, {}
-        if self.ltd is not None:
-            term, record = self.ltd(cap_emb, self.targets[torch.as_tensor(cap)].to(self.device))
-            loss = loss_con + term
+        return img_emb, cap_emb, split
+
+    def optimize(self, loss: torch.Tensor, split: bool) -> None:
+        """Backward, gradient clipping at ``grad_clip``, Adam; under torchrun the gradients are averaged first."""
+        from cocos.distributed import average_gradients, broadcast_buffers
+
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if split:  # each rank holds world x its rows' share of the gradient: the mean is the whole gradient
@@ -410,19 +445,15 @@ class Trainer:
         self.optimizer.step()
         if split:  # BatchNorm running statistics saw this rank's rows: every rank takes rank 0's (as DDP)
             broadcast_buffers(self.model, self.group)
-        if self.ltd is not None:
-            self.ltd.step()  # gradient ascent on λ, from the same backward pass
-        value = float(loss.detach())
-        self.step_log.append({"step": self.step_count, "epoch": epoch, "loss": value,
-                              "L_con": float(loss_con.detach()) if record else value, **record})
-        return value
 
     def train_epoch(self, epoch: int) -> tuple[float, float]:
         from cocos.progress import progress_bar
 
         self.model.train()
         batches = list(self.batches(epoch))
-        loss_fn = self.warmup_fn if epoch <= self.cfg.warmup_epochs else self.loss_fn
+        loss_fn = self.loss_fn
+        for hook in self.hooks:
+            loss_fn = hook.loss_for(epoch, loss_fn)
         total_loss, n_caps, start = 0.0, 0, time.perf_counter()
         with progress_bar(len(batches), f"epoch {epoch}/{self.cfg.epochs}", enabled=self.progress,
                           fields=True) as advance:
@@ -451,8 +482,8 @@ class Trainer:
             "best_rsum": self.best_rsum,
             "history": self.history,
         }
-        if self.ltd is not None:  # beside the retrieval model: analyze and evaluate never read it
-            ckpt["ltd"] = self.ltd.state(full)
+        for hook in self.hooks:
+            ckpt.update(hook.checkpoint(full))
         if full:
             ckpt["optimizer"] = self.optimizer.state_dict()
             ckpt["scheduler"] = self.scheduler.state_dict()
@@ -530,8 +561,8 @@ class Trainer:
         from cocos.io import write_csv
 
         write_csv(self.out / TRAIN_LOG, pd.DataFrame(self.step_log), float_format="%.10g")
-        if self.tracker is not None:
-            write_csv(self.out / TRACK_LOG, self.tracker.frame(), float_format="%.10g")
+        for hook in self.hooks:
+            hook.write_logs(self.out)
 
 
 def resolve_data(ckpt: dict, data: str | Path | None, checkpoint_path: str | Path) -> Path:
