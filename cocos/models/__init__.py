@@ -1,4 +1,4 @@
-"""Retrieval models: VSE++ and VSRN encoders for precomputed image features.
+"""Retrieval models: VSE++ and VSRN encoders for precomputed image features, VSE++ on raw images.
 
 Every model exposes ``encode_images(features)``, ``encode_captions(tokens,
 lengths)`` and ``forward(features, tokens, lengths) -> (img_emb, cap_emb)``;
@@ -11,11 +11,13 @@ from __future__ import annotations
 import torch
 
 from cocos.errors import CocosError
+from cocos.models.cnn import CNN_TYPES, build_cnn, load_cnn_weights
+from cocos.models.image import VSEPPFull
 from cocos.models.text import CaptionEncoder, l2norm
 from cocos.models.vsepp import VSEPP
 from cocos.models.vsrn import VSRN, RsGCN
 
-MODELS: dict[str, type[torch.nn.Module]] = {"vsepp": VSEPP, "vsrn": VSRN}
+MODELS: dict[str, type[torch.nn.Module]] = {"vsepp": VSEPP, "vsrn": VSRN, "vsepp_full": VSEPPFull}
 
 
 def build_model(kind: str, **hparams) -> torch.nn.Module:
@@ -25,4 +27,5 @@ def build_model(kind: str, **hparams) -> torch.nn.Module:
     return MODELS[kind](**hparams)
 
 
-__all__ = ["MODELS", "VSEPP", "VSRN", "CaptionEncoder", "RsGCN", "build_model", "l2norm"]
+__all__ = ["CNN_TYPES", "MODELS", "VSEPP", "VSRN", "CaptionEncoder", "RsGCN", "VSEPPFull", "build_cnn",
+           "build_model", "l2norm", "load_cnn_weights"]
