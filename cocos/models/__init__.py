@@ -16,6 +16,7 @@ from cocos.models.image import VSEPPFull
 from cocos.models.text import CaptionEncoder, l2norm
 from cocos.models.vsepp import VSEPP
 from cocos.models.vsrn import VSRN, RsGCN
+from cocos.safeload import first_line
 
 MODELS: dict[str, type[torch.nn.Module]] = {"vsepp": VSEPP, "vsrn": VSRN, "vsepp_full": VSEPPFull}
 
@@ -24,7 +25,11 @@ def build_model(kind: str, **hparams) -> torch.nn.Module:
     """Build the model called ``kind`` with constructor arguments ``hparams``."""
     if kind not in MODELS:
         raise CocosError(f"unknown model '{kind}' (choose from {', '.join(MODELS)})")
-    return MODELS[kind](**hparams)
+    try:
+        return MODELS[kind](**hparams)
+    except TypeError as exc:  # a setting the model does not take (vsepp_full reads pixels: no img_dim)
+        raise CocosError(f"model '{kind}' cannot be built with {', '.join(sorted(hparams))} "
+                         f"({first_line(exc)})") from None
 
 
 __all__ = ["CNN_TYPES", "MODELS", "VSEPP", "VSRN", "CaptionEncoder", "RsGCN", "VSEPPFull", "build_cnn",
