@@ -76,6 +76,23 @@ def test_hand_checked_names_shapes_and_v15_strides():
     assert vgg["classifier.6.weight"] == (1000, 4096)
 
 
+def test_bottleneck_resnet_computes_torchvisions_v15_forward():
+    """A few-block Bottleneck ResNet (resnet50's blocks, 1 or 2 per stage) against the functional restatement of
+    the test of legacy imports: the stride on conv2, downsample convs striding too."""
+    from cocos.models.cnn import Bottleneck, ResNet
+    from tests.test_legacy_images import original_resnet, randomised_state
+
+    torch.manual_seed(4)
+    trunk = strip_classifier(ResNet(Bottleneck, (1, 2, 1, 1)))
+    trunk.load_state_dict(randomised_state(trunk, torch.Generator().manual_seed(4)))
+    sd = {f"cnn.module.{k}": v for k, v in trunk.state_dict().items()}
+    x = torch.randn(2, 3, 48, 48)
+    with torch.no_grad():
+        want = original_resnet(x, sd)
+        assert want.shape == (2, 2048)
+        torch.testing.assert_close(trunk.eval()(x), want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+
+
 def test_stripped_trunks_give_the_pooled_features():
     """ResNet: fc -> empty Sequential, output = mean of layer4 over the positions; VGG: the classifier
     loses its last Linear (its output: the 4096-d second fully connected layer)."""

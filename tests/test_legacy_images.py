@@ -47,8 +47,20 @@ def _bn(x, sd, p):
                         training=False, eps=1e-5)
 
 
-def original_resnet_basic(x, sd, pre="cnn.module."):
-    """torchvision's resnet18/34 (BasicBlock, stride on the first block's conv1 of stages 2-4), fc = identity."""
+def _block(x, sd, b, stride):
+    """BasicBlock (resnet18/34: the stride on conv1) or, where conv3 exists, torchvision's v1.5 Bottleneck
+    (1x1, 3x3 carrying the stride, 1x1)."""
+    if b + "conv3.weight" not in sd:
+        out = F.relu(_bn(F.conv2d(x, sd[b + "conv1.weight"], stride=stride, padding=1), sd, b + "bn1."))
+        return _bn(F.conv2d(out, sd[b + "conv2.weight"], padding=1), sd, b + "bn2.")
+    out = F.relu(_bn(F.conv2d(x, sd[b + "conv1.weight"]), sd, b + "bn1."))
+    out = F.relu(_bn(F.conv2d(out, sd[b + "conv2.weight"], stride=stride, padding=1), sd, b + "bn2."))
+    return _bn(F.conv2d(out, sd[b + "conv3.weight"]), sd, b + "bn3.")
+
+
+def original_resnet(x, sd, pre="cnn.module."):
+    """torchvision's ResNet with ``fc`` an empty Sequential: stem, stages 1-4 (stride 2 in the first block of
+    stages 2-4, a downsample where its weights exist), global average pool."""
     x = F.relu(_bn(F.conv2d(x, sd[pre + "conv1.weight"], stride=2, padding=3), sd, pre + "bn1."))
     x = F.max_pool2d(x, kernel_size=3, stride=2, padding=1)
     for stage in range(1, 5):
@@ -56,8 +68,7 @@ def original_resnet_basic(x, sd, pre="cnn.module."):
         while f"{pre}layer{stage}.{i}.conv1.weight" in sd:
             b = f"{pre}layer{stage}.{i}."
             stride = 2 if stage > 1 and i == 0 else 1
-            out = F.relu(_bn(F.conv2d(x, sd[b + "conv1.weight"], stride=stride, padding=1), sd, b + "bn1."))
-            out = _bn(F.conv2d(out, sd[b + "conv2.weight"], padding=1), sd, b + "bn2.")
+            out = _block(x, sd, b, stride)
             if b + "downsample.0.weight" in sd:
                 x = _bn(F.conv2d(x, sd[b + "downsample.0.weight"], stride=stride), sd, b + "downsample.1.")
             x = F.relu(out + x)
@@ -67,26 +78,31 @@ def original_resnet_basic(x, sd, pre="cnn.module."):
 
 def original_image_embeddings(pixels, sd, use_abs=False):
     """EncoderImageFull.forward: cnn -> l2norm -> fc -> l2norm -> abs (use_abs)."""
-    features = orig_l2norm(original_resnet_basic(pixels, sd))
+    features = orig_l2norm(original_resnet(pixels, sd))
     features = orig_l2norm(F.linear(features, sd["fc.weight"], sd["fc.bias"]))
     return features.abs() if use_abs else features
 
 
 # -- the checkpoint --------------------------------------------------------------------------------------
 
-def original_image_state(cnn_type="resnet18", seed=5) -> dict:
-    """An ``EncoderImageFull`` state dict: the CNN under ``cnn.module.`` (classifier replaced), ``fc``;
-    BatchNorm affine parameters and running statistics away from their initial values."""
-    torch.manual_seed(seed)
-    trunk = strip_classifier(build_cnn(cnn_type))
-    gen = torch.Generator().manual_seed(seed)
+def randomised_state(trunk: torch.nn.Module, gen: torch.Generator) -> dict:
+    """The trunk's state with BatchNorm affine parameters and running statistics away from their initial values."""
     state = {}
     for key, value in trunk.state_dict().items():
         if key.endswith(("running_var", ".weight")) and value.dim() == 1:  # BN scale / variance in [0.5, 1.5)
             value = 0.5 + torch.rand(value.shape, generator=gen)
         elif key.endswith(("running_mean", ".bias")) and value.dim() == 1:
             value = (torch.rand(value.shape, generator=gen) - 0.5) * 0.2
-        state[f"cnn.module.{key}"] = value.clone()
+        state[key] = value.clone()
+    return state
+
+
+def original_image_state(cnn_type="resnet18", seed=5) -> dict:
+    """An ``EncoderImageFull`` state dict: the CNN under ``cnn.module.`` (classifier replaced), ``fc``."""
+    torch.manual_seed(seed)
+    trunk = strip_classifier(build_cnn(cnn_type))
+    gen = torch.Generator().manual_seed(seed)
+    state = {f"cnn.module.{k}": v for k, v in randomised_state(trunk, gen).items()}
     r = (6.0 / (trunk.out_dim + EMBED)) ** 0.5
     state["fc.weight"] = (torch.rand(EMBED, trunk.out_dim, generator=gen) * 2 - 1) * r
     state["fc.bias"] = torch.rand(EMBED, generator=gen) - 0.5

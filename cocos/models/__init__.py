@@ -1,7 +1,8 @@
 """Retrieval models: VSE++ and VSRN encoders for precomputed image features, VSE++ on raw images.
 
-Every model exposes ``encode_images(features)``, ``encode_captions(tokens,
-lengths)`` and ``forward(features, tokens, lengths) -> (img_emb, cap_emb)``;
+Every model exposes ``encode_images(features)`` (``vsepp_full``: normalised pixels
+``(n, 3, H, W)``), ``encode_captions(tokens, lengths)`` and
+``forward(features, tokens, lengths) -> (img_emb, cap_emb)``;
 embeddings are L2-normalised. ``model.kind`` and ``model.hparams`` are enough
 to rebuild it: ``build_model(model.kind, **model.hparams)``.
 """
