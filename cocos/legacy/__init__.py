@@ -18,6 +18,11 @@ code in such a file may run.
 **Layout mapping** (original key -> cocos key):
 
 * VSE++ ``EncoderImagePrecomp``: ``fc.*`` -> ``fc.*``.
+* VSE++ ``EncoderImageFull`` (``data_name`` ``f30k``/``coco``/..., raw images; model kind ``vsepp_full``):
+  ``cnn.module.*`` (ResNet: the whole CNN in DataParallel) and ``cnn.features.module.*`` (VGG: only
+  ``features`` in DataParallel) -> ``cnn.*`` with every ``module`` segment dropped; VGG ``cnn.classifier.{1,4}``
+  of torchvision before pytorch/vision@989d52a -> ``cnn.classifier.{0,3}`` (as the original
+  ``load_state_dict``); ``fc.*`` -> ``fc.*``. The architecture is ``opt.cnn_type``.
 * VSRN ``EncoderImagePrecompAttn``: ``fc.*`` -> ``fc.*``; ``Rs_GCN_{i}.{g,theta,phi}.*``
   (``Conv1d``, kernel 1) -> ``gcn.{i-1}.{g,theta,phi}.*`` (``Linear``, weight squeezed);
   ``Rs_GCN_{i}.W.0.*`` (``Conv1d``) -> ``gcn.{i-1}.W.*``; ``Rs_GCN_{i}.W.1.*`` (BatchNorm)
@@ -107,7 +112,7 @@ def checkpoint_from_raw(raw: object, path: str | os.PathLike, *, vocab: str | os
 def convert_checkpoint(raw: dict, path: str | os.PathLike, vocab: str | os.PathLike,
                        data: str | os.PathLike, k: int | None = None) -> dict:
     """The cocos checkpoint (a dict of plain types and tensors) of an original ``model_best.pth.tar``."""
-    from cocos.data.precomp import PrecompSplit, data_fingerprint
+    from cocos.data.precomp import data_fingerprint
     from cocos.data.text import read_vocab_tokens
 
     path = Path(path)
@@ -115,11 +120,13 @@ def convert_checkpoint(raw: dict, path: str | os.PathLike, vocab: str | os.PathL
     _refuse_unrepresentable(opt, path)
     img_sd = _state_dict(raw["model"][0], path, "image encoder")
     txt_sd = _state_dict(raw["model"][1], path, "text encoder")
-    kind = "vsrn" if any(key.startswith(("Rs_GCN_", "img_rnn.")) for key in img_sd) else "vsepp"
+    kind = _image_kind(img_sd, opt, path)
 
     state, hparams = _map_text(txt_sd, path)
     if kind == "vsrn":
         img_state, img_hparams = _map_vsrn_image(img_sd, path, opt)
+    elif kind == "vsepp_full":
+        img_state, img_hparams = _map_full_image(img_sd, path, opt)
     else:
         img_state, img_hparams = _map_vsepp_image(img_sd, path)
     state.update(img_state)
@@ -147,18 +154,7 @@ def convert_checkpoint(raw: dict, path: str | os.PathLike, vocab: str | os.PathL
     if not folder.is_dir():
         raise CocosError(f"{folder}: no such data folder")
     k = int(k if k is not None else _int(opt, "k", 5, path, minimum=1))
-    train = PrecompSplit(folder, "train", k=k)
-    feature_shape = list(train.feature_shape)
-    if kind == "vsrn" and len(feature_shape) != 2:
-        raise CocosError(f"{path}: a VSRN model needs region features (N, R, {hparams['img_dim']}); {folder} has "
-                         f"features of shape (N, {', '.join(map(str, feature_shape))})")
-    if kind == "vsepp" and len(feature_shape) != 1:
-        raise CocosError(f"{path}: a VSE++ EncoderImagePrecomp takes one feature vector per image (N, "
-                         f"{hparams['img_dim']}); {folder} has region features (N, "
-                         f"{', '.join(map(str, feature_shape))})")
-    if feature_shape[-1] != hparams["img_dim"]:
-        raise CocosError(f"{path}: the model takes {hparams['img_dim']}-d image features but {folder} has "
-                         f"{feature_shape[-1]}-d ones")
+    feature_shape = _feature_shape(kind, folder, k, hparams, path)
 
     loss_name, loss_params = loss_from_opt(opt, path)
     batch_size = _int(opt, "batch_size", 128, path, minimum=1)
@@ -169,7 +165,7 @@ def convert_checkpoint(raw: dict, path: str | os.PathLike, vocab: str | os.PathL
         # the published losses count same-image pairs of a batch as negatives: compat
         "loss": {"name": loss_name, "params": loss_params, "compat": True},
         "data": {"path": str(folder.resolve()), "fingerprint": data_fingerprint(folder), "k": k,
-                 "feature_shape": feature_shape},
+                 "feature_shape": feature_shape, **({"input": "images"} if kind == "vsepp_full" else {})},
         "train": {"model": kind, "loss": loss_name, "data": str(folder.resolve()), "k": k,
                   "batch_size": batch_size, "epochs": _int(opt, "num_epochs", None, path, minimum=1),
                   "lr": _float(opt, "learning_rate", path), "lr_update": _int(opt, "lr_update", None, path, minimum=1),
@@ -184,6 +180,30 @@ def convert_checkpoint(raw: dict, path: str | os.PathLike, vocab: str | os.PathL
         "legacy": {"file": str(path), "code": "vsrn" if kind == "vsrn" else "vsepp", "opt": _plain(opt),
                    "vocab": str(vocab), "note": "best_rsum is the original code's validation score"},
     }
+
+
+def _feature_shape(kind: str, folder: Path, k: int, hparams: dict, path: Path) -> list[int]:
+    """What the model reads per image: a precomputed folder's feature shape, checked against the model;
+    for a raw-image model (``vsepp_full``) the CNN's pooled feature ``[d]`` (what a feature cache holds)."""
+    from cocos.data.precomp import PrecompSplit
+
+    if kind == "vsepp_full":
+        from cocos.models.cnn import build_cnn, strip_classifier
+
+        with torch.device("meta"):
+            return [int(strip_classifier(build_cnn(hparams["cnn_type"])).out_dim)]
+    feature_shape = list(PrecompSplit(folder, "train", k=k).feature_shape)
+    if kind == "vsrn" and len(feature_shape) != 2:
+        raise CocosError(f"{path}: a VSRN model needs region features (N, R, {hparams['img_dim']}); {folder} has "
+                         f"features of shape (N, {', '.join(map(str, feature_shape))})")
+    if kind == "vsepp" and len(feature_shape) != 1:
+        raise CocosError(f"{path}: a VSE++ EncoderImagePrecomp takes one feature vector per image (N, "
+                         f"{hparams['img_dim']}); {folder} has region features (N, "
+                         f"{', '.join(map(str, feature_shape))})")
+    if feature_shape[-1] != hparams["img_dim"]:
+        raise CocosError(f"{path}: the model takes {hparams['img_dim']}-d image features but {folder} has "
+                         f"{feature_shape[-1]}-d ones")
+    return feature_shape
 
 
 def loss_from_opt(opt: dict, path: str | os.PathLike) -> tuple[str, dict]:
@@ -221,13 +241,22 @@ def _refuse_unrepresentable(opt: dict, path: Path) -> None:
     if _bool(opt.get("no_imgnorm")):
         raise CocosError(f"{path}: trained with no_imgnorm (unnormalised image embeddings); cocos needs "
                          "L2-normalised embeddings (its similarities are cosines)")
+
+
+def _image_kind(sd: dict, opt: dict, path: Path) -> str:
+    """``vsepp_full`` (CNN weights ``cnn.*``, raw images), ``vsrn`` or ``vsepp``; the run's ``data_name`` and
+    ``finetune`` must agree with the weights."""
     data_name = opt.get("data_name")
-    if data_name is not None and not str(data_name).endswith("_precomp"):
-        raise CocosError(f"{path}: trained on raw images with a CNN (data_name {str(data_name)!r}); cocos "
-                         "imports models of precomputed features only (*_precomp)")
+    raw = data_name is not None and not str(data_name).endswith("_precomp")
+    if any(key.startswith("cnn.") for key in sd) and (raw or data_name is None):
+        return "vsepp_full"  # with data_name *_precomp, the precomputed-feature mapping refuses the cnn.* weights
+    if raw:
+        raise CocosError(f"{path}: trained on raw images (data_name {str(data_name)!r}) but the image encoder "
+                         "holds no CNN weights (cnn.*)")
     if _bool(opt.get("finetune")):
-        raise CocosError(f"{path}: trained with finetune (a CNN image encoder); cocos imports models of "
-                         "precomputed features only")
+        raise CocosError(f"{path}: trained with finetune (a CNN image encoder) but the image encoder holds no "
+                         "CNN weights (cnn.*)")
+    return "vsrn" if any(key.startswith(("Rs_GCN_", "img_rnn.")) for key in sd) else "vsepp"
 
 
 def _opt_dict(raw: dict, path: Path) -> dict:
@@ -297,6 +326,44 @@ def _linear(sd: dict, prefix: str, path: Path) -> tuple[torch.Tensor, torch.Tens
         raise CocosError(f"{path}: {prefix}weight has shape {tuple(sd[f'{prefix}weight'].shape)}; expected a "
                          "linear map or a 1x1 convolution")
     return weight, sd[f"{prefix}bias"]
+
+
+def _cnn_key(key: str) -> str:
+    """``cnn.module.layer1.0.conv1.weight`` -> ``layer1.0.conv1.weight``; ``cnn.features.module.0.weight`` ->
+    ``features.0.weight`` (VSE++ wraps a ResNet, but only a VGG's ``features``, in DataParallel)."""
+    return ".".join(part for part in key.removeprefix("cnn.").split(".") if part != "module")
+
+
+def _map_full_image(sd: dict, path: Path, opt: dict) -> tuple[dict, dict]:
+    """VSE++ ``EncoderImageFull``: the CNN of ``opt.cnn_type`` (classifier stripped) and ``fc``."""
+    from cocos.models.cnn import CNN_TYPES, build_cnn, check_cnn_state, strip_classifier
+
+    cnn_type = opt.get("cnn_type", "vgg19")  # VSE++'s default
+    if cnn_type not in CNN_TYPES:
+        raise CocosError(f"{path}: trained with cnn_type {cnn_type!r}, which cocos does not support "
+                         f"({', '.join(CNN_TYPES)})")
+    extra = sorted(k for k in sd if not k.startswith(("cnn.", "fc.")))
+    if extra:
+        raise CocosError(f"{path}: the image encoder holds weights other than cnn and fc ({', '.join(extra[:3])}); "
+                         "cocos imports VSE++'s EncoderImageFull")
+    cnn = {_cnn_key(k): v for k, v in sd.items() if k.startswith("cnn.")}
+    if "classifier.1.weight" in cnn:  # torchvision before pytorch/vision@989d52a, as VSE++'s load_state_dict
+        for old, new in (("1", "0"), ("4", "3")):
+            for name in ("weight", "bias"):
+                if f"classifier.{old}.{name}" in cnn:
+                    cnn[f"classifier.{new}.{name}"] = cnn.pop(f"classifier.{old}.{name}")
+    with torch.device("meta"):
+        trunk = strip_classifier(build_cnn(cnn_type))
+    for key in trunk.state_dict():  # BatchNorm of torch < 0.4.1 (the original VSE++ runs) lacks the counter
+        if key.endswith(".num_batches_tracked") and key not in cnn and key.replace("num_batches_tracked",
+                                                                                   "running_mean") in cnn:
+            cnn[key] = torch.tensor(0, dtype=torch.long)
+    check_cnn_state(cnn, {k: tuple(v.shape) for k, v in trunk.state_dict().items()},
+                    f"{path}: the image encoder's CNN", cnn_type)
+    weight, bias = _linear(sd, "fc.", path)
+    state = {f"cnn.{k}": v for k, v in cnn.items()}
+    state.update({"fc.weight": weight, "fc.bias": bias})
+    return state, {"cnn_type": cnn_type, "embed_size": int(weight.shape[0]), "finetune": _bool(opt.get("finetune"))}
 
 
 def _map_vsepp_image(sd: dict, path: Path) -> tuple[dict, dict]:
@@ -370,6 +437,8 @@ def _map_vsrn_image(sd: dict, path: Path, opt: dict) -> tuple[dict, dict]:
 def _check_opt_agrees(opt: dict, hparams: dict, path: Path) -> None:
     for name, key in (("img_dim", "img_dim"), ("embed_size", "embed_size"), ("word_dim", "word_dim"),
                       ("vocab_size", "vocab_size"), ("num_layers", "num_layers")):
+        if key == "img_dim" and key not in hparams:  # a raw-image model: VSE++ records its unused default 4096
+            continue
         recorded = _int(opt, name, None, path, minimum=1)  # present but not a positive integer: refused
         actual = hparams.get(key, 1 if key == "num_layers" else None)
         if recorded is not None and recorded != actual:

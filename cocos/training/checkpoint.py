@@ -337,15 +337,22 @@ def _check_hparams(check: _Checker, cls, hparams, field: str) -> dict:
         if name not in params:
             check.fail(f"{field}.{name}", f"is not a parameter of the {getattr(cls, 'kind', cls.__name__)} model "
                                           f"(it takes {', '.join(params)})")
-        default = params[name].default
-        if isinstance(default, bool):
-            check.bool(value, f"{field}.{name}")
-        else:
-            check.int(value, f"{field}.{name}", minimum=0 if name.startswith("n_") else 1)
+        _check_hparam_value(check, value, params[name].default, f"{field}.{name}")
     for name, p in params.items():
         if p.default is inspect.Parameter.empty and name not in hparams:
             check.fail(f"{field}.{name}", "is missing")
     return hparams
+
+
+def _check_hparam_value(check: _Checker, value, default, field: str) -> None:
+    """One constructor argument, typed by its default: a switch, a name (``cnn_type``, ``head`` of the
+    raw-image model: the model itself refuses unknown names), or an integer >= 1 (``n_*`` >= 0)."""
+    if isinstance(default, bool):
+        check.bool(value, field)
+    elif isinstance(default, str):
+        check.str(value, field, nonempty=True)
+    else:
+        check.int(value, field, minimum=0 if field.rsplit(".", 1)[-1].startswith("n_") else 1)
 
 
 @contextlib.contextmanager

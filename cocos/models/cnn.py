@@ -1,0 +1,288 @@
+"""ImageNet CNNs in plain torch, with torchvision's module and parameter names.
+
+``build_cnn(name)`` makes ResNet-18/34/50/101/152 or VGG-19 exactly as
+``torchvision.models.<name>()`` does (same modules, same names, same shapes), so a
+torchvision state dict (``resnet50-0676ba61.pth``, ``vgg19-dcbb9e9d.pth``) loads by name
+with :func:`load_cnn_weights`; cocos has no torchvision dependency (there is no CPU build of
+it for the pinned torch) and downloads nothing. The definitions file, section 17, says how
+the VSE++ full-image encoder uses them.
+
+* ResNet: torchvision's v1.5 layout (the stride of a Bottleneck sits on its 3x3 ``conv2``,
+  not on ``conv1`` as in the original paper's v1); ``downsample = Sequential(conv1x1, BN)``
+  where the stride or the width changes. Initialisation as torchvision: Kaiming-normal
+  (``fan_out``) convolutions, BatchNorm weight 1 and bias 0, the classifier ``fc`` torch's
+  default ``Linear`` init.
+* VGG-19 (configuration "E", no BatchNorm): ``features`` (16 convolutions with ReLU, 5 max
+  pools), ``avgpool`` (adaptive, 7x7), ``classifier`` = Linear(25088, 4096), ReLU, Dropout,
+  Linear(4096, 4096), ReLU, Dropout, Linear(4096, 1000). Init as torchvision: Kaiming-normal
+  convolutions with zero bias, ``Linear`` normal(0, 0.01) with zero bias.
+
+Tensors on the meta device are not initialised (no memory, no time: checkpoints are
+validated against a meta model).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+from torch import nn
+
+from cocos.errors import CocosError
+
+# name -> (block, blocks per stage)
+RESNETS = {"resnet18": ("basic", (2, 2, 2, 2)), "resnet34": ("basic", (3, 4, 6, 3)),
+           "resnet50": ("bottleneck", (3, 4, 6, 3)), "resnet101": ("bottleneck", (3, 4, 23, 3)),
+           "resnet152": ("bottleneck", (3, 8, 36, 3))}
+VGG19_CFG = (64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M", 512, 512, 512, 512, "M",
+             512, 512, 512, 512, "M")
+CNN_TYPES = (*RESNETS, "vgg19")
+# where the ImageNet classifier sits: the part of a torchvision state dict a headless trunk does not use
+_CLASSIFIER = {"resnet": ("fc.weight", "fc.bias"), "vgg": ("classifier.6.weight", "classifier.6.bias")}
+
+
+def _conv3x3(inp: int, out: int, stride: int = 1) -> nn.Conv2d:
+    return nn.Conv2d(inp, out, kernel_size=3, stride=stride, padding=1, bias=False)
+
+
+def _conv1x1(inp: int, out: int, stride: int = 1) -> nn.Conv2d:
+    return nn.Conv2d(inp, out, kernel_size=1, stride=stride, bias=False)
+
+
+class BasicBlock(nn.Module):
+    """Two 3x3 convolutions with a residual connection (ResNet-18/34)."""
+
+    expansion = 1
+
+    def __init__(self, inplanes: int, planes: int, stride: int = 1, downsample: nn.Module | None = None):
+        super().__init__()
+        self.conv1 = _conv3x3(inplanes, planes, stride)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = _conv3x3(planes, planes)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.downsample = downsample
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return self.relu(out + identity)
+
+
+class Bottleneck(nn.Module):
+    """1x1, 3x3 (carrying the stride: torchvision's v1.5), 1x1 x4 with a residual connection."""
+
+    expansion = 4
+
+    def __init__(self, inplanes: int, planes: int, stride: int = 1, downsample: nn.Module | None = None):
+        super().__init__()
+        self.conv1 = _conv1x1(inplanes, planes)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = _conv3x3(planes, planes, stride)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.conv3 = _conv1x1(planes, planes * self.expansion)
+        self.bn3 = nn.BatchNorm2d(planes * self.expansion)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = downsample
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        return self.relu(out + identity)
+
+
+class ResNet(nn.Module):
+    """torchvision's ``ResNet``: stem, four stages, global average pool, ``fc`` classifier."""
+
+    def __init__(self, block: type[nn.Module], layers: tuple[int, ...], num_classes: int = 1000):
+        super().__init__()
+        self.inplanes = 64
+        self.conv1 = nn.Conv2d(3, 64, kernel_size=7, stride=2, padding=3, bias=False)
+        self.bn1 = nn.BatchNorm2d(64)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+        self.layer1 = self._make_layer(block, 64, layers[0])
+        self.layer2 = self._make_layer(block, 128, layers[1], stride=2)
+        self.layer3 = self._make_layer(block, 256, layers[2], stride=2)
+        self.layer4 = self._make_layer(block, 512, layers[3], stride=2)
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = nn.Linear(512 * block.expansion, num_classes)
+        self.out_dim = 512 * block.expansion
+        for m in self.modules():
+            if m is not self.fc:
+                _init_like_torchvision(m, linear_std=None)
+
+    def _make_layer(self, block, planes: int, blocks: int, stride: int = 1) -> nn.Sequential:
+        downsample = None
+        if stride != 1 or self.inplanes != planes * block.expansion:
+            downsample = nn.Sequential(_conv1x1(self.inplanes, planes * block.expansion, stride),
+                                       nn.BatchNorm2d(planes * block.expansion))
+        layers = [block(self.inplanes, planes, stride, downsample)]
+        self.inplanes = planes * block.expansion
+        layers += [block(self.inplanes, planes) for _ in range(1, blocks)]
+        return nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+class VGG(nn.Module):
+    """torchvision's ``VGG``: ``features``, ``avgpool`` (7x7), ``classifier``."""
+
+    def __init__(self, cfg: tuple = VGG19_CFG, num_classes: int = 1000):
+        super().__init__()
+        layers: list[nn.Module] = []
+        channels = 3
+        for v in cfg:
+            if v == "M":
+                layers.append(nn.MaxPool2d(kernel_size=2, stride=2))
+            else:
+                layers += [nn.Conv2d(channels, v, kernel_size=3, padding=1), nn.ReLU(inplace=True)]
+                channels = v
+        self.features = nn.Sequential(*layers)
+        self.avgpool = nn.AdaptiveAvgPool2d((7, 7))
+        self.classifier = nn.Sequential(nn.Linear(512 * 7 * 7, 4096), nn.ReLU(True), nn.Dropout(),
+                                        nn.Linear(4096, 4096), nn.ReLU(True), nn.Dropout(),
+                                        nn.Linear(4096, num_classes))
+        self.out_dim = 4096
+        for m in self.modules():
+            _init_like_torchvision(m, linear_std=0.01)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(torch.flatten(self.avgpool(self.features(x)), 1))
+
+
+def _init_like_torchvision(m: nn.Module, linear_std: float | None) -> None:
+    """torchvision's initialisation of one module (meta tensors are left alone)."""
+    weight = getattr(m, "weight", None)
+    if weight is None or weight.is_meta:
+        return
+    with torch.no_grad():
+        if isinstance(m, nn.Conv2d):
+            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+            if m.bias is not None:
+                m.bias.zero_()
+        elif isinstance(m, nn.BatchNorm2d):
+            m.weight.fill_(1.0)
+            m.bias.zero_()
+        elif isinstance(m, nn.Linear) and linear_std is not None:
+            m.weight.normal_(0.0, linear_std)
+            m.bias.zero_()
+
+
+def build_cnn(name: str, num_classes: int = 1000) -> nn.Module:
+    """``torchvision.models.<name>(num_classes=...)`` in plain torch, randomly initialised (module docstring)."""
+    if name in RESNETS:
+        block, layers = RESNETS[name]
+        return ResNet(BasicBlock if block == "basic" else Bottleneck, layers, num_classes)
+    if name == "vgg19":
+        return VGG(VGG19_CFG, num_classes)
+    raise CocosError(f"unknown CNN '{name}' (choose from {', '.join(CNN_TYPES)})")
+
+
+def cnn_family(name: str) -> str:
+    """``resnet`` or ``vgg``."""
+    if name not in CNN_TYPES:
+        raise CocosError(f"unknown CNN '{name}' (choose from {', '.join(CNN_TYPES)})")
+    return "vgg" if name.startswith("vgg") else "resnet"
+
+
+def strip_classifier(cnn: nn.Module) -> nn.Module:
+    """Drop the ImageNet classifier in place, as VSE++'s ``EncoderImageFull``: a ResNet's ``fc`` becomes an
+    empty ``Sequential`` (the output is the pooled 512/2048-d feature), a VGG's ``classifier`` loses its last
+    ``Linear`` (the output is the 4096-d second fully connected layer after its ReLU and Dropout)."""
+    if isinstance(cnn, ResNet):
+        cnn.fc = nn.Sequential()
+    elif isinstance(cnn, VGG):
+        cnn.classifier = nn.Sequential(*list(cnn.classifier.children())[:-1])
+    else:
+        raise CocosError(f"cannot strip the classifier of a {type(cnn).__name__}")
+    return cnn
+
+
+@functools.lru_cache(maxsize=1)
+def _reference_states() -> dict[str, dict[str, tuple]]:
+    """Every architecture's parameter and buffer shapes (built on the meta device: no memory; do not modify)."""
+    with torch.device("meta"):
+        return {name: {k: tuple(v.shape) for k, v in build_cnn(name).state_dict().items()} for name in CNN_TYPES}
+
+
+def guess_architecture(shapes: dict[str, tuple]) -> str | None:
+    """The architecture whose torchvision state dict (with or without its classifier) has exactly these
+    names and shapes; ``None`` if none has."""
+    for name, ref in _reference_states().items():
+        head = _CLASSIFIER[cnn_family(name)]
+        if shapes == ref or shapes == {k: v for k, v in ref.items() if k not in head}:
+            return name
+    return None
+
+
+def check_cnn_state(state: dict, expected: dict[str, tuple], where, what: str = "CNN") -> None:
+    """``state`` has exactly the names and shapes of ``expected``; else one line naming ``where``, and the
+    architecture the weights belong to when they are another one's."""
+    shapes = {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}
+    if len(shapes) != len(state):
+        bad = next(k for k, v in state.items() if not isinstance(v, torch.Tensor))
+        raise CocosError(f"{where}: {bad!r} is not a tensor; expected a state dict of the {what}")
+    if shapes == expected:
+        return
+    other = guess_architecture(shapes)
+    if other is not None and other != what:
+        raise CocosError(f"{where}: holds {other} weights, not {what} ones")
+    missing = [k for k in expected if k not in shapes]
+    extra = [k for k in shapes if k not in expected]
+    if missing:
+        raise CocosError(f"{where}: the {what} weights lack {missing[0]} ({len(missing)} of {len(expected)} "
+                         "tensors missing)")
+    if extra:
+        raise CocosError(f"{where}: holds {extra[0]}, which the {what} does not have ({len(extra)} unexpected)")
+    key = next(k for k in expected if shapes[k] != expected[k])
+    raise CocosError(f"{where}: {key} has shape {shapes[key]}, the {what} needs {expected[key]}")
+
+
+def read_cnn_state(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """A CNN weights file as a state dict of float tensors: read with ``weights_only=True``
+    (:func:`cocos.safeload.load_torch_file`); a DataParallel ``module.`` prefix is dropped."""
+    from cocos.safeload import load_torch_file
+
+    obj = load_torch_file(path, what="CNN weights file")
+    if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):  # {'state_dict': ..., 'epoch': ...}
+        obj = obj["state_dict"]
+    if not isinstance(obj, dict) or not obj or not all(isinstance(k, str) for k in obj):
+        raise CocosError(f"{path}: not a CNN weights file (expected a state dict of named tensors)")
+    return {k.removeprefix("module."): v for k, v in obj.items()}
+
+
+def load_cnn_weights(cnn: nn.Module, path: str | os.PathLike, name: str | None = None) -> nn.Module:
+    """Load a torchvision-format weights file into ``cnn`` (by name; in place) and return it.
+
+    ``name`` is the architecture for messages (default: the one the module's shapes match).
+    A file with the ImageNet classifier loads into a trunk whose classifier was stripped
+    (:func:`strip_classifier`): the classifier's weights are not used. Another architecture,
+    a missing or unexpected tensor, a wrong shape, a non-floating or non-finite value: one
+    :class:`CocosError` line naming the file; ``cnn`` is left as it was.
+    """
+    state = read_cnn_state(path)
+    expected = {k: tuple(v.shape) for k, v in cnn.state_dict().items()}
+    name = name or guess_architecture(expected) or type(cnn).__name__
+    for key in _CLASSIFIER["vgg" if isinstance(cnn, VGG) else "resnet"]:
+        if key not in expected:
+            state.pop(key, None)
+    check_cnn_state(state, expected, path, name)
+    for key, value in state.items():
+        if value.dtype.is_floating_point and not bool(torch.isfinite(value).all()):
+            raise CocosError(f"{path}: {key} holds NaN or Inf")
+        if expected[key] and not value.dtype.is_floating_point:
+            raise CocosError(f"{path}: {key} holds {value.dtype} values, expected floating point")
+    cnn.load_state_dict(state)
+    return cnn
+
+
+__all__ = ["CNN_TYPES", "RESNETS", "BasicBlock", "Bottleneck", "ResNet", "VGG", "build_cnn", "check_cnn_state",
+           "cnn_family", "guess_architecture", "load_cnn_weights", "read_cnn_state", "strip_classifier"]

@@ -1,0 +1,284 @@
+"""The plain-torch CNNs carry torchvision's names and shapes; weights files load by name or are refused in
+one line; the raw-image VSE++ model keeps a frozen CNN frozen and in eval mode.
+
+torchvision's layouts are restated here from its definitions (not from cocos's code): the key-count
+rules, a few hand-checked names and shapes, and the published parameter totals.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from cocos.errors import CocosError
+from cocos.models import build_model
+from cocos.models.cnn import build_cnn, load_cnn_weights, strip_classifier
+
+# torchvision's published parameter totals (torchvision.models documentation, "Params")
+TOTALS = {"resnet18": 11_689_512, "resnet34": 21_797_672, "resnet50": 25_557_032, "resnet101": 44_549_160,
+          "resnet152": 60_192_808, "vgg19": 143_667_240}
+BLOCKS = {"resnet18": (2, 2, 2, 2), "resnet34": (3, 4, 6, 3), "resnet50": (3, 4, 6, 3),
+          "resnet101": (3, 4, 23, 3), "resnet152": (3, 8, 36, 3)}
+VOCAB = ["<pad>", "<start>", "<end>", "<unk>", "a", "dog", "cat"]
+
+
+def meta(name: str) -> nn.Module:
+    with torch.device("meta"):
+        return build_cnn(name)
+
+
+def expected_resnet_keys(name: str) -> int:
+    """State-dict entries of a torchvision ResNet: a conv has 1, a BatchNorm 5 (weight, bias, running mean/var,
+    num_batches_tracked), fc 2; BasicBlock = 2 conv + 2 BN, Bottleneck = 3 + 3; a downsample (conv + BN) on the
+    first block of every stage whose stride or width changes (all four for Bottleneck, stages 2-4 for Basic)."""
+    blocks = BLOCKS[name]
+    bottleneck = name in ("resnet50", "resnet101", "resnet152")
+    per_block = 3 * 6 if bottleneck else 2 * 6
+    downsamples = 4 if bottleneck else 3
+    return 1 + 5 + sum(blocks) * per_block + downsamples * 6 + 2
+
+
+@pytest.mark.parametrize("name", list(TOTALS))
+def test_parameter_totals_and_key_counts_are_torchvisions(name):
+    model = meta(name)
+    assert sum(p.numel() for p in model.parameters()) == TOTALS[name]
+    keys = model.state_dict()
+    assert len(keys) == (expected_resnet_keys(name) if name != "vgg19" else 16 * 2 + 3 * 2)
+
+
+def test_hand_checked_names_shapes_and_v15_strides():
+    r50 = meta("resnet50")
+    shapes = {k: tuple(v.shape) for k, v in r50.state_dict().items()}
+    assert shapes["conv1.weight"] == (64, 3, 7, 7)
+    assert shapes["layer1.0.downsample.0.weight"] == (256, 64, 1, 1)
+    assert shapes["layer1.0.downsample.1.running_var"] == (256,)
+    assert shapes["layer2.0.conv2.weight"] == (128, 128, 3, 3)
+    assert shapes["layer3.5.conv3.weight"] == (1024, 256, 1, 1)
+    assert shapes["layer4.2.bn3.num_batches_tracked"] == ()
+    assert shapes["fc.weight"] == (1000, 2048)
+    assert "layer3.6.conv1.weight" not in shapes  # resnet50 has 6 blocks in layer3
+    # v1.5: the stride of a Bottleneck is on its 3x3 conv2, the downsample conv strides too
+    assert r50.layer2[0].conv1.stride == (1, 1) and r50.layer2[0].conv2.stride == (2, 2)
+    assert r50.layer2[0].downsample[0].stride == (2, 2) and r50.layer2[1].conv2.stride == (1, 1)
+
+    r18 = {k: tuple(v.shape) for k, v in meta("resnet18").state_dict().items()}
+    assert r18["layer1.0.conv1.weight"] == (64, 64, 3, 3)
+    assert not any(k.startswith("layer1.0.downsample") for k in r18)  # same width and stride: no downsample
+    assert r18["layer2.0.downsample.0.weight"] == (128, 64, 1, 1)
+    assert r18["fc.weight"] == (1000, 512)
+
+    vgg = {k: tuple(v.shape) for k, v in meta("vgg19").state_dict().items()}
+    convs = [0, 2, 5, 7, 10, 12, 14, 16, 19, 21, 23, 25, 28, 30, 32, 34]  # ReLU after each, 5 max pools between
+    assert sorted(int(k.split(".")[1]) for k in vgg if k.startswith("features.") and k.endswith("weight")) == convs
+    assert vgg["features.0.weight"] == (64, 3, 3, 3) and vgg["features.34.weight"] == (512, 512, 3, 3)
+    assert vgg["classifier.0.weight"] == (4096, 25088) and vgg["classifier.3.weight"] == (4096, 4096)
+    assert vgg["classifier.6.weight"] == (1000, 4096)
+
+
+def test_bottleneck_resnet_computes_torchvisions_v15_forward():
+    """A few-block Bottleneck ResNet (resnet50's blocks, 1 or 2 per stage) against the functional restatement of
+    the test of legacy imports: the stride on conv2, downsample convs striding too."""
+    from cocos.models.cnn import Bottleneck, ResNet
+    from tests.test_legacy_images import original_resnet, randomised_state
+
+    torch.manual_seed(4)
+    trunk = strip_classifier(ResNet(Bottleneck, (1, 2, 1, 1)))
+    trunk.load_state_dict(randomised_state(trunk, torch.Generator().manual_seed(4)))
+    sd = {f"cnn.module.{k}": v for k, v in trunk.state_dict().items()}
+    x = torch.randn(2, 3, 48, 48)
+    with torch.no_grad():
+        want = original_resnet(x, sd)
+        assert want.shape == (2, 2048)
+        torch.testing.assert_close(trunk.eval()(x), want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+
+
+def test_stripped_trunks_give_the_pooled_features():
+    """ResNet: fc -> empty Sequential, output = mean of layer4 over the positions; VGG: the classifier
+    loses its last Linear (its output: the 4096-d second fully connected layer)."""
+    torch.manual_seed(0)
+    trunk = strip_classifier(build_cnn("resnet18")).eval()
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        stem = trunk.maxpool(trunk.relu(trunk.bn1(trunk.conv1(x))))
+        grid = trunk.layer4(trunk.layer3(trunk.layer2(trunk.layer1(stem))))
+        assert grid.shape == (2, 512, 2, 2)  # 64 px / 32
+        torch.testing.assert_close(trunk(x), grid.mean(dim=(2, 3)))
+    assert not list(trunk.fc.parameters())
+    vgg = strip_classifier(meta("vgg19"))
+    assert vgg.out_dim == vgg.classifier[3].out_features == 4096
+    assert [type(m).__name__ for m in vgg.classifier] == ["Linear", "ReLU", "Dropout", "Linear", "ReLU", "Dropout"]
+
+
+@pytest.fixture(scope="module")
+def r18_file(tmp_path_factory):
+    """A torchvision-format resnet18 file (its classifier included), saved with torch.save, keys unchanged."""
+    torch.manual_seed(1)
+    net = build_cnn("resnet18")
+    path = tmp_path_factory.mktemp("w") / "resnet18-f37072fd.pth"
+    torch.save(net.state_dict(), path)
+    return path, net.state_dict()
+
+
+def test_torchvision_state_dict_loads_by_name_into_the_trunk_and_the_model(r18_file):
+    path, state = r18_file
+    full = load_cnn_weights(build_cnn("resnet18"), path)
+    for key, value in state.items():
+        torch.testing.assert_close(full.state_dict()[key], value, rtol=0, atol=0)
+    model = build_model("vsepp_full", vocab_size=len(VOCAB), cnn_type="resnet18", embed_size=8, word_dim=4)
+    model.load_cnn_weights(path)
+    loaded = model.cnn.state_dict()
+    assert "fc.weight" not in loaded  # the ImageNet classifier is not used
+    for key, value in loaded.items():
+        torch.testing.assert_close(value, state[key], rtol=0, atol=0)
+
+
+def _one_line(excinfo, *words):
+    text = str(excinfo.value)
+    assert "\n" not in text
+    for word in words:
+        assert word in text, text
+    return text
+
+
+def test_bad_weights_files_are_one_line_naming_the_file_and_change_nothing(r18_file, tmp_path):
+    path, state = r18_file
+    torch.manual_seed(2)
+    target = build_cnn("resnet18")
+    before = {k: v.clone() for k, v in target.state_dict().items()}
+    cases = {
+        "missing.pth": ({k: v for k, v in state.items() if k != "layer3.1.bn2.running_mean"},
+                        ("missing.pth", "layer3.1.bn2.running_mean")),
+        "extra.pth": ({**state, "layer5.0.conv1.weight": torch.zeros(1)}, ("extra.pth", "layer5.0.conv1.weight")),
+        "shape.pth": ({**state, "conv1.weight": torch.zeros(64, 3, 5, 5)}, ("shape.pth", "conv1.weight",
+                                                                            "(64, 3, 5, 5)")),
+        "nan.pth": ({**state, "bn1.weight": torch.full((64,), float("nan"))}, ("nan.pth", "bn1.weight", "NaN")),
+        "list.pth": ([1, 2, 3], ("list.pth", "not a CNN weights file")),
+    }
+    for name, (obj, words) in cases.items():
+        torch.save(obj, tmp_path / name)
+        with pytest.raises(CocosError) as excinfo:
+            load_cnn_weights(target, tmp_path / name)
+        _one_line(excinfo, *words)
+    with pytest.raises(CocosError) as excinfo:
+        load_cnn_weights(target, tmp_path / "absent.pth")
+    _one_line(excinfo, "absent.pth")
+    for key, value in target.state_dict().items():
+        assert torch.equal(value, before[key]), key
+
+
+def test_weights_of_another_architecture_are_named(r18_file):
+    path, _ = r18_file
+    with torch.device("meta"):  # loading is refused before any tensor is copied: a meta target suffices
+        r34 = build_cnn("resnet34")
+    with pytest.raises(CocosError) as excinfo:
+        load_cnn_weights(r34, path)
+    _one_line(excinfo, "resnet18-f37072fd.pth", "holds resnet18 weights, not resnet34")
+
+
+def test_a_weights_file_that_would_run_code_is_refused(tmp_path):
+    import os
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("echo hacked",))
+
+    torch.save({"conv1.weight": Evil()}, tmp_path / "evil.pth")
+    with pytest.raises(CocosError) as excinfo:
+        load_cnn_weights(build_cnn("resnet18"), tmp_path / "evil.pth")
+    _one_line(excinfo, "evil.pth", "system")
+
+
+def small(**kw):
+    torch.manual_seed(3)
+    return build_model("vsepp_full", vocab_size=len(VOCAB), cnn_type="resnet18", embed_size=8, word_dim=4, **kw)
+
+
+def test_frozen_cnn_stays_in_eval_and_gets_no_gradient():
+    model = small()
+    model.train()
+    assert not model.cnn.training and model.fc.training and model.txt_enc.training
+    assert not any(m.training for m in model.cnn.modules())
+    stats = model.cnn.bn1.running_mean.clone()
+    x = torch.randn(4, 3, 32, 32)
+    emb = model.encode_images(x)
+    emb.sum().backward()
+    assert torch.equal(model.cnn.bn1.running_mean, stats)  # eval BatchNorm: statistics untouched
+    assert all(p.grad is None and not p.requires_grad for p in model.cnn.parameters())
+    assert model.fc.weight.grad is not None and model.fc.weight.grad.abs().sum() > 0
+    model.eval()
+    torch.testing.assert_close(model.encode_images(x), emb.detach())  # the same function in both modes
+
+
+def test_finetune_trains_the_cnn_with_batch_statistics():
+    model = small(finetune=True)
+    model.train()
+    assert model.cnn.training and all(p.requires_grad for p in model.cnn.parameters())
+    stats = model.cnn.bn1.running_mean.clone()
+    model.encode_images(torch.randn(4, 3, 32, 32)).sum().backward()
+    assert not torch.equal(model.cnn.bn1.running_mean, stats)
+    assert model.cnn.conv1.weight.grad is not None
+    model.eval()
+    assert not model.cnn.training
+
+
+def test_encode_images_is_encode_pooled_of_pooled_with_vsepp_normalisation():
+    model = small().eval()
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        feats = model.pooled(x)
+        assert feats.shape == (3, 512)
+        unit = feats / feats.norm(dim=1, keepdim=True)
+        proj = unit @ model.fc.weight.T + model.fc.bias
+        want = proj / proj.norm(dim=1, keepdim=True)
+        torch.testing.assert_close(model.encode_pooled(feats), want, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(model.encode_images(x), want, rtol=1e-5, atol=1e-6)
+    # fc: Xavier-uniform bound sqrt(6 / (in + out)), zero bias (VSE++'s init_weights)
+    bound = (6.0 / (512 + 8)) ** 0.5
+    assert model.fc.weight.abs().max() <= bound and model.fc.weight.abs().max() > 0.9 * bound
+    assert torch.equal(model.fc.bias, torch.zeros(8))
+
+
+def test_ltd_mlp_head_and_options():
+    model = build_model("vsepp_full", vocab_size=len(VOCAB), cnn_type="resnet18", embed_size=8, word_dim=4,
+                        head="mlp", hidden=16, use_abs=True).eval()
+    assert [type(m).__name__ for m in model.fc] == ["Linear", "ReLU", "Linear"]
+    assert model.hparams["hidden"] == 16 and model.hparams["head"] == "mlp"
+    feats = torch.randn(5, 512)
+    a, b = model.fc[0], model.fc[2]
+    hidden = torch.clamp(feats @ a.weight.T + a.bias, min=0)  # on the pooled features, no first l2norm
+    out = hidden @ b.weight.T + b.bias
+    want = (out / out.norm(dim=1, keepdim=True)).abs()
+    with torch.no_grad():
+        torch.testing.assert_close(model.encode_pooled(feats), want, rtol=1e-5, atol=1e-6)
+    noimg = small(no_imgnorm=True).eval()
+    with torch.no_grad():
+        out = noimg.encode_pooled(feats)
+        unit = feats / feats.norm(dim=1, keepdim=True)
+        torch.testing.assert_close(out, unit @ noimg.fc.weight.T + noimg.fc.bias, rtol=1e-5, atol=1e-6)
+    with pytest.raises(CocosError, match="unknown CNN 'resnet19'"):
+        build_model("vsepp_full", vocab_size=7, cnn_type="resnet19")
+    with pytest.raises(CocosError, match="unknown image head"):
+        build_model("vsepp_full", vocab_size=7, head="conv")
+    with pytest.raises(CocosError, match=r"images must be pixels \(n, 3, H, W\)"):
+        model.encode_images(torch.zeros(2, 32, 32))
+    with pytest.raises(CocosError, match="model 'vsepp_full' cannot be built with .*img_dim"):
+        build_model("vsepp_full", vocab_size=7, img_dim=256)  # cocos train's precomputed-feature settings
+
+
+def test_checkpoint_validator_accepts_the_model_and_refuses_bad_names():
+    from cocos.training.checkpoint import validate_model
+
+    model = small()
+    ckpt = {"model": {"kind": "vsepp_full", "hparams": dict(model.hparams)}, "vocab": VOCAB,
+            "state_dict": model.state_dict()}
+    meta_model = validate_model(ckpt, "m.pt")
+    assert meta_model.hparams == model.hparams
+    for change, words in (({"cnn_type": "resnet19"}, ("m.pt", "model.hparams", "resnet19")),
+                          ({"cnn_type": 50}, ("m.pt", "model.hparams.cnn_type", "string")),
+                          ({"cnn_type": "resnet34"}, ("m.pt", "state_dict", "layer1.2")),
+                          ({"head": "mlp"}, ("m.pt", "state_dict", "fc.0.weight"))):
+        bad = {**ckpt, "model": {"kind": "vsepp_full", "hparams": {**model.hparams, **change}}}
+        with pytest.raises(CocosError) as excinfo:
+            validate_model(bad, "m.pt")
+        _one_line(excinfo, *words)
