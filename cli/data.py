@@ -20,9 +20,10 @@ data_app = typer.Typer(
 @handle_errors
 def synth(
     out_dir: Path = typer.Argument(..., help="Folder to write (must not exist or be empty)."),
-    n_train: int = typer.Option(3000, "--n-train", help="Training images (k captions each)."),
-    n_dev: int = typer.Option(500, "--n-dev", help="Validation images."),
-    n_test: int = typer.Option(500, "--n-test", help="Test images."),
+    n_train: int = typer.Option(None, "--n-train", help="Training images, k captions each (default 3000; "
+                                "1000 with --images)."),
+    n_dev: int = typer.Option(None, "--n-dev", help="Validation images (default 500; 200 with --images)."),
+    n_test: int = typer.Option(None, "--n-test", help="Test images (default 500; 200 with --images)."),
     k: int = typer.Option(5, "--k", help="Captions per image."),
     feature_dim: int = typer.Option(256, "--feature-dim", help="Feature dimension D."),
     n_regions: int = typer.Option(6, "--n-regions", help="Regions per image R (at least 4)."),
@@ -31,6 +32,11 @@ def synth(
     ),
     seed: int = typer.Option(0, help="Seed; the same seed gives byte-identical files."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty OUT_DIR."),
+    images: bool = typer.Option(
+        False, "--images", help="Render the scenes as JPEG files in the VSE++ layout (images/ + "
+        "dataset_synth.json) instead of writing features; --feature-dim, --n-regions, --regions do not apply."
+    ),
+    image_size: int = typer.Option(64, "--image-size", help="With --images: side of the square images in pixels."),
 ) -> None:
     """Write a small deterministic synthetic image-caption world (scenes of coloured shapes)."""
     from cocos.data.synth import make_synthetic
@@ -38,6 +44,19 @@ def synth(
     if out_dir.exists() and not out_dir.is_dir():
         fail(f"{out_dir}: exists and is not a folder")
     start = time.perf_counter()
+    if images:
+        from cocos.data.synth_images import make_synthetic_images
+
+        n_train, n_dev, n_test = (1000 if n_train is None else n_train, 200 if n_dev is None else n_dev,
+                                  200 if n_test is None else n_test)
+        make_synthetic_images(out_dir, n_train=n_train, n_dev=n_dev, n_test=n_test, k=k, image_size=image_size,
+                              seed=seed, overwrite=overwrite)
+        typer.echo(f"wrote {out_dir}: {n_train}/{n_dev}/{n_test} train/dev/test JPEG images of {image_size} x "
+                   f"{image_size} px in images/, k={k} captions each in dataset_synth.json, seed {seed} "
+                   f"({time.perf_counter() - start:.1f} s)")
+        return
+    n_train, n_dev, n_test = (3000 if n_train is None else n_train, 500 if n_dev is None else n_dev,
+                              500 if n_test is None else n_test)
     make_synthetic(
         out_dir,
         n_train=n_train,
