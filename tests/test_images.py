@@ -113,7 +113,7 @@ def test_decompression_bomb_refused_from_the_header():
         open_image(_png_header(100, 100), "small.png", max_pixels=5000)
 
 
-@pytest.mark.parametrize("kind", ["truncated", "text", "empty", "missing", "folder"])
+@pytest.mark.parametrize("kind", ["truncated", "text", "empty", "missing", "folder", "eps"])
 def test_unreadable_images_refused(tmp_path, kind):
     path = tmp_path / "x.jpg"
     if kind == "truncated":
@@ -125,6 +125,8 @@ def test_unreadable_images_refused(tmp_path, kind):
         path.write_bytes(b"")
     elif kind == "folder":
         path.mkdir()
+    elif kind == "eps":  # Pillow would run Ghostscript to decode it
+        Image.new("RGB", (2, 2)).save(path, "EPS")
     with pytest.raises(CocosError) as err:
         open_image(path, str(path))
     assert str(path) in _one_line(err)

@@ -9,7 +9,9 @@ change (definitions file, "Raw images"):
   image is refused (a 50,000 x 50,000 PNG header is a decompression bomb); Pillow's
   ``DecompressionBombWarning``/``DecompressionBombError`` become the same one line;
 * unreadable, empty, truncated and non-image data are refused with one
-  :class:`CocosError` line naming the image;
+  :class:`CocosError` line naming the image; so are formats other than the raster
+  formats of :data:`FORMATS` (JPEG, PNG, GIF, BMP, TIFF, WebP, PPM): Pillow would hand
+  EPS and PDF to Ghostscript, an outside program (the original code opens any format);
 * 16-bit greyscale (``I;16*``, and 32-bit ``I``, read as 16-bit values) is scaled to 8 bit
   (``round(v / 257)``, so 65535 becomes 255) instead of Pillow's clipping at 255; every
   other mode (CMYK, L, P, LA, RGBA, ...) goes through ``convert('RGB')`` as in the original;
@@ -66,6 +68,8 @@ CAPTIONS_PER_IMAGE = 5
 PICKLE_NAMES = {"train": "train_set.p", "dev": "val_set.p", "test": "test_set.p"}
 CSV_NAMES = {"train": ("train.csv",), "dev": ("dev.csv", "val.csv"), "test": ("test.csv",)}
 _SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I;16N", "I")
+# The raster formats Pillow decodes itself; never EPS/PDF (Pillow hands those to Ghostscript, an outside program).
+FORMATS = ("JPEG", "PNG", "GIF", "BMP", "TIFF", "WEBP", "PPM")
 
 
 def _first_line(exc: BaseException) -> str:
@@ -74,6 +78,12 @@ def _first_line(exc: BaseException) -> str:
 
 
 # -- one image -------------------------------------------------------------------------------
+
+
+def _available_formats() -> list[str]:
+    """:data:`FORMATS` that this Pillow build can open (a build may lack WebP)."""
+    Image.init()
+    return [f for f in FORMATS if f in Image.OPEN]
 
 
 def _to_rgb(img: Image.Image) -> Image.Image:
@@ -102,7 +112,7 @@ def open_image(source: str | os.PathLike | bytes, name: str, max_pixels: int = M
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data)) as img:
+            with Image.open(io.BytesIO(data), formats=_available_formats()) as img:
                 width, height = img.size
                 if width * height > max_pixels:
                     raise CocosError(f"{name}: {width} x {height} pixels is above the limit of "
@@ -115,7 +125,7 @@ def open_image(source: str | os.PathLike | bytes, name: str, max_pixels: int = M
         raise CocosError(f"{name}: above Pillow's pixel limit (a decompression bomb?); refused "
                          f"({_first_line(exc)})") from None
     except UnidentifiedImageError:
-        raise CocosError(f"{name}: not an image file Pillow can read") from None
+        raise CocosError(f"{name}: not an image in a format cocos reads ({', '.join(FORMATS)})") from None
     except (OSError, SyntaxError, ValueError, EOFError, MemoryError) as exc:  # truncated or corrupt data
         raise CocosError(f"{name}: corrupt or truncated image ({_first_line(exc)})") from None
 
