@@ -109,10 +109,36 @@ def test_cli_synth_images(tmp_path):
     runner = CliRunner()
     out = tmp_path / "world"
     args = ["data", "synth", str(out), "--images", "--n-train", "4", "--n-dev", "2", "--n-test", "2",
-            "--image-size", "12", "--seed", "5"]
+            "--image-size", "12", "--seed", "5", "--no-progress"]
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
     assert len(list((out / "images").glob("*.jpg"))) == 8 and load_image_split(out, "dev").n_images == 2
     before = snapshot(tmp_path)
     line = one_error_line(runner.invoke(app, args))  # exists, no --overwrite
     assert "not empty" in line and snapshot(tmp_path) == before
+
+
+def test_cli_info_on_image_datasets(tmp_path):
+    from typer.testing import CliRunner
+
+    from cocos_cli.main import app
+
+    runner = CliRunner()
+    out = tmp_path / "world"
+    make_synthetic_images(out, seed=1, **TINY)
+    res = runner.invoke(app, ["data", "info", str(out)])
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert lines[0].startswith("train: 6 images, 30 captions (karpathy layout, from dataset_synth.json)")
+    assert lines[2].startswith("test: 3 images, 15 captions")
+    assert lines[1].endswith(load_image_split(out, "dev").fingerprint())
+    (out / "images" / "synth_test_000001.jpg").unlink()
+    line = one_error_line(runner.invoke(app, ["data", "info", str(out)]))
+    assert "dataset_synth.json: 1 of 3 image files are missing" in line and "synth_test_000001.jpg" in line
+    (out / "images" / "synth_test_000001.jpg").write_bytes(b"\xff\xd8garbage")
+    assert runner.invoke(app, ["data", "info", str(out)]).exit_code == 0  # bytes are hashed, not decoded
+    line = one_error_line(runner.invoke(app, ["data", "info", str(out), "--decode", "--no-progress"]))
+    assert "synth_test_000001.jpg: " in line
+    (tmp_path / "list.csv").write_text("image,caption\nworld/images/synth_test_000000.jpg,a\n")
+    res = runner.invoke(app, ["data", "info", str(tmp_path / "list.csv"), "--decode", "--no-progress"])
+    assert res.exit_code == 0 and res.output.startswith("train: 1 images, 1 captions (csv layout, from list.csv)")

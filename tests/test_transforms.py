@@ -61,7 +61,7 @@ def test_center_crop_offsets(w, h, crop, expected):
 
 def test_eval_transform_crop_and_normalisation_by_hand():
     img, pixels = _image_4x6()
-    out = eval_transform(img, resize_to=4, crop_size=2)  # shorter side already 4: no resampling
+    out = eval_transform(img, resize=4, crop_size=2)  # shorter side already 4: no resampling
     assert out.shape == (3, 2, 2) and out.dtype == torch.float32
     expected = _hand_normalise(pixels[1:3, 2:4])  # top 1, left 2
     np.testing.assert_allclose(out.numpy(), expected, atol=1e-6)
@@ -74,7 +74,7 @@ def test_bilinear_resize_pixels_by_hand():
     """Halving [0, 0, 200, 200]: Pillow's triangle filter widened to 2 px gives weights 3/7, 3/7, 1/7."""
     pixels = np.zeros((2, 4, 3), np.uint8)
     pixels[:, 2:] = 200
-    out = eval_transform(Image.fromarray(pixels, "RGB"), resize_to=1, crop_size=1)  # resized to 2 x 1, crop col 0
+    out = eval_transform(Image.fromarray(pixels, "RGB"), resize=1, crop_size=1)  # resized to 2 x 1, crop col 0
     left = round(200 * 1 / 7)  # 28.57 -> 29
     np.testing.assert_allclose(out.numpy()[:, 0, 0], _hand_normalise(np.full((1, 1, 3), left))[:, 0, 0], atol=1e-6)
 
@@ -86,7 +86,7 @@ def test_one_pixel_image_and_padding():
     colour = [(1 - 0.485) / 0.229, (0 - 0.456) / 0.224, (128 / 255 - 0.406) / 0.225]
     np.testing.assert_allclose(out.numpy(), np.broadcast_to(np.array(colour).reshape(3, 1, 1), out.shape), atol=1e-5)
     # a crop larger than the image: zero padding, (4 - 2) // 2 = 1 before, 1 after
-    padded = eval_transform(Image.new("RGB", (2, 2), (255, 255, 255)), resize_to=2, crop_size=4).numpy()
+    padded = eval_transform(Image.new("RGB", (2, 2), (255, 255, 255)), resize=2, crop_size=4).numpy()
     zero, one = (-MEAN / STD)[:, 0, 0], ((1 - MEAN) / STD)[:, 0, 0]
     mask = np.zeros((4, 4), bool)
     mask[1:3, 1:3] = True
@@ -97,7 +97,7 @@ def test_one_pixel_image_and_padding():
 
 def test_extreme_aspect_ratio_refused():
     with pytest.raises(CocosError, match="aspect ratio"):
-        eval_transform(Image.new("RGB", (1, 70000)), resize_to=256)
+        eval_transform(Image.new("RGB", (1, 70000)), resize=256)
 
 
 def _torchvision_get_params(width, height, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):

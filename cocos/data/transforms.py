@@ -59,7 +59,7 @@ def resized_size(width: int, height: int, size: int) -> tuple[int, int]:
     return int(size * width / height), size
 
 
-def resize(img: Image.Image, size: int) -> Image.Image:
+def resize_shorter(img: Image.Image, size: int) -> Image.Image:
     """torchvision ``Resize(size)`` on a PIL image: shorter side to ``size``, BILINEAR."""
     w, h = resized_size(img.width, img.height, size)
     if w * h > MAX_RESIZED_PIXELS:
@@ -129,15 +129,15 @@ def random_resized_crop_params(
 
 
 def eval_transform(
-    img: Image.Image, generator: torch.Generator | None = None, *, resize_to: int = RESIZE,
+    img: Image.Image, generator: torch.Generator | None = None, *, resize: int = RESIZE,
     crop_size: int = CROP_SIZE,
 ) -> torch.Tensor:
-    """Evaluation transform: Resize(resize_to) + CenterCrop(crop_size) + ToTensor + Normalize.
+    """Evaluation transform: Resize(resize) + CenterCrop(crop_size) + ToTensor + Normalize.
 
     ``(3, crop_size, crop_size)`` float32; ``generator`` is ignored (same call as
     :func:`train_transform`).
     """
-    return normalize(to_tensor(center_crop(resize(img, resize_to), crop_size)))
+    return normalize(to_tensor(center_crop(resize_shorter(img, resize), crop_size)))
 
 
 def train_transform(img: Image.Image, generator: torch.Generator, *, crop_size: int = CROP_SIZE) -> torch.Tensor:
