@@ -17,6 +17,7 @@ from PIL import Image, ImageOps
 
 from cocos.data.images import (
     ImageCaptionDataset,
+    ImageDataError,
     item_generator,
     load_image_split,
     open_image,
@@ -321,3 +322,14 @@ def test_dataset_by_image_eval(tmp_path):
     np.testing.assert_allclose(tensor[:, 100, 100].numpy(), (colour - [0.485, 0.456, 0.406]) / [0.229, 0.224, 0.225],
                                atol=1e-5)
     assert len({item_generator(s, e, i).initial_seed() for s in (0, 1) for e in (0, 1) for i in (0, 1)}) == 8
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_corrupt_image_in_a_worker_is_one_line(tmp_path, workers):
+    _karpathy_folder(tmp_path, splits=("test",) * 3)
+    (tmp_path / "images" / "im1.png").write_bytes(b"\x89PNG\r\n\x1a\nbroken")
+    ds = ImageCaptionDataset(load_image_split(tmp_path, "test"), eval_transform)
+    with pytest.raises(ImageDataError) as err:
+        list(torch.utils.data.DataLoader(ds, batch_size=3, num_workers=workers))
+    assert _one_line(err).startswith(str(tmp_path / "images" / "im1.png") + ": ")
+    assert isinstance(err.value, CocosError)

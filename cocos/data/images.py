@@ -127,7 +127,7 @@ def open_image(source: str | os.PathLike | bytes, name: str, max_pixels: int = M
     except UnidentifiedImageError:
         raise CocosError(f"{name}: not an image in a format cocos reads ({', '.join(FORMATS)})") from None
     except (OSError, SyntaxError, ValueError, EOFError, MemoryError) as exc:  # truncated or corrupt data
-        raise CocosError(f"{name}: corrupt or truncated image ({_first_line(exc)})") from None
+        raise CocosError(f"{name}: cannot decode the image, corrupt or truncated? ({_first_line(exc)})") from None
 
 
 # -- a split ---------------------------------------------------------------------------------
@@ -477,6 +477,23 @@ def is_image_dataset(path: str | os.PathLike) -> bool:
 # -- the torch Dataset -----------------------------------------------------------------------
 
 
+class ImageDataError(CocosError):
+    """A CocosError raised while loading an item, that stays one line through DataLoader workers.
+
+    A DataLoader re-raises a worker's exception in the main process as
+    ``type(exc)("Caught ... in DataLoader worker process N.\nOriginal Traceback ...")``;
+    this class keeps only the original message from that text.
+    """
+
+    def __init__(self, message: str):
+        text = str(message)
+        if "Original Traceback" in text:
+            marker = f"{type(self).__name__}: "
+            found = [line.split(marker, 1)[1] for line in text.splitlines() if marker in line]
+            text = found[-1] if found else _first_line(ValueError(text))
+        super().__init__(text)
+
+
 def item_generator(seed: int, epoch: int, index: int) -> torch.Generator:
     """The transform's generator of one item: seeded from ``(seed, epoch, index)`` only."""
     state = np.random.SeedSequence([int(seed), int(epoch), int(index)]).generate_state(2, np.uint32)
@@ -496,7 +513,9 @@ class ImageCaptionDataset(torch.utils.data.Dataset):
     before creating each epoch's iterator (with ``persistent_workers=False``, the
     default, workers copy the dataset when the iterator is created).
 
-    Picklable: it holds the split (paths or bytes) and the transform, no open file.
+    Picklable: it holds the split (paths or bytes) and the transform, no open file. Bad
+    input raises :class:`ImageDataError`, a CocosError that is still one line when it
+    comes out of a worker process.
     """
 
     def __init__(self, split: ImageSplit, transform: Callable, *, seed: int = 0, by: str = "image"):
@@ -517,7 +536,10 @@ class ImageCaptionDataset(torch.utils.data.Dataset):
     def __getitem__(self, index: int):
         index = int(index)
         img_idx = index if self.by == "image" else int(self.split.caption_image[index])
-        tensor = self.transform(self.split.image(img_idx), item_generator(self.seed, self.epoch, index))
+        try:
+            tensor = self.transform(self.split.image(img_idx), item_generator(self.seed, self.epoch, index))
+        except CocosError as exc:
+            raise ImageDataError(str(exc)) from None
         if self.by == "image":
             return tensor, index
         return tensor, index, img_idx
