@@ -70,6 +70,10 @@ def test_sixteen_bit_scaled_not_clipped():
     assert got.tolist() == [0, 0, 1, 4, 255]
     naive = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))[0, :, 0]
     assert naive[3] == 255  # what plain convert('RGB') does: clips
+    buf = io.BytesIO()
+    Image.fromarray(values.astype(np.int32), "I").save(buf, "TIFF")  # 32-bit integer pixels, mode I
+    assert Image.open(io.BytesIO(buf.getvalue())).mode == "I"
+    assert np.asarray(open_image(buf.getvalue(), "deep.tif"))[0, :, 1].tolist() == [0, 0, 1, 4, 255]
 
 
 def test_exif_orientation_not_applied():
@@ -322,6 +326,8 @@ def test_dataset_by_image_eval(tmp_path):
     np.testing.assert_allclose(tensor[:, 100, 100].numpy(), (colour - [0.485, 0.456, 0.406]) / [0.229, 0.224, 0.225],
                                atol=1e-5)
     assert len({item_generator(s, e, i).initial_seed() for s in (0, 1) for e in (0, 1) for i in (0, 1)}) == 8
+    with pytest.raises(CocosError, match="seed"):
+        ImageCaptionDataset(split, eval_transform, seed=-1)
 
 
 @pytest.mark.parametrize("workers", [0, 1])

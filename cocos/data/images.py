@@ -521,6 +521,8 @@ class ImageCaptionDataset(torch.utils.data.Dataset):
     def __init__(self, split: ImageSplit, transform: Callable, *, seed: int = 0, by: str = "image"):
         if by not in ("image", "caption"):
             raise CocosError(f"by must be 'image' or 'caption', got {by!r}")
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**63:
+            raise CocosError(f"seed must be an integer in [0, 2**63), got {seed!r}")
         self.split = split
         self.transform = transform
         self.seed = int(seed)

@@ -89,7 +89,7 @@ def center_crop(img: Image.Image, crop: int) -> Image.Image:
 def to_tensor(img: Image.Image) -> torch.Tensor:
     """torchvision ``ToTensor`` of an RGB image: ``(3, H, W)`` float32 in ``[0, 1]``."""
     arr = np.asarray(img.convert("RGB"), dtype=np.uint8)
-    return torch.from_numpy(arr.copy()).permute(2, 0, 1).float().div_(255.0)
+    return torch.from_numpy(arr.copy()).permute(2, 0, 1).contiguous().float().div_(255.0)
 
 
 def normalize(x: torch.Tensor, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> torch.Tensor:
