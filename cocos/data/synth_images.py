@@ -8,7 +8,7 @@ of region features:
   tint and pixel noise; each object is drawn at its position (left, right, top, bottom,
   center) with its radius (small, medium, large) and colour, as one of eight outlines
   (sphere: disc with a highlight; cube: square with a lighter top face; cone: triangle
-  on an ellipse; cylinder: rectangle with an elliptic top; pyramid: triangle; torus:
+  on an ellipse; cylinder: rectangle with an elliptic top; pyramid: two triangular faces, one lit; torus:
   ring; star: five points; disc: flat ellipse), drawn 4x larger and downsampled (smooth
   edges); saved as JPEG (quality 90);
 * **hard near-duplicates**: with probability ``p_near_duplicate`` a scene is an earlier
@@ -122,8 +122,9 @@ def _draw_object(draw: ImageDraw.ImageDraw, obj: SceneObject, side: int) -> None
     elif shape == "cylinder":
         draw.rectangle((cx - 0.6 * r, cy - 0.7 * r, cx + 0.6 * r, cy + 0.8 * r), fill=col)
         draw.ellipse((cx - 0.6 * r, cy - r, cx + 0.6 * r, cy - 0.4 * r), fill=light)
-    elif shape == "pyramid":
-        draw.polygon([(cx, cy - r), (cx - r, cy + 0.8 * r), (cx + r, cy + 0.8 * r)], fill=col)
+    elif shape == "pyramid":  # two faces: the right one lit
+        draw.polygon([(cx, cy - r), (cx - r, cy + 0.8 * r), (cx + 0.2 * r, cy + 0.8 * r)], fill=col)
+        draw.polygon([(cx, cy - r), (cx + 0.2 * r, cy + 0.8 * r), (cx + r, cy + 0.8 * r)], fill=light)
     elif shape == "torus":
         draw.ellipse((cx - r, cy - r, cx + r, cy + r), outline=col, width=max(1, int(round(0.4 * r))))
     elif shape == "star":
