@@ -97,22 +97,33 @@ def _to_rgb(img: Image.Image) -> Image.Image:
     return img.convert("RGB")
 
 
+def _open_source(source: str | os.PathLike | bytes, name: str):
+    """A binary file object over the image's bytes: the bytes themselves, or the open file (read lazily)."""
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        fh = io.BytesIO(source)
+    else:
+        try:
+            fh = open(source, "rb")  # noqa: SIM115 - closed by open_image
+        except OSError as exc:
+            raise CocosError(f"{name}: cannot read the image ({exc.strerror or _first_line(exc)})") from None
+    if fh.seek(0, io.SEEK_END) == 0:
+        fh.close()
+        raise CocosError(f"{name}: the image file is empty")
+    fh.seek(0)
+    return fh
+
+
 def open_image(source: str | os.PathLike | bytes, name: str, max_pixels: int = MAX_IMAGE_PIXELS) -> Image.Image:
     """Decode one image into a PIL RGB image (see the module docstring for the rules).
 
     ``source`` is a path or the file's bytes; ``name`` is what error lines call the image
-    (a path, or ``train_set.p image 42``). No file handle stays open afterwards.
+    (a path, or ``train_set.p image 42``). Only the header is read before the size check;
+    no file handle stays open afterwards.
     """
     try:
-        data = source if isinstance(source, (bytes, bytearray, memoryview)) else Path(source).read_bytes()
-    except OSError as exc:
-        raise CocosError(f"{name}: cannot read the image ({exc.strerror or _first_line(exc)})") from None
-    if len(data) == 0:
-        raise CocosError(f"{name}: the image file is empty")
-    try:
-        with warnings.catch_warnings():
+        with _open_source(source, name) as fh, warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data), formats=_available_formats()) as img:
+            with Image.open(fh, formats=_available_formats()) as img:
                 width, height = img.size
                 if width * height > max_pixels:
                     raise CocosError(f"{name}: {width} x {height} pixels is above the limit of "
@@ -213,7 +224,8 @@ class ImageSplit:
         """Image ``i`` decoded to PIL RGB by :func:`open_image`."""
         if not 0 <= int(i) < self.n_images:
             raise CocosError(f"split '{self.split}': image index {i} out of range [0, {self.n_images})")
-        return open_image(self.image_bytes(int(i)), self.names[int(i)])
+        i = int(i)
+        return open_image(self.blobs[i] if self.blobs is not None else self.paths[i], self.names[i])
 
     def fingerprint(self, length: int = 16) -> str:
         """Short sha256 hex of the content: every image's bytes in order, the captions and their images.
