@@ -20,9 +20,10 @@ data_app = typer.Typer(
 @handle_errors
 def synth(
     out_dir: Path = typer.Argument(..., help="Folder to write (must not exist or be empty)."),
-    n_train: int = typer.Option(3000, "--n-train", help="Training images (k captions each)."),
-    n_dev: int = typer.Option(500, "--n-dev", help="Validation images."),
-    n_test: int = typer.Option(500, "--n-test", help="Test images."),
+    n_train: int = typer.Option(None, "--n-train", help="Training images, k captions each (default 3000; "
+                                "1000 with --images)."),
+    n_dev: int = typer.Option(None, "--n-dev", help="Validation images (default 500; 200 with --images)."),
+    n_test: int = typer.Option(None, "--n-test", help="Test images (default 500; 200 with --images)."),
     k: int = typer.Option(5, "--k", help="Captions per image."),
     feature_dim: int = typer.Option(256, "--feature-dim", help="Feature dimension D."),
     n_regions: int = typer.Option(6, "--n-regions", help="Regions per image R (at least 4)."),
@@ -31,6 +32,12 @@ def synth(
     ),
     seed: int = typer.Option(0, help="Seed; the same seed gives byte-identical files."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty OUT_DIR."),
+    images: bool = typer.Option(
+        False, "--images", help="Render the scenes as JPEG files in the VSE++ layout (images/ + "
+        "dataset_synth.json) instead of writing features; --feature-dim, --n-regions, --regions do not apply."
+    ),
+    image_size: int = typer.Option(64, "--image-size", help="With --images: side of the square images in pixels."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="With --images: show a progress bar."),
 ) -> None:
     """Write a small deterministic synthetic image-caption world (scenes of coloured shapes)."""
     from cocos.data.synth import make_synthetic
@@ -38,6 +45,19 @@ def synth(
     if out_dir.exists() and not out_dir.is_dir():
         fail(f"{out_dir}: exists and is not a folder")
     start = time.perf_counter()
+    if images:
+        from cocos.data.synth_images import make_synthetic_images
+
+        n_train, n_dev, n_test = (1000 if n_train is None else n_train, 200 if n_dev is None else n_dev,
+                                  200 if n_test is None else n_test)
+        make_synthetic_images(out_dir, n_train=n_train, n_dev=n_dev, n_test=n_test, k=k, image_size=image_size,
+                              seed=seed, overwrite=overwrite, progress=progress)
+        typer.echo(f"wrote {out_dir}: {n_train}/{n_dev}/{n_test} train/dev/test JPEG images of {image_size} x "
+                   f"{image_size} px in images/, k={k} captions each in dataset_synth.json, seed {seed} "
+                   f"({time.perf_counter() - start:.1f} s)")
+        return
+    n_train, n_dev, n_test = (3000 if n_train is None else n_train, 500 if n_dev is None else n_dev,
+                              500 if n_test is None else n_test)
     make_synthetic(
         out_dir,
         n_train=n_train,
@@ -60,12 +80,20 @@ def synth(
 @data_app.command("info")
 @handle_errors
 def info(
-    folder: Path = typer.Argument(..., help="A data folder in the precomputed-feature layout."),
+    folder: Path = typer.Argument(..., help="A data folder in the precomputed-feature layout, or a raw-image "
+                                  "dataset (images/ + dataset_*.json, {split}_set.p, or a CSV file list)."),
     k: int = typer.Option(5, "--k", help="Captions per image."),
+    use_restval: bool = typer.Option(False, "--use-restval", help="Raw images: Karpathy restval joins train."),
+    decode: bool = typer.Option(False, "--decode", help="Raw images: decode every image (finds corrupt ones)."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar (--decode)."),
 ) -> None:
     """Validate a data folder and print each split's sizes and the data fingerprint."""
+    from cocos.data.images import is_image_dataset
     from cocos.data.precomp import SPLITS, data_fingerprint, find_karpathy_json, load_split
 
+    if is_image_dataset(folder):
+        _image_info(folder, use_restval, decode, progress)
+        return
     if not folder.is_dir():
         fail(f"{folder}: no such data folder")
     karpathy = find_karpathy_json(folder)
@@ -83,6 +111,25 @@ def info(
             f"{s.captions_path.name}"
         )
     typer.echo(f"fingerprint: {data_fingerprint(folder)}")
+
+
+def _image_info(path: Path, use_restval: bool, decode: bool, progress: bool) -> None:
+    """``cocos data info`` of a raw-image dataset: every split it has, with its content fingerprint."""
+    from cocos.data.images import load_image_split
+    from cocos.progress import progress_bar
+
+    splits = [load_image_split(path, split, use_restval=use_restval)
+              for split in (["train"] if path.is_file() else ["train", "dev", "test"])]
+    for s in splits:
+        if decode:
+            with progress_bar(s.n_images, f"decoding {s.split}", enabled=progress) as advance:
+                for i in range(s.n_images):
+                    s.image(i)
+                    advance()
+        s.fingerprint()
+    for s in splits:
+        typer.echo(f"{s.split}: {s.n_images} images, {s.n_captions} captions ({s.layout} layout, from "
+                   f"{s.source.name}), fingerprint {s.fingerprint()}")
 
 
 app.add_typer(data_app, name="data", help="Make and check data folders (synthetic world, layout).")
