@@ -58,7 +58,7 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from cocos.data.precomp import KARPATHY_SPLITS, _normalise_split, find_karpathy_json
+from cocos.data.precomp import KARPATHY_SPLITS, _normalise_split, find_karpathy_json, karpathy_sentences
 from cocos.errors import CocosError
 from cocos.io import available_memory
 
@@ -262,23 +262,6 @@ def _check_present(paths: list[Path], names: list[str], source: Path) -> None:
                          f"(the first: {missing[0]})")
 
 
-def _karpathy_sentences(path: Path, pos: int, entry: dict, k: int) -> list[str]:
-    sentences = entry.get("sentences")
-    if not isinstance(sentences, list) or len(sentences) < k:
-        have = len(sentences) if isinstance(sentences, list) else 0
-        raise CocosError(f"{path}: image {pos} has {have} sentences, fewer than k={k}")
-    out = []
-    for sent in sentences[:k]:
-        raw = sent.get("raw") if isinstance(sent, dict) else None
-        if not isinstance(raw, str):
-            tokens = sent.get("tokens") if isinstance(sent, dict) else None
-            if not isinstance(tokens, list):
-                raise CocosError(f"{path}: image {pos} has a sentence without 'raw' or 'tokens'")
-            raw = " ".join(str(t) for t in tokens)
-        out.append(" ".join(raw.split()))
-    return out
-
-
 def _load_karpathy_images(folder: Path, karpathy: Path, split: str, use_restval: bool, k: int) -> ImageSplit:
     labels = KARPATHY_SPLITS[split] if split != "train" else (("train", "restval") if use_restval else ("train",))
     try:
@@ -301,7 +284,7 @@ def _load_karpathy_images(folder: Path, karpathy: Path, split: str, use_restval:
         rel = f"{sub}/{filename}" if sub else filename
         paths.append(_inside(root, rel, str(karpathy)))
         names.append(str(root / rel))
-        for text in _karpathy_sentences(karpathy, pos, entry, k):
+        for text in karpathy_sentences(karpathy, pos, entry, k):
             captions.append(text)
             caption_image.append(len(names) - 1)
     if not names:

@@ -113,6 +113,25 @@ def find_karpathy_json(folder: str | os.PathLike) -> Path | None:
     return found[0] if found else None
 
 
+def karpathy_sentences(path: Path, pos: int, entry: dict, k: int) -> list[str]:
+    """The first ``k`` sentences of entry ``pos`` of a Karpathy JSON (``raw``, else its ``tokens`` joined), with
+    whitespace collapsed; fewer than ``k`` or a sentence without either is one CocosError line."""
+    sentences = entry.get("sentences")
+    if not isinstance(sentences, list) or len(sentences) < k:
+        have = len(sentences) if isinstance(sentences, list) else 0
+        raise CocosError(f"{path}: image {pos} has {have} sentences, fewer than k={k}")
+    out = []
+    for sent in sentences[:k]:
+        raw = sent.get("raw") if isinstance(sent, dict) else None
+        if not isinstance(raw, str):
+            tokens = sent.get("tokens") if isinstance(sent, dict) else None
+            if not isinstance(tokens, list):
+                raise CocosError(f"{path}: image {pos} has a sentence without 'raw' or 'tokens'")
+            raw = " ".join(str(t) for t in tokens)
+        out.append(" ".join(raw.split()))
+    return out
+
+
 def read_karpathy_captions(path: str | os.PathLike, split: str, k: int = 5) -> list[str]:
     """Captions of ``split`` from a Karpathy JSON: first ``k`` sentences per image, JSON order."""
     path = Path(path)
@@ -132,18 +151,7 @@ def read_karpathy_captions(path: str | os.PathLike, split: str, k: int = 5) -> l
     for pos, image in enumerate(images):
         if not isinstance(image, dict) or image.get("split") not in labels:
             continue
-        sentences = image.get("sentences")
-        if not isinstance(sentences, list) or len(sentences) < k:
-            have = len(sentences) if isinstance(sentences, list) else 0
-            raise CocosError(f"{path}: image {pos} has {have} sentences, fewer than k={k}")
-        for sent in sentences[:k]:
-            raw = sent.get("raw") if isinstance(sent, dict) else None
-            if not isinstance(raw, str):
-                tokens = sent.get("tokens") if isinstance(sent, dict) else None
-                if not isinstance(tokens, list):
-                    raise CocosError(f"{path}: image {pos} has a sentence without 'raw' or 'tokens'")
-                raw = " ".join(str(t) for t in tokens)
-            captions.append(" ".join(raw.split()))
+        captions.extend(karpathy_sentences(path, pos, image, k))
         n += 1
     if n == 0:
         raise CocosError(f"{path}: no images with split {' or '.join(labels)}")
