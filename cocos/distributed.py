@@ -26,6 +26,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
+from torch.distributed.nn.functional import all_gather
 
 from cocos.errors import CocosError
 
@@ -67,7 +69,6 @@ def _env_int(name: str) -> int | None:
 
 def from_env() -> Dist:
     """The group torchrun describes in the environment, joined once; :data:`SINGLE` without torchrun."""
-    import torch.distributed as dist
 
     world = _env_int("WORLD_SIZE") or 1
     if world <= 1:
@@ -104,7 +105,6 @@ def from_env() -> Dist:
 @contextlib.contextmanager
 def context() -> Iterator[Dist]:
     """Join the group for one command and leave it at the end (also on errors)."""
-    import torch.distributed as dist
 
     group = from_env()
     try:
@@ -119,7 +119,6 @@ def context() -> Iterator[Dist]:
 
 def current() -> Dist:
     """The group this process has joined (:data:`SINGLE` if none)."""
-    import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         return Dist(rank=dist.get_rank(), world=dist.get_world_size())
@@ -147,7 +146,6 @@ def gather_blocks(value, group: Dist = SINGLE) -> list:
     """Every rank's ``value``, in rank order, on every rank (one item when single)."""
     if not group.active:
         return [value]
-    import torch.distributed as dist
 
     out: list = [None] * group.world
     try:
@@ -162,7 +160,6 @@ def barrier(group: Dist = SINGLE, leaving: bool = False) -> None:
     """Wait for every rank (``leaving``: at the end of a command, on the group whose timeout is the writing budget
     ``COCOS_DIST_WRITE_TIMEOUT``, since rank 0 alone writes the outputs while the others wait)."""
     if group.active:
-        import torch.distributed as dist
 
         try:
             dist.barrier(group=_LEAVING["group"] if leaving else None)
@@ -183,8 +180,6 @@ def all_gather_with_grad(x: torch.Tensor, group: Dist = SINGLE) -> torch.Tensor:
     """
     if not group.active:
         return x
-    import torch.distributed as dist
-    from torch.distributed.nn.functional import all_gather
 
     sizes = torch.tensor([x.shape[0]], device=x.device)
     all_sizes = [torch.zeros_like(sizes) for _ in range(group.world)]
@@ -205,7 +200,6 @@ def broadcast_buffers(module: torch.nn.Module, group: Dist = SINGLE) -> None:
     """Rank 0's buffers (BatchNorm running statistics) on every rank, as DistributedDataParallel keeps them."""
     if not group.active:
         return
-    import torch.distributed as dist
 
     try:
         for buffer in module.buffers():
@@ -219,7 +213,6 @@ def average_gradients(parameters, group: Dist = SINGLE) -> None:
     """Average the gradients over ranks (what DistributedDataParallel does), in one flat all-reduce."""
     if not group.active:
         return
-    import torch.distributed as dist
 
     params = [p for p in parameters if p.grad is not None]
     if not params:

@@ -40,9 +40,15 @@ from pathlib import Path
 
 import torch
 
+from cocos.data.precomp import PrecompSplit, data_fingerprint
+from cocos.data.text import read_vocab_tokens
 from cocos.defaults import DEFAULT_MARGIN, DEFAULT_TAU_NTXENT, DEFAULT_TAU_SMOOTHAP
 from cocos.errors import CocosError
+from cocos.models import build_model
+from cocos.models.cnn import CNN_TYPES, build_cnn, check_cnn_state, strip_classifier
+from cocos.objectives import get_loss
 from cocos.safeload import UnsafeCheckpointError, first_line, load_torch_file
+from cocos.training.checkpoint import FORMAT, load_checkpoint
 
 # Special tokens the cocos vocabulary keeps at ids 0..3 (as VSE++ builds them).
 _SPECIALS = ("<pad>", "<start>", "<end>", "<unk>")
@@ -61,7 +67,6 @@ def read_checkpoint_file(path: str | os.PathLike, trust: bool = False) -> object
 
 
 def is_cocos_checkpoint(obj: object) -> bool:
-    from cocos.training.checkpoint import FORMAT
 
     return isinstance(obj, dict) and obj.get("format") == FORMAT
 
@@ -92,7 +97,6 @@ def checkpoint_from_raw(raw: object, path: str | os.PathLike, *, vocab: str | os
         if vocab is not None:
             raise CocosError(f"{path}: a cocos checkpoint carries its vocabulary; --vocab is for checkpoints "
                              "of the original VSE++/VSRN code")
-        from cocos.training.checkpoint import load_checkpoint
 
         return load_checkpoint(path), False  # read again the way every cocos checkpoint is: safe and checked
     if not is_legacy_checkpoint(raw):
@@ -112,8 +116,6 @@ def checkpoint_from_raw(raw: object, path: str | os.PathLike, *, vocab: str | os
 def convert_checkpoint(raw: dict, path: str | os.PathLike, vocab: str | os.PathLike,
                        data: str | os.PathLike, k: int | None = None) -> dict:
     """The cocos checkpoint (a dict of plain types and tensors) of an original ``model_best.pth.tar``."""
-    from cocos.data.precomp import data_fingerprint
-    from cocos.data.text import read_vocab_tokens
 
     path = Path(path)
     opt = _opt_dict(raw, path)
@@ -185,10 +187,8 @@ def convert_checkpoint(raw: dict, path: str | os.PathLike, vocab: str | os.PathL
 def _feature_shape(kind: str, folder: Path, k: int, hparams: dict, path: Path) -> list[int]:
     """What the model reads per image: a precomputed folder's feature shape, checked against the model;
     for a raw-image model (``vsepp_full``) the CNN's pooled feature ``[d]`` (what a feature cache holds)."""
-    from cocos.data.precomp import PrecompSplit
 
     if kind == "vsepp_full":
-        from cocos.models.cnn import build_cnn, strip_classifier
 
         with torch.device("meta"):
             return [int(strip_classifier(build_cnn(hparams["cnn_type"])).out_dim)]
@@ -209,7 +209,6 @@ def _feature_shape(kind: str, folder: Path, k: int, hparams: dict, path: Path) -
 def loss_from_opt(opt: dict, path: str | os.PathLike) -> tuple[str, dict]:
     """The training loss of ``opt``: VSE++'s ``max_violation`` -> ``triplet_sh`` (else ``triplet``) with
     ``margin``; the reproducibility repository's ``criterion`` ``ntxent`` / ``ranking`` (SmoothAP) with ``tau``."""
-    from cocos.objectives import get_loss
 
     criterion = opt.get("criterion", "triplet")
     criterion = str(criterion).lower() if criterion is not None else "triplet"
@@ -336,7 +335,6 @@ def _cnn_key(key: str) -> str:
 
 def _map_full_image(sd: dict, path: Path, opt: dict) -> tuple[dict, dict]:
     """VSE++ ``EncoderImageFull``: the CNN of ``opt.cnn_type`` (classifier stripped) and ``fc``."""
-    from cocos.models.cnn import CNN_TYPES, build_cnn, check_cnn_state, strip_classifier
 
     cnn_type = opt.get("cnn_type", "vgg19")  # VSE++'s default
     if cnn_type not in CNN_TYPES:
@@ -450,7 +448,6 @@ def _fit(kind: str, hparams: dict, state: dict, path: Path) -> tuple[dict, dict]
 
     Refuses missing, unexpected or misshapen keys. The model is built on the meta device (no memory).
     """
-    from cocos.models import build_model
 
     try:
         with torch.device("meta"):

@@ -15,10 +15,21 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from cocos.data.precomp import data_fingerprint
+from cocos.data.synth import make_synthetic
 from cocos.errors import CocosError
+from cocos.io import MARKER, atomic_dir, check_interrupt, check_output_dir, check_writable_dir, is_own_temporary
+from cocos.objectives import get_objective, paper_names
+from cocos.pipelines.analyze import analyze_checkpoint
+from cocos.pipelines.folder import diagram_points, write_results_folder
+from cocos.report.diagram import common_extent
+from cocos.report.merge import build_report, write_report
+from cocos.report.tables import to_markdown
+from cocos.training.checkpoint import load_checkpoint
+from cocos.training.trainer import OUTPUT_NAMES, OUTPUT_PATTERNS, TrainConfig, Trainer
 
 # `cocos demo --all-losses` adds these runs: GOAL at its best reported setting and at con x con (= Triplet SH), IMC.
 ALL_LOSSES_EXTRA = ("goal:triplet_weight=cir,pair_weight=sig_ms", "goal:triplet_weight=con,pair_weight=con", "imc")
@@ -36,7 +47,6 @@ class Run:
 
 def parse_run(text: str) -> Run:
     """``loss`` or ``loss:name=value,...`` (e.g. ``goal:triplet_weight=cir,pair_weight=sig_ms``)."""
-    from cocos.objectives import get_objective
 
     loss, _, rest = text.partition(":")
     spec = get_objective(loss.strip())
@@ -55,7 +65,6 @@ def parse_run(text: str) -> Run:
 
 def paper_losses() -> list[str]:
     """The registered families that belong to a table of the COCOS paper (its four losses)."""
-    from cocos.objectives import paper_names
 
     return paper_names()
 
@@ -85,8 +94,6 @@ class DemoConfig:
 
 
 def _train_config(cfg: DemoConfig, loss: str):
-    from cocos.objectives import get_objective
-    from cocos.training.trainer import TrainConfig
 
     run = parse_run(loss)
     loss = run.loss
@@ -100,9 +107,7 @@ def _train_config(cfg: DemoConfig, loss: str):
 
 def _reusable(train_cfg, fingerprint: str) -> bool:
     """A finished run with exactly these settings on exactly this data can be reused."""
-    from dataclasses import asdict
 
-    from cocos.training.checkpoint import load_checkpoint
 
     last = Path(train_cfg.out) / "last.pt"
     if not last.exists() or not (Path(train_cfg.out) / "model_best.pt").exists():
@@ -118,7 +123,6 @@ def _reusable(train_cfg, fingerprint: str) -> bool:
 
 def _check_data_folder(data: Path, overwrite: bool) -> None:
     """The synthetic world is generated into ``data`` only if that replaces nothing cocos did not write."""
-    from cocos.io import MARKER
 
     if data.exists() and not data.is_dir():
         raise CocosError(f"{data}: exists and is not a folder; choose another --data")
@@ -130,8 +134,6 @@ def _check_data_folder(data: Path, overwrite: bool) -> None:
 def _check_run_folder(folder: Path, overwrite: bool) -> None:
     """A model's checkpoint folder: absent, empty (but for temporaries a killed run left), or one that cocos
     train wrote (it holds its files)."""
-    from cocos.io import is_own_temporary
-    from cocos.training.trainer import OUTPUT_NAMES, OUTPUT_PATTERNS
 
     if folder.exists() and not folder.is_dir():
         raise CocosError(f"{folder}: exists and is not a folder; choose another --checkpoints")
@@ -164,7 +166,6 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True, log: Callable[[str], Non
     finished models are reused by the next run).
     """
     runs = {text: parse_run(text) for text in cfg.losses}  # unknown losses and parameters fail here
-    from cocos.io import check_output_dir, check_writable_dir
 
     for loss in cfg.losses:
         _train_config(cfg, loss).validate()  # bad flags fail here, before data or folders are made
@@ -193,13 +194,6 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True, log: Callable[[str], Non
 def _run(cfg: DemoConfig, runs: dict, out: Path, inputs: list, data: Path, generate: bool, progress: bool,
          log: Callable[[str], None]) -> Path:
     """The demo's work once every input and output is checked (see :func:`run_demo`)."""
-    from cocos.data.precomp import data_fingerprint
-    from cocos.data.synth import make_synthetic
-    from cocos.io import atomic_dir, check_interrupt
-    from cocos.pipelines.analyze import analyze_checkpoint
-    from cocos.pipelines.folder import write_results_folder
-    from cocos.report.merge import build_report, write_report
-    from cocos.training.trainer import Trainer
 
     start = time.perf_counter()
     if generate:
@@ -227,8 +221,6 @@ def _run(cfg: DemoConfig, runs: dict, out: Path, inputs: list, data: Path, gener
         log(f"[{loss}] test rsum {analyses[loss].results.evaluation.metrics['rsum']:.1f}; "
             f"analysis in {timings[loss][1]:.1f} s")
     # one square for the triplet diagrams of all models, chosen by the triplets of all of them
-    from cocos.pipelines.folder import diagram_points
-    from cocos.report.diagram import common_extent
 
     check_interrupt()
     triplets = {loss: diagram_points(a.results, a.embeddings) for loss, a in analyses.items()}
@@ -251,7 +243,6 @@ def _run(cfg: DemoConfig, runs: dict, out: Path, inputs: list, data: Path, gener
 
 def demo_readme(cfg: DemoConfig, report, timings: dict, total: float, reused=()) -> str:
     """The demo's README.md: the settings, Tables 1-4 and the figures."""
-    from cocos.report.tables import to_markdown
 
     lines = [
         "# cocos demo: COCOS on the synthetic world",

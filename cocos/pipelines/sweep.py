@@ -35,17 +35,30 @@ epoch with the same settings) continues only with ``--resume``; without it it st
 
 from __future__ import annotations
 
+import hashlib
 import json
+import multiprocessing as mp
 import os
 import re
 import time
 import traceback
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+import torch
+
+from cocos.data.precomp import data_fingerprint
 from cocos.defaults import DEFAULT_EPS
 from cocos.errors import CocosError
+from cocos.io import MARKER, check_output_dir
+from cocos.objectives import get_objective
+from cocos.pipelines.analyze import analyze_checkpoint
+from cocos.pipelines.folder import write_results_folder
+from cocos.report.merge import build_report, write_report
+from cocos.training.checkpoint import load_checkpoint
+from cocos.training.trainer import TrainConfig, Trainer
 
 try:
     import tomllib
@@ -97,14 +110,12 @@ def _unknown(where: str, given, allowed) -> None:
 
 
 def _train_keys() -> set[str]:
-    from cocos.training.trainer import TrainConfig
 
     return {f.name for f in fields(TrainConfig)} - RUN_KEYS
 
 
 def _loss_entries(raw: dict, where: str) -> list[tuple[str, dict, dict, str | None]]:
     """(id, loss name + params, per-loss train overrides, label) for each [[loss]]."""
-    from cocos.objectives import get_objective
 
     entries = raw.get("loss", [])
     if not isinstance(entries, list):
@@ -136,7 +147,6 @@ def _as_list(value, what: str, where: str) -> list:
 
 def load_grid(path: str | os.PathLike, reports: str | None = None, checkpoints: str | None = None) -> Grid:
     """Read and check a grid file and expand it to runs; nothing is written."""
-    from cocos.training.trainer import TrainConfig
 
     path = Path(path)
     try:
@@ -190,7 +200,6 @@ def load_grid(path: str | os.PathLike, reports: str | None = None, checkpoints: 
 
 
 def _sha256(path: Path) -> str:
-    import hashlib
 
     h = hashlib.sha256()
     with open(path, "rb") as fh:
@@ -201,8 +210,6 @@ def _sha256(path: Path) -> str:
 
 def train_state(run: SweepRun, fingerprint: str) -> str:
     """``done`` (finished with these settings on this data), ``partial`` (same settings, earlier epoch) or ``new``."""
-    from cocos.training.checkpoint import load_checkpoint
-    from cocos.training.trainer import TrainConfig
 
     out = Path(run.train["out"])
     last = out / "last.pt"
@@ -263,10 +270,6 @@ def run_one(run: SweepRun, *, resume: bool = False, retrain: bool = False, progr
 
 
 def _train_and_analyse(run: SweepRun, status: dict, log, *, resume: bool, retrain: bool, progress: bool) -> None:
-    from cocos.data.precomp import data_fingerprint
-    from cocos.pipelines.analyze import analyze_checkpoint
-    from cocos.pipelines.folder import write_results_folder
-    from cocos.training.trainer import TrainConfig, Trainer
 
     state = "new" if retrain else train_state(run, data_fingerprint(run.train["data"]))
     if state != "done":
@@ -299,7 +302,6 @@ def _pin(slots) -> None:
     if kind == "gpu":
         os.environ["CUDA_VISIBLE_DEVICES"] = str(value)
     else:
-        import torch
 
         if hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, value)
@@ -320,10 +322,7 @@ def run_local(runs: list[SweepRun], jobs: int, logs: Path, **kw) -> list[dict]:
     """``jobs`` processes at a time, each pinned to its share of cores (or one GPU); jobs=1 runs here."""
     if jobs <= 1:
         return [run_one(r, log_path=str(logs / f"{r.name}.log"), **kw) for r in runs]
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
 
-    import torch
 
     ctx = mp.get_context("spawn")
     slots = ctx.Queue()
@@ -400,7 +399,6 @@ def _slurm_task(run: SweepRun, kw: dict) -> dict:
 
 def check_outputs(grid: Grid) -> None:
     """Every folder the sweep writes can be written, and none holds its data; nothing is created here."""
-    from cocos.io import check_output_dir
 
     data = Path(grid.data)
     if not (data / "train_ims.npy").exists():
@@ -416,7 +414,6 @@ def check_outputs(grid: Grid) -> None:
 
 def plan(grid: Grid, resume: bool = False, retrain: bool = False) -> list[tuple[SweepRun, str]]:
     """What each run needs: ``skip`` (trained and analysed), ``analyse``, ``resume`` or ``train``."""
-    from cocos.data.precomp import data_fingerprint
 
     fingerprint = data_fingerprint(grid.data)
     out = []
@@ -431,7 +428,6 @@ def plan(grid: Grid, resume: bool = False, retrain: bool = False) -> list[tuple[
 
 def train_command(run: SweepRun) -> str:
     """The cocos train command line equivalent of a run (for --dry-run)."""
-    from cocos.training.trainer import TrainConfig
 
     defaults = asdict(TrainConfig(data=""))
     parts = ["cocos train"]
@@ -448,7 +444,6 @@ def train_command(run: SweepRun) -> str:
 
 def merge_report(grid: Grid) -> Path:
     """Tables 1-4 (mean ± sample std over seeds), figures and LaTeX of every finished run."""
-    from cocos.report.merge import build_report, write_report
 
     paths = [Path(r.report) / "results.json" for r in grid.runs if (Path(r.report) / "results.json").is_file()]
     if not paths:
@@ -493,7 +488,6 @@ def run_sweep(grid: Grid, *, executor: str = "local", jobs: int = 1, resume: boo
                  "error": None, "log": None} for r in grid.runs]
     for run, step in steps:
         log(f"  {run.name}: {step}")
-    from cocos.io import MARKER
 
     for folder in (grid.report_dir, grid.checkpoints / grid.name):  # cocos's: a later sweep may write here
         folder.mkdir(parents=True, exist_ok=True)
