@@ -30,7 +30,8 @@ output (``.{name}.features-partial``) holding a memory-mapped ``{split}_ims.npy`
 shape and ``progress.json`` (the key of the run and the rows done per split), rewritten
 atomically after each batch is flushed. A killed run leaves only the staging folder; a
 rerun with the same inputs (same key, same batch size) continues after the last recorded
-batch, and one with other inputs starts afresh. When every split is done the captions and
+batch, and one with other inputs starts afresh (bad input, such as a corrupt image, removes the staging
+folder: the rerun has other inputs anyway). When every split is done the captions and
 the manifest are written and the staging folder is renamed onto the output: the output
 folder is never visible half-written.
 """
@@ -53,7 +54,7 @@ from cocos.data.images import ImageCaptionDataset, ImageSplit, load_image_split
 from cocos.data.precomp import SPLITS, _normalise_split
 from cocos.data.transforms import CROP_SIZE, RESIZE, eval_transform
 from cocos.errors import CocosError
-from cocos.io import MARKER, check_interrupt, check_output_dir, write_json, write_text
+from cocos.io import MARKER, check_interrupt, check_output_dir, interrupt_pending, write_json, write_text
 from cocos.progress import progress_bar
 
 MANIFEST = "cocos_features.json"
@@ -73,7 +74,8 @@ def cnn_state_hash(cnn: torch.nn.Module, length: int = 16) -> str:
             continue
         t = tensor.detach().to("cpu").contiguous()
         h.update(f"{name}\0{str(t.dtype)}\0{tuple(t.shape)}\0".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        if t.numel():
+            h.update(memoryview(t.view(torch.uint8).numpy()))
     return h.hexdigest()[:length]
 
 
@@ -229,11 +231,16 @@ def write_feature_cache(data: str | os.PathLike, out: str | os.PathLike, cnn: to
     done = _read_progress(staging, plan) if staging.is_dir() else {s: 0 for s in plan["splits"]}
     staging.mkdir(parents=True, exist_ok=True)
     total = sum(s.n_images for s in opened)
-    with progress_bar(total, "CNN features", enabled=progress) as advance:
-        advance(sum(done.values()))
-        for split in opened:
-            _fill_split(cnn, split, staging, done, plan, batch_size=batch_size, workers=workers, device=device,
-                        advance=advance, on_batch=on_batch)
+    try:
+        with progress_bar(total, "CNN features", enabled=progress) as advance:
+            advance(sum(done.values()))
+            for split in opened:
+                _fill_split(cnn, split, staging, done, plan, batch_size=batch_size, workers=workers, device=device,
+                            advance=advance, on_batch=on_batch)
+    except CocosError:  # bad input (a corrupt image): a rerun needs other inputs, so nothing is kept
+        if not interrupt_pending():
+            shutil.rmtree(staging, ignore_errors=True)
+        raise
     manifest = _manifest(plan, opened, weights_file)
     for split in opened:
         write_text(staging / f"{split.split}_caps.txt", "\n".join(captions[split.split]) + "\n")
