@@ -18,7 +18,9 @@ def analyze(
     checkpoints: list[Path] = typer.Argument(..., metavar="CHECKPOINT...",
                                              help="Checkpoints written by cocos train (model_best.pt; several, "
                                                   "e.g. epoch_*.pt of --save-every, are analysed one by one)."),
-    data: Path = typer.Option(None, help="Data folder (default: the one recorded in the checkpoint)."),
+    data: Path = typer.Option(None, help="Data folder (default: the one recorded in the checkpoint); for a "
+                                         "raw-image model (vsepp_full) the image dataset: images/ + its Karpathy "
+                                         "dataset_*.json, {split}_set.p pickles, or a CSV file list."),
     out: Path = typer.Option(None, help="Output folder (default: reports/<run>/ for <run>/model_best.pt, "
                                         "reports/<run>_<file>/ for other checkpoints; with several checkpoints, "
                                         "the folder that holds those)."),

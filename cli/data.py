@@ -11,7 +11,8 @@ from .common import fail, handle_errors
 from .main import app
 
 data_app = typer.Typer(
-    help="Data folders in the precomputed-feature layout ({split}_ims.npy, {split}_caps.txt).",
+    help="Data folders in the precomputed-feature layout ({split}_ims.npy, {split}_caps.txt), raw-image datasets, "
+         "and the frozen-CNN feature cache between them.",
     no_args_is_help=True,
 )
 
