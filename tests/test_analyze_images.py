@@ -194,3 +194,10 @@ def test_bad_image_input_is_one_line_and_nothing_is_written(authors, tmp_path):
     line = one_error_line(analyze({**a, "ckpt": tmp_path / "inception.pth.tar"}, tmp_path / "r4"))
     assert "inception.pth.tar" in line and "inception_v3" in line, line
     assert not any((tmp_path / n).exists() for n in ("r1", "r2", "r3", "r4", "e1.npz", "e2.npz"))
+
+    features_only = tmp_path / "precomp"  # cocos import of a raw-image checkpoint needs the image dataset
+    features_only.mkdir()
+    (features_only / "train_ims.npy").write_bytes(b"")
+    line = one_error_line(runner.invoke(app, ["import", str(a["ckpt"]), "--vocab", str(a["vocab"]), "--data",
+                                              str(features_only), "--out", str(tmp_path / "m.pt")]))
+    assert "not an image dataset" in line and not (tmp_path / "m.pt").exists(), line
