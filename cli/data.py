@@ -140,8 +140,9 @@ def features(
                                       "CSV file list)."),
     cnn: str = typer.Option(..., "--cnn", help="CNN type: resnet18, resnet34, resnet50, resnet101, resnet152, vgg19."),
     cnn_weights: Path = typer.Option(..., "--cnn-weights", metavar="FILE",
-                                     help="Its torchvision ImageNet weights file (e.g. resnet50-0676ba61.pth), read "
-                                          "without running code; never downloaded."),
+                                     help="Its torchvision ImageNet weights file (e.g. resnet50-0676ba61.pth), or a "
+                                          "raw-image checkpoint (cocos, or the original code's model_best.pth.tar) "
+                                          "whose own CNN to use; read without running code, never downloaded."),
     out: Path = typer.Option(None, "--out", metavar="DIR",
                              help="Folder to write (default IMAGE_DATA/features/<cnn>-<weights hash>-<resize>-<crop>/, "
                                   "where cocos analyze finds it)."),
@@ -160,8 +161,8 @@ def features(
     Resumable: a killed run continues where it stopped when run again with the same inputs.
     """
     from cocos.device import resolve_device
-    from cocos.embed.features import cnn_state_hash, default_cache_dir, write_feature_cache
-    from cocos.models.cnn import build_cnn, cnn_family, load_cnn_weights, strip_classifier
+    from cocos.embed.features import cnn_state_hash, default_cache_dir, load_cnn, write_feature_cache
+    from cocos.models.cnn import cnn_family
 
     cnn_family(cnn)  # an unknown name: one line, before anything is read
     if not cnn_weights.is_file():
@@ -169,7 +170,7 @@ def features(
     if not image_data.exists():
         fail(f"{image_data}: no such image dataset")
     start = time.perf_counter()
-    trunk = load_cnn_weights(strip_classifier(build_cnn(cnn)), cnn_weights, cnn)
+    trunk = load_cnn(cnn_weights, cnn)
     out = out or default_cache_dir(image_data, cnn, cnn_state_hash(trunk), resize, crop_size)
     manifest = write_feature_cache(image_data, out, trunk, cnn_type=cnn, splits=split.split(","),
                                    weights_file=cnn_weights, resize=resize, crop_size=crop_size,

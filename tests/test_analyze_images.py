@@ -135,12 +135,16 @@ def test_a_matching_cache_gives_the_uncached_analysis_and_other_weights_do_not_m
     own = load_cnn_weights(strip_classifier(build_cnn("resnet18")), a["root"] / "ckpt_cnn.pth")
     key = cache_key(train.fingerprint(), "resnet18", cnn_state_hash(own), 32, 28)
     assert cached_features([tmp_path / "other_cache"], train, key) is None
+    line = one_error_line(runner.invoke(app, ["data", "features", str(a["data"]), "--cnn", "resnet34",
+                                              "--cnn-weights", str(a["ckpt"]), "--out", str(tmp_path / "x")]))
+    assert "model_best.pth.tar" in line and "resnet18, not a resnet34" in line, line
     assert cached_features([tmp_path / "other_cache"], train, {**key, "cnn_hash": cnn_state_hash(
         load_cnn_weights(own, tmp_path / "other.pth"))}) is not None  # (the key is the only difference)
 
-    # the checkpoint's own CNN weights, written to the default location IMAGE_DATA/features/: found and used
+    # the checkpoint's own CNN (--cnn-weights takes the checkpoint itself), written to the default location
+    # IMAGE_DATA/features/: found and used
     built = runner.invoke(app, ["data", "features", str(a["data"]), "--cnn", "resnet18", "--cnn-weights",
-                                str(a["root"] / "ckpt_cnn.pth"), *SMALL, "--workers", "0", "--no-progress"])
+                                str(a["ckpt"]), *SMALL, "--workers", "0", "--no-progress"])
     assert built.exit_code == 0 and "/features/resnet18-" in built.output, built.output
     try:
         cached = analyze(a, tmp_path / "cached", *SMALL, "--save-embeddings", tmp_path / "cached.npz",

@@ -99,6 +99,62 @@ def check_sizes(resize: int, crop_size: int) -> None:
             raise CocosError(f"the {name} must be a positive number of pixels, got {value!r}")
 
 
+def _checkpoint_cnn(path: Path) -> tuple[str, dict] | None:
+    """``(cnn_type, CNN state)`` of a raw-image checkpoint (cocos ``vsepp_full``, or the original code's
+    ``EncoderImageFull``), read without running code; None for any other file (a torchvision weights file)."""
+    from cocos.legacy import (
+        _map_full_image,
+        _opt_dict,
+        is_cocos_checkpoint,
+        is_legacy_checkpoint,
+        read_checkpoint_file,
+    )
+
+    try:
+        raw = read_checkpoint_file(path)
+    except CocosError:
+        return None  # not readable as a checkpoint: the weights-file reader gives its own message
+    if is_cocos_checkpoint(raw):
+        from cocos.training.checkpoint import load_checkpoint
+
+        ckpt = load_checkpoint(path)
+        if ckpt["model"]["kind"] != "vsepp_full":
+            raise CocosError(f"{path}: a checkpoint of a {ckpt['model']['kind']} model, which has no CNN")
+        state = ckpt["state_dict"]
+        cnn_type = ckpt["model"]["hparams"]["cnn_type"]
+    elif is_legacy_checkpoint(raw):
+        opt = _opt_dict(raw, path)
+        if not any(str(k).startswith("cnn.") for k in raw["model"][0]):
+            raise CocosError(f"{path}: a checkpoint of the original code without CNN weights (precomputed features)")
+        state, hparams = _map_full_image(raw["model"][0], path, opt)
+        cnn_type = hparams["cnn_type"]
+    else:
+        return None
+    return cnn_type, {k.removeprefix("cnn."): v for k, v in state.items() if k.startswith("cnn.")}
+
+
+def load_cnn(path: str | os.PathLike, cnn_type: str) -> torch.nn.Module:
+    """The headless CNN ``cnn_type`` (classifier stripped, eval mode) with the weights of ``path``: a torchvision
+    weights file, or the CNN of a raw-image checkpoint (cocos or the original code's ``model_best.pth.tar``),
+    so that a cache can hold the features of a checkpoint's own (fine-tuned or drifted) CNN."""
+    from cocos.models.cnn import build_cnn, load_cnn_weights, strip_classifier
+
+    path = Path(path)
+    trunk = strip_classifier(build_cnn(cnn_type))
+    found = _checkpoint_cnn(path)
+    if found is None:
+        return load_cnn_weights(trunk, path, cnn_type).eval()
+    have, state = found
+    if have != cnn_type:
+        raise CocosError(f"{path}: the checkpoint's CNN is a {have}, not a {cnn_type}")
+    try:
+        trunk.load_state_dict(state)
+    except RuntimeError as exc:
+        raise CocosError(f"{path}: the checkpoint's CNN weights do not fit a {cnn_type} "
+                         f"({str(exc).splitlines()[0]})") from None
+    return trunk.eval()
+
+
 # -- pooled features ---------------------------------------------------------------------------------
 
 def iter_pooled(cnn: torch.nn.Module, split: ImageSplit, *, start: int = 0, resize: int = RESIZE,
@@ -332,5 +388,5 @@ def cached_features(folders, split: ImageSplit, key: dict) -> tuple[np.ndarray, 
 
 
 __all__ = ["MANIFEST", "cache_key", "cached_features", "candidate_caches", "cnn_state_hash", "default_cache_dir",
-           "default_cache_root", "image_major_captions", "iter_pooled", "pooled_features", "read_manifest",
+           "default_cache_root", "image_major_captions", "iter_pooled", "load_cnn", "pooled_features", "read_manifest",
            "write_feature_cache"]
