@@ -205,3 +205,18 @@ def test_bad_image_input_is_one_line_and_nothing_is_written(authors, tmp_path):
     line = one_error_line(runner.invoke(app, ["import", str(a["ckpt"]), "--vocab", str(a["vocab"]), "--data",
                                               str(features_only), "--out", str(tmp_path / "m.pt")]))
     assert "not an image dataset" in line and not (tmp_path / "m.pt").exists(), line
+
+
+def test_a_batch_larger_than_the_training_split_is_refused_before_any_image_is_decoded(authors, tmp_path,
+                                                                                        monkeypatch):
+    import cocos.embed.images as images
+
+    def no_cnn(*args, **kwargs):
+        raise AssertionError("the CNN ran before the batch size was checked")
+
+    monkeypatch.setattr(images, "pooled_features", no_cnn)
+    res = runner.invoke(app, ["analyze", str(authors["ckpt"]), "--vocab", str(authors["vocab"]), "--data",
+                              str(authors["data"]), "--out", str(tmp_path / "r"), "--no-progress"])
+    line = one_error_line(res)  # the checkpoint's batch size, 128, against 8 images
+    assert "batch size 128" in line and "8 images" in line, line
+    assert not (tmp_path / "r").exists()

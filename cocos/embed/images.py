@@ -119,6 +119,10 @@ class ImageSource:
     def __post_init__(self):
         check_sizes(self.resize, self.crop_size)
 
+    def peek(self, split: str) -> ImageSplit:
+        """The image split alone (its sizes; no image is read)."""
+        return load_image_split(self.data, split, use_restval=self.use_restval)
+
     def open(self, model: torch.nn.Module, split: str, device, progress: bool = False) -> PooledSplit:
         """``split`` as pooled features of ``model``'s CNN: from a matching cache, else computed from the images."""
         images = load_image_split(self.data, split, use_restval=self.use_restval)

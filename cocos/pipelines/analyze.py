@@ -156,9 +156,11 @@ def analyze_checkpoint(
         own = ckpt["loss"]["name"]
         losses = paper_names() + ([own] if own in OBJECTIVES and own not in paper_names() else [])
     losses = list(losses)
-    train = frozen.open_split("train", progress=progress)
     if batch_size is None:
         batch_size = int(lookup(ckpt, "train", "batch_size") or 128)
+    if frozen.is_images:  # before minutes of CNN features
+        _check_batch_size(batch_size, frozen.images.peek("train"), losses)
+    train = frozen.open_split("train", progress=progress)
     _check_batch_size(batch_size, train, losses)  # before minutes of encoding
     timings["load"] = time.perf_counter() - clock
     emb = frozen.encode(train, progress=progress)
