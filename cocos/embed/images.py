@@ -127,9 +127,12 @@ class ImageSource:
         """``split`` as pooled features of ``model``'s CNN: from a matching cache, else computed from the images."""
         images = load_image_split(self.data, split, use_restval=self.use_restval)
         cnn = model.cnn
-        key = cache_key(images.fingerprint(), model.hparams["cnn_type"], cnn_state_hash(cnn), self.resize,
-                        self.crop_size)
-        found = cached_features(candidate_caches(self.data, self.features), images, key)
+        folders = candidate_caches(self.data, self.features)
+        found = None
+        if folders:  # the key reads every image's bytes once: only when there is a cache to compare with
+            key = cache_key(images.fingerprint(), model.hparams["cnn_type"], cnn_state_hash(cnn), self.resize,
+                            self.crop_size)
+            found = cached_features(folders, images, key)
         if found is not None:
             feats, folder = found
             if self.log is not None:
