@@ -18,7 +18,9 @@ def analyze(
     checkpoints: list[Path] = typer.Argument(..., metavar="CHECKPOINT...",
                                              help="Checkpoints written by cocos train (model_best.pt; several, "
                                                   "e.g. epoch_*.pt of --save-every, are analysed one by one)."),
-    data: Path = typer.Option(None, help="Data folder (default: the one recorded in the checkpoint)."),
+    data: Path = typer.Option(None, help="Data folder (default: the one recorded in the checkpoint); for a "
+                                         "raw-image model (vsepp_full) the image dataset: images/ + its Karpathy "
+                                         "dataset_*.json, {split}_set.p pickles, or a CSV file list."),
     out: Path = typer.Option(None, help="Output folder (default: reports/<run>/ for <run>/model_best.pt, "
                                         "reports/<run>_<file>/ for other checkpoints; with several checkpoints, "
                                         "the folder that holds those)."),
@@ -44,6 +46,17 @@ def analyze(
     vocab: Path = typer.Option(None, "--vocab", metavar="PATH",
                                help="Vocabulary of a checkpoint of the original VSE++/VSRN code (model_best.pth.tar): "
                                     "its *_vocab.pkl (read without running code) or a vocabulary JSON; needs --data."),
+    features: list[Path] = typer.Option(None, "--features", metavar="DIR",
+                                        help="Raw-image models: a feature cache of `cocos data features` to use "
+                                             "when it matches (same images and captions, CNN weights and transform "
+                                             "sizes); repeatable. Also looked for: every cache under "
+                                             "IMAGE_DATA/features/. Else the features are computed from the images."),
+    resize: int = typer.Option(None, "--resize", metavar="PX",
+                               help="Raw-image models: evaluation Resize (default: as recorded, else 256)."),
+    crop_size: int = typer.Option(None, "--crop-size", metavar="PX",
+                                  help="Raw-image models: evaluation CenterCrop (default: as recorded, else 224; "
+                                       "checkpoints of the original code: 224)."),
+    workers: int = typer.Option(0, "--workers", min=0, help="Raw-image models: DataLoader processes decoding images."),
     trust_checkpoint: bool = typer.Option(False, "--trust-checkpoint",
                                           help="Load checkpoints with full pickle (weights_only=False): code in the "
                                                "file may run. Only for files you trust."),
@@ -86,17 +99,30 @@ def analyze(
     if trust_checkpoint:
         typer.echo("warning: --trust-checkpoint: checkpoints are loaded with full pickle, code in them may run",
                    err=True)
+    image_options = _image_options(features, resize, crop_size, workers)
     from cocos.distributed import context
 
     with context() as group:  # under torchrun: ranks split encoding and counting, rank 0 writes
         for checkpoint, target in zip(checkpoints, targets, strict=True):
             analysis = analyze_checkpoint(checkpoint, data, losses=losses, batch_size=batch_size, seed=seed,
                                           compat=compat, split=split, device=device, eps=eps, label=label,
-                                          progress=progress, vocab=vocab, trust=trust_checkpoint)
+                                          progress=progress, vocab=vocab, trust=trust_checkpoint,
+                                          image_options=image_options)
             if group.is_main:
                 for line in analysis.warnings:
                     typer.echo(f"warning: {line}", err=True)
                 _write(analysis, checkpoint, target, inputs, save_embeddings, overwrite, per_query, latex_width)
+
+
+def _image_options(features, resize, crop_size, workers) -> dict:
+    """What a raw-image model's encoding needs (cocos.embed.images.image_source_of); checked before any work."""
+    from cocos.errors import CocosError
+
+    for folder in features or []:
+        if not folder.is_dir():
+            raise CocosError(f"{folder}: no such feature cache folder")
+    return {"features": list(features or []), "resize": resize, "crop_size": crop_size, "workers": workers,
+            "log": typer.echo}
 
 
 def _write(analysis, checkpoint, target, inputs, save_embeddings, overwrite, per_query, latex_width) -> None:

@@ -11,7 +11,8 @@ from .common import fail, handle_errors
 from .main import app
 
 data_app = typer.Typer(
-    help="Data folders in the precomputed-feature layout ({split}_ims.npy, {split}_caps.txt).",
+    help="Data folders in the precomputed-feature layout ({split}_ims.npy, {split}_caps.txt), raw-image datasets, "
+         "and the frozen-CNN feature cache between them.",
     no_args_is_help=True,
 )
 
@@ -130,6 +131,56 @@ def _image_info(path: Path, use_restval: bool, decode: bool, progress: bool) -> 
     for s in splits:
         typer.echo(f"{s.split}: {s.n_images} images, {s.n_captions} captions ({s.layout} layout, from "
                    f"{s.source.name}), fingerprint {s.fingerprint()}")
+
+
+@data_app.command("features")
+@handle_errors
+def features(
+    image_data: Path = typer.Argument(..., help="A raw-image dataset (images/ + dataset_*.json, {split}_set.p, or a "
+                                      "CSV file list)."),
+    cnn: str = typer.Option(..., "--cnn", help="CNN type: resnet18, resnet34, resnet50, resnet101, resnet152, vgg19."),
+    cnn_weights: Path = typer.Option(..., "--cnn-weights", metavar="FILE",
+                                     help="Its torchvision ImageNet weights file (e.g. resnet50-0676ba61.pth), or a "
+                                          "raw-image checkpoint (cocos, or the original code's model_best.pth.tar) "
+                                          "whose own CNN to use; read without running code, never downloaded."),
+    out: Path = typer.Option(None, "--out", metavar="DIR",
+                             help="Folder to write (default IMAGE_DATA/features/<cnn>-<weights hash>-<resize>-<crop>/, "
+                                  "where cocos analyze finds it)."),
+    split: str = typer.Option("train,val,test", "--split", help="Splits, comma-separated (val is written as dev)."),
+    workers: int = typer.Option(2, "--workers", min=0, help="DataLoader processes decoding images."),
+    batch_size: int = typer.Option(64, "--batch-size", min=1, help="Images per CNN batch (and per resume record)."),
+    resize: int = typer.Option(256, "--resize", min=1, help="Evaluation transform: Resize (shorter side)."),
+    crop_size: int = typer.Option(224, "--crop-size", min=1, help="Evaluation transform: CenterCrop."),
+    use_restval: bool = typer.Option(False, "--use-restval", help="Karpathy restval joins train."),
+    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an --out folder that cocos did not write."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+) -> None:
+    """Pooled frozen-CNN features of an image dataset as a precomputed folder ({split}_ims.npy, {split}_caps.txt).
+
+    Resumable: a killed run continues where it stopped when run again with the same inputs.
+    """
+    from cocos.device import resolve_device
+    from cocos.embed.features import cnn_state_hash, default_cache_dir, load_cnn, write_feature_cache
+    from cocos.models.cnn import cnn_family
+
+    cnn_family(cnn)  # an unknown name: one line, before anything is read
+    if not cnn_weights.is_file():
+        fail(f"{cnn_weights}: no such CNN weights file")
+    if not image_data.exists():
+        fail(f"{image_data}: no such image dataset")
+    start = time.perf_counter()
+    trunk = load_cnn(cnn_weights, cnn)
+    out = out or default_cache_dir(image_data, cnn, cnn_state_hash(trunk), resize, crop_size)
+    manifest = write_feature_cache(image_data, out, trunk, cnn_type=cnn, splits=split.split(","),
+                                   weights_file=cnn_weights, resize=resize, crop_size=crop_size,
+                                   batch_size=batch_size, workers=workers, device=resolve_device(device),
+                                   use_restval=use_restval, overwrite=overwrite, progress=progress)
+    seconds = time.perf_counter() - start
+    sizes = ", ".join(f"{name} {entry['n_images']}" for name, entry in manifest["splits"].items())
+    n = sum(entry["n_images"] for entry in manifest["splits"].values())
+    typer.echo(f"wrote {out}: {cnn} features ({manifest['dim']}-d, Resize {resize} + CenterCrop {crop_size}) of "
+               f"{sizes} images ({seconds:.1f} s, {n / max(seconds, 1e-9):.1f} images/s)")
 
 
 app.add_typer(data_app, name="data", help="Make and check data folders (synthetic world, layout).")

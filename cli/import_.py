@@ -19,8 +19,10 @@ def import_checkpoint(
                                help="The run's vocabulary: its *_vocab.pkl (read without running code) or a "
                                     "vocabulary JSON (SCAN/VSRN). Required."),
     data: Path = typer.Option(None, "--data", metavar="DIR",
-                              help="The precomputed-feature data folder the model is counted on (recorded in the "
-                                   "new checkpoint). Required."),
+                              help="The data folder the model is counted on (recorded in the new checkpoint): "
+                                   "precomputed features, or for a raw-image checkpoint (data_name f30k/coco, "
+                                   "EncoderImageFull) the image dataset (images/ + its Karpathy dataset_*.json, "
+                                   "or the {train,val,test}_set.p pickles). Required."),
     out: Path = typer.Option(None, "--out", metavar="PATH", help="The cocos checkpoint to write (e.g. model.pt). "
                                                                  "Required."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out file."),
@@ -51,6 +53,12 @@ def import_checkpoint(
     ckpt, converted = load_any_checkpoint(checkpoint, vocab=vocab, data=data, trust=trust_checkpoint)
     if not converted:  # not reached: a cocos checkpoint refuses --vocab
         raise CocosError(f"{checkpoint}: already a cocos checkpoint")
+    if ckpt["model"]["kind"] == "vsepp_full":
+        from cocos.data.images import is_image_dataset
+
+        if not is_image_dataset(data):
+            raise CocosError(f"{data}: not an image dataset (images/ and a dataset_*.json, or {{split}}_set.p); "
+                             f"{checkpoint} encodes raw images (EncoderImageFull)")
     build_from_checkpoint(ckpt)  # the converted weights rebuild the model before anything is written
     save_checkpoint(out, ckpt)
     hp = ckpt["model"]["hparams"]

@@ -21,6 +21,7 @@ from cocos.counting.engine import EmbeddingSet
 from cocos.data.precomp import PrecompSplit
 from cocos.data.text import Vocabulary
 from cocos.device import resolve_device
+from cocos.embed.images import ImageSource, PooledModel, PooledSplit, image_source_of
 from cocos.errors import CocosError
 from cocos.io import write_npz
 from cocos.legacy import (
@@ -45,16 +46,25 @@ class FrozenModel:
     vocab: Vocabulary
     data_folder: Path
     device: torch.device
+    images: ImageSource | None = None  # a raw-image model (vsepp_full): where its images come from
+
+    @property
+    def is_images(self) -> bool:
+        return self.images is not None
 
     @classmethod
     def load(cls, checkpoint: str | os.PathLike, data: str | os.PathLike | None = None,
-             device: str = "auto", vocab: str | os.PathLike | None = None, trust: bool = False) -> FrozenModel:
+             device: str = "auto", vocab: str | os.PathLike | None = None, trust: bool = False,
+             image_options: dict | None = None) -> FrozenModel:
         """A cocos checkpoint, or a ``model_best.pth.tar`` of the original VSE++/VSRN code.
 
         The original's checkpoint is converted in memory (:mod:`cocos.legacy`) and
         needs ``vocab`` (its ``*_vocab.pkl`` or vocabulary JSON) and ``data`` (it records no
         data folder). Loading never runs code from the file unless ``trust`` (then
-        ``torch.load(weights_only=False)``: only for files the user trusts).
+        ``torch.load(weights_only=False)``: only for files the user trusts). A raw-image
+        model (``vsepp_full``) reads its ``data`` as an image dataset; ``image_options``
+        (``resize``, ``crop_size``, ``features``, ``workers``, ``log``) go to
+        :func:`cocos.embed.images.image_source_of`.
         """
         if vocab is None and not trust:
             try:  # the common case: a cocos checkpoint, read and checked as everywhere else
@@ -65,11 +75,16 @@ class FrozenModel:
                 converted = False
         else:
             ckpt, converted = load_any_checkpoint(checkpoint, vocab=vocab, data=data, trust=trust)
-        folder = Path(data) if converted else resolve_data(ckpt, data, checkpoint)
+        images = ckpt["model"]["kind"] == "vsepp_full"
+        if images:
+            folder = _image_data(ckpt, data, checkpoint)
+        else:
+            folder = Path(data) if converted else resolve_data(ckpt, data, checkpoint)
         dev = resolve_device(device)
         model, vocab = build_from_checkpoint(ckpt)
         model.to(dev).eval().requires_grad_(False)
-        return cls(Path(checkpoint), ckpt, model, vocab, folder, dev)
+        source = image_source_of(ckpt, folder, **(image_options or {})) if images else None
+        return cls(Path(checkpoint), ckpt, model, vocab, folder, dev, source)
 
     @staticmethod
     def _load_other(checkpoint, data, vocab, trust: bool, first: CocosError) -> tuple[dict, bool]:
@@ -91,16 +106,25 @@ class FrozenModel:
     def k(self) -> int:
         return int(self.checkpoint["data"]["k"])
 
-    def open_split(self, split: str) -> PrecompSplit:
+    def open_split(self, split: str, progress: bool = False) -> PrecompSplit | PooledSplit:
+        """A precomputed split, or for a raw-image model its pooled CNN features (cached or computed)."""
+        if self.images is not None:
+            return self.images.open(self.model, split, self.device, progress=progress)
         return PrecompSplit(self.data_folder, split, k=self.k)
 
-    def encode(self, split: PrecompSplit, *, batch_size: int = 256, progress: bool = False) -> EmbeddingSet:
-        img, cap = encode_split(self.model, split, tokenize_split(split, self.vocab), batch_size=batch_size,
+    @property
+    def encoder(self) -> torch.nn.Module:
+        """What encodes an opened split's rows: the model, or for a raw-image model its pooled-feature side."""
+        return PooledModel(self.model) if self.images is not None else self.model
+
+    def encode(self, split: PrecompSplit | PooledSplit, *, batch_size: int = 256,
+               progress: bool = False) -> EmbeddingSet:
+        img, cap = encode_split(self.encoder, split, tokenize_split(split, self.vocab), batch_size=batch_size,
                                 device=self.device, progress=progress, description=f"encoding {split.split}")
         return EmbeddingSet.from_arrays(img, cap, split.caption_image, device=self.device)
 
-    def evaluate(self, split: PrecompSplit, *, progress: bool = False) -> dict[str, float]:
-        return evaluate_model(self.model, split, tokenize_split(split, self.vocab), device=self.device,
+    def evaluate(self, split: PrecompSplit | PooledSplit, *, progress: bool = False) -> dict[str, float]:
+        return evaluate_model(self.encoder, split, tokenize_split(split, self.vocab), device=self.device,
                               progress=progress)
 
     def sha256(self) -> str:
@@ -109,6 +133,20 @@ class FrozenModel:
             for block in iter(lambda: fh.read(1 << 20), b""):
                 h.update(block)
         return h.hexdigest()
+
+
+def _image_data(ckpt: dict, data, checkpoint) -> Path:
+    """The image dataset of a raw-image model: ``data`` if given, else the one the checkpoint records."""
+    from cocos.data.images import is_image_dataset
+
+    path = Path(data) if data is not None else Path(ckpt["data"]["path"])
+    if not path.exists():
+        raise CocosError(f"{path}: no such image dataset" if data is not None else
+                         f"{checkpoint}: its image dataset {path} is gone; pass --data")
+    if not is_image_dataset(path):
+        raise CocosError(f"{path}: not an image dataset (images/ and a dataset_*.json, {{split}}_set.p or a CSV "
+                         f"file list); {checkpoint} encodes raw images (model vsepp_full)")
+    return path
 
 
 def encode_checkpoint(checkpoint, data=None, split: str = "train", *, device: str = "auto",

@@ -59,10 +59,15 @@ def refuse_embeddings(path: str | os.PathLike) -> None:
                          f"count it with: cocos count {path}")
 
 
-def data_warnings(frozen: FrozenModel) -> list[str]:
+def data_warnings(frozen: FrozenModel, train=None) -> list[str]:
     """One line when the data folder is not the one the model was trained on (another fingerprint)."""
     recorded = frozen.checkpoint["data"].get("fingerprint")
-    found = data_fingerprint(frozen.data_folder)
+    if frozen.is_images:  # a raw-image model: the content fingerprint of its training split, unless imported
+        if "legacy" in frozen.checkpoint or train is None:  # (an imported one records its folder's, as found)
+            return []
+        found = train.images.fingerprint()
+    else:
+        found = data_fingerprint(frozen.data_folder)
     if recorded and found != recorded:
         return [f"{frozen.data_folder}: its fingerprint {found} differs from the checkpoint's {recorded} "
                 "(not the data the model was trained on)"]
@@ -124,6 +129,7 @@ def analyze_checkpoint(
     progress: bool = False,
     vocab: str | os.PathLike | None = None,
     trust: bool = False,
+    image_options: dict | None = None,
 ) -> Analysis:
     """Encode the training split once, count every loss both ways (in both modes), evaluate.
 
@@ -132,21 +138,29 @@ def analyze_checkpoint(
     reports: the model is shown as ``VSE++ (last)``. ``vocab`` (and ``data``) import a checkpoint of
     the original VSE++/VSRN code (:mod:`cocos.legacy`); ``trust`` loads a checkpoint with
     ``weights_only=False`` (code in it may run: only for files the user trusts).
+
+    A raw-image model (``vsepp_full``: a cocos checkpoint, or an original ``model_best.pth.tar`` with
+    ``vocab`` and an image dataset as ``data``) is encoded as the COCOS authors' notebooks did: the
+    evaluation transform on the training images, one frozen encoding; its pooled CNN features come
+    from a matching feature cache when there is one (``image_options``: ``features`` folders,
+    ``resize``, ``crop_size``, ``workers``, ``log``; :mod:`cocos.embed.images`).
     """
     from cocos.objectives import paper_names
 
     clock = time.perf_counter()
     timings = {}
     refuse_embeddings(checkpoint)
-    frozen = FrozenModel.load(checkpoint, data, device, vocab=vocab, trust=trust)
+    frozen = FrozenModel.load(checkpoint, data, device, vocab=vocab, trust=trust, image_options=image_options)
     ckpt = frozen.checkpoint
     if losses is None:  # the paper's four counters and the checkpoint's own training loss
         own = ckpt["loss"]["name"]
         losses = paper_names() + ([own] if own in OBJECTIVES and own not in paper_names() else [])
     losses = list(losses)
-    train = frozen.open_split("train")
     if batch_size is None:
         batch_size = int(lookup(ckpt, "train", "batch_size") or 128)
+    if frozen.is_images:  # before minutes of CNN features
+        _check_batch_size(batch_size, frozen.images.peek("train"), losses)
+    train = frozen.open_split("train", progress=progress)
     _check_batch_size(batch_size, train, losses)  # before minutes of encoding
     timings["load"] = time.perf_counter() - clock
     emb = frozen.encode(train, progress=progress)
@@ -156,7 +170,7 @@ def analyze_checkpoint(
     run = run_counts(emb, losses, batch_size=batch_size, seed=seed, compat=compat, params=params, eps=eps,
                      sweep_eps=sweep_eps, progress=progress)
     timings["count"] = time.perf_counter() - clock - timings["load"] - timings["encode"]
-    eval_split = frozen.open_split(split)
+    eval_split = frozen.open_split(split, progress=progress)
     metrics = frozen.evaluate(eval_split, progress=progress)
     timings["evaluate"] = time.perf_counter() - clock - sum(timings.values())
     if save_embeddings_to is not None:  # last: a failed analysis leaves no partial output
@@ -181,7 +195,7 @@ def analyze_checkpoint(
     results = Results.from_dict(results.to_dict())  # exactly what results.json will hold
     logs = read_logs(Path(checkpoint).parent, max_epoch=int(ckpt["epoch"]))  # beside the checkpoint, if any
     return Analysis(results=results, run=run, embeddings=emb, timings=timings, logs=logs or None,
-                    warnings=data_warnings(frozen))
+                    warnings=data_warnings(frozen, train))
 
 
 def ltd_label(ltd: dict | None) -> str:

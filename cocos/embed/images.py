@@ -1,0 +1,164 @@
+"""Frozen encoding of raw-image splits (model kind ``vsepp_full``), as the COCOS authors' notebooks did.
+
+The notebooks load ``model_best.pth.tar``, build the training images with the *evaluation*
+transform (``Resize(256)`` + ``CenterCrop(224)``), encode the training set once with the frozen
+model and then count in shuffled batches of the checkpoint's batch size. Here a split becomes a
+:class:`PooledSplit`: the CNN's pooled feature of every image (:meth:`VSEPPFull.pooled`, from a
+matching feature cache, :mod:`cocos.embed.features`, or computed from the images) and the
+captions in image-major order; :class:`PooledModel` embeds such features with
+``encode_pooled``, so the precomputed-feature encoding and evaluation
+(:func:`cocos.training.evaluate.encode_split`) run unchanged. With the CNN in eval mode every
+image's embedding is ``encode_pooled(pooled(pixels))``, the same as ``encode_images``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from cocos.data.images import ImageSplit, load_image_split
+from cocos.data.samplers import regular_image_captions
+from cocos.data.transforms import CROP_SIZE, RESIZE
+from cocos.embed.features import (
+    cache_key,
+    cached_features,
+    candidate_caches,
+    check_sizes,
+    cnn_state_hash,
+    image_major_captions,
+    pooled_features,
+)
+from cocos.errors import CocosError
+
+
+class PooledSplit:
+    """An image split as pooled CNN features: the surface of :class:`cocos.data.precomp.PrecompSplit` that
+    encoding and evaluation use (captions image-major: caption ``c`` belongs to image ``c // k``)."""
+
+    def __init__(self, split: ImageSplit, features: np.ndarray, source: str | os.PathLike):
+        self.images = split
+        self.split = split.split
+        self.k = int(split.image_captions().shape[1])
+        self.captions = image_major_captions(split)
+        if features.shape[0] != split.n_images:
+            raise CocosError(f"{source}: {features.shape[0]} feature rows for {split.n_images} images")
+        self.features = features
+        self.features_path = Path(source)  # what messages name
+        self.folder = Path(split.source)
+
+    @property
+    def n_images(self) -> int:
+        return int(self.features.shape[0])
+
+    @property
+    def n_captions(self) -> int:
+        return len(self.captions)
+
+    @property
+    def feature_dim(self) -> int:
+        return int(self.features.shape[1])
+
+    @property
+    def feature_shape(self) -> tuple[int, ...]:
+        return tuple(self.features.shape[1:])
+
+    @property
+    def is_regions(self) -> bool:
+        return False
+
+    @property
+    def caption_image(self) -> np.ndarray:
+        return np.arange(self.n_captions) // self.k
+
+    @property
+    def image_captions(self) -> np.ndarray:
+        return regular_image_captions(self.n_images, self.k)
+
+    def __len__(self) -> int:
+        return self.n_captions
+
+    def features_for(self, image_idx) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(self.features[np.asarray(image_idx)], dtype=np.float32))
+
+
+class PooledModel(torch.nn.Module):
+    """A ``vsepp_full`` model that takes pooled CNN features as its images (``encode_pooled``)."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.inner = model
+        self.hparams = {**model.hparams, "img_dim": int(model.img_dim)}
+
+    def encode_images(self, features: torch.Tensor) -> torch.Tensor:
+        return self.inner.encode_pooled(features)
+
+    def encode_captions(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        return self.inner.encode_captions(tokens, lengths)
+
+    def forward(self, features, tokens, lengths):
+        return self.encode_images(features), self.encode_captions(tokens, lengths)
+
+
+@dataclass
+class ImageSource:
+    """Where a ``vsepp_full`` model's images come from and how they are turned into pooled features."""
+
+    data: Path
+    resize: int = RESIZE
+    crop_size: int = CROP_SIZE
+    use_restval: bool = False
+    features: list = field(default_factory=list)  # --features folders, before the default location
+    workers: int = 0
+    batch_size: int = 64
+    log: object = None  # called with one line when a cache is used
+
+    def __post_init__(self):
+        check_sizes(self.resize, self.crop_size)
+
+    def peek(self, split: str) -> ImageSplit:
+        """The image split alone (its sizes; no image is read)."""
+        return load_image_split(self.data, split, use_restval=self.use_restval)
+
+    def open(self, model: torch.nn.Module, split: str, device, progress: bool = False) -> PooledSplit:
+        """``split`` as pooled features of ``model``'s CNN: from a matching cache, else computed from the images."""
+        images = load_image_split(self.data, split, use_restval=self.use_restval)
+        cnn = model.cnn
+        folders = candidate_caches(self.data, self.features)
+        found = None
+        if folders:  # the key reads every image's bytes once: only when there is a cache to compare with
+            key = cache_key(images.fingerprint(), model.hparams["cnn_type"], cnn_state_hash(cnn), self.resize,
+                            self.crop_size)
+            found = cached_features(folders, images, key)
+        if found is not None:
+            feats, folder = found
+            if self.log is not None:
+                self.log(f"features: split {images.split} from the cache {folder} (fingerprint {key['fingerprint']}, "
+                         f"CNN {key['cnn_type']} {key['cnn_hash']})")
+            return PooledSplit(images, feats, folder / f"{images.split}_ims.npy")
+        feats = pooled_features(cnn, images, resize=self.resize, crop_size=self.crop_size, batch_size=self.batch_size,
+                                workers=self.workers, device=device, progress=progress)
+        return PooledSplit(images, feats, images.source)
+
+
+def image_source_of(ckpt: dict, data: Path, *, resize: int | None = None, crop_size: int | None = None,
+                    features=(), workers: int = 0, log=None) -> ImageSource:
+    """The image source of a ``vsepp_full`` checkpoint: ``use_restval`` as recorded (the original's ``opt``, or
+    the checkpoint's ``data``/``train`` entries), the evaluation sizes given, else recorded (a
+    recorded crop without a resize: ``resize = round(crop * 256 / 224)``), else 256/224 (the
+    original code's fixed ``Resize(256)`` + ``CenterCrop(224)``)."""
+    recorded = {**ckpt.get("train", {}), **ckpt.get("data", {})}
+    opt = (ckpt.get("legacy") or {}).get("opt") or {}
+    restval = bool(recorded.get("use_restval", opt.get("use_restval", False)))
+    if crop_size is None:  # the original's opt.crop_size is its training crop; evaluation always took 224
+        crop_size = CROP_SIZE if "legacy" in ckpt else int(recorded.get("crop_size") or CROP_SIZE)
+    if resize is None:  # recorded, else in the original's proportion 256 : 224
+        resize = int(recorded.get("resize") or round(crop_size * RESIZE / CROP_SIZE))
+    return ImageSource(Path(data), resize=resize, crop_size=crop_size, use_restval=restval,
+                       features=[Path(f) for f in features], workers=workers, log=log)
+
+
+__all__ = ["ImageSource", "PooledModel", "PooledSplit", "image_source_of"]
