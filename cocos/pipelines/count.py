@@ -20,7 +20,7 @@ from cocos import __version__
 from cocos.counting.engine import DEFAULT_SWEEP, CountRun, EmbeddingSet
 from cocos.errors import CocosError
 from cocos.io import load_npz
-from cocos.results import DataInfo, ModelInfo, Results, Source
+from cocos.results import DataInfo, ModelInfo, Results, Source, records
 
 
 @dataclass
@@ -77,7 +77,6 @@ def count_file(
     emb = read_embeddings(path, device=str(resolve_device(device)))
     run = run_counts(emb, losses, batch_size=batch_size, seed=seed, compat=compat, params=params or {}, eps=eps,
                      sweep_eps=sweep_eps, progress=progress, keep_per_query=keep_per_query)
-    shown, other = ("compat", "corrected") if compat else ("corrected", "compat")
     counts = np.bincount(emb.caption_image, minlength=emb.n_images)
     sha = sha256_file(path)
     results = Results(
@@ -86,7 +85,7 @@ def count_file(
                       n_captions=emb.n_captions, k=int(counts[0]) if counts.min() == counts.max() else None),
         model=ModelInfo(label=label),
         counting=counting_info(run, compat, sweep_eps),
-        stats=run.stats(shown), alt_stats=run.stats(other), sweep=run.sweep(shown), cocos_version=__version__,
+        statistics=records(run.summary()), cocos_version=__version__,
         presentation=presentations(run.losses, run.labels),
     )
     return Counted(Results.from_dict(results.to_dict()), run, emb)

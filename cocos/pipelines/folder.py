@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
+
 from cocos.counting.engine import CountRun, EmbeddingSet
 from cocos.defaults import DEFAULT_EPS, DEFAULT_MARGIN, DEFAULT_TAU_NTXENT
 from cocos.results import Results, lookup
@@ -104,9 +106,10 @@ def write_results_folder(
             plot_count_distributions(main_per_query(run, shown, results.presentation), tmp / "counts",
                                      looks=results.presentation,
                                      title=f"{name}: contributing candidates per query ({shown} counting)")
-        if results.sweep:
+        sweep = results.sweep_frame()
+        if len(sweep):
             used = [p["eps"] for p in results.counting.params.values() if "eps" in p]
-            plot_eps_sweep(results.sweep, tmp / "eps_sweep", looks=results.presentation,
+            plot_eps_sweep(sweep, tmp / "eps_sweep", looks=results.presentation,
                            eps=used[0] if used else DEFAULT_EPS,
                            title=f"{name}: COCOS vs threshold ε ({shown} counting)")
         if run.queries is not None:
@@ -185,11 +188,13 @@ def summary_lines(results: Results) -> list[str]:
                      f"{m['i2t_R@1']:.1f}/{m['i2t_R@5']:.1f}/{m['i2t_R@10']:.1f}  t2i "
                      f"{m['t2i_R@1']:.1f}/{m['t2i_R@5']:.1f}/{m['t2i_R@10']:.1f}  mAP@5 {m['mAP@5']:.3f}")
 
-    def cell(loss, d, stat):
-        e = lookup(results.stats, loss, d, stat)
-        return "n/a" if not e or e["mean"] is None else f"{e['mean']:.2f}"
+    means = results.main().set_index(["loss", "direction", "stat"])["mean"]
 
-    for loss in results.stats:
+    def cell(loss, d, stat):
+        mean = means.get((loss, d, stat), np.nan)
+        return "n/a" if np.isnan(mean) else f"{mean:.2f}"
+
+    for loss in [n for n in results.counting.losses if n in set(means.index.get_level_values("loss"))]:
         spec = OBJECTIVES.get(loss)
         stats = spec.stats[:3] if spec is not None else ("C_q", "C_0")
         parts = [f"{d} " + " ".join(f"{s} {cell(loss, d, s)}" for s in stats) for d in ("i2t", "t2i")]

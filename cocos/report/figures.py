@@ -160,15 +160,15 @@ def _share_formatter():
     return FuncFormatter(share)
 
 
-def plot_eps_sweep(sweep: Mapping, path_stem: str | os.PathLike, looks: Mapping | None = None,
+def plot_eps_sweep(sweep, path_stem: str | os.PathLike, looks: Mapping | None = None,
                    title: str | None = None, eps: float = DEFAULT_EPS) -> FigureOutput:
     """Count vs threshold ε (log x), one panel per loss (each with its own y scale), i2t solid, t2i dashed.
 
-    ``sweep[loss][direction][eps][stat] = {"mean", "std", "n", "n_skipped"}`` (the
-    results.json shape, eps as strings). The threshold the run counted with (``eps``) is marked. ``data[(loss,
-    direction)] = (eps, mean count)`` read back from the drawn line.
+    ``sweep``: rows (``loss``, ``direction``, ``eps``, ``stat``, ``mean``) of the statistics table
+    (:meth:`cocos.results.Results.sweep_frame`); each loss shows its main statistic. The threshold the run counted
+    with (``eps``) is marked. ``data[(loss, direction)] = (eps, mean count)`` read back from the drawn line.
     """
-    losses = [x for x in ranked(sweep, looks or {}) if sweep[x]]
+    losses = ranked(dict.fromkeys(sweep["loss"]), looks or {})
     data: dict = {}
     with style.paper_style():
         n = max(1, len(losses))
@@ -179,12 +179,11 @@ def plot_eps_sweep(sweep: Mapping, path_stem: str | os.PathLike, looks: Mapping 
         for ax, loss in zip(axes, losses, strict=False):
             name, color, marker, stat = style.loss_style(loss, looks)
             for d in DIRECTIONS:
-                points = sweep[loss].get(d) or {}
-                xy = sorted((float(eps), (entry.get(stat) or {}).get("mean")) for eps, entry in points.items())
-                xy = [(x, y) for x, y in xy if y is not None]
-                if not xy:
+                points = sweep[(sweep["loss"] == loss) & (sweep["direction"] == d) & (sweep["stat"] == stat)]
+                points = points[points["mean"].notna()].sort_values("eps", kind="stable")
+                if not len(points):
                     continue
-                x, y = (np.array(v, dtype=np.float64) for v in zip(*xy, strict=True))
+                x, y = (points[col].to_numpy(dtype=np.float64) for col in ("eps", "mean"))
                 (line,) = ax.plot(x, y, style.DIRECTION_DASHES[d], marker=marker, markersize=4, color=color,
                                   label=d)
                 data[(loss, d)] = (np.asarray(line.get_xdata(), dtype=np.float64),

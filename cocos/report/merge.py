@@ -20,14 +20,14 @@ from cocos.errors import CocosError
 from cocos.presentation import Presentation, ranked
 from cocos.report.groups import (  # noqa: F401  (the report's public names, in one place)
     Group,
-    as_nan,
     dataset_name,
     group_results,
     load_results,
     loss_label,
+    metric_frame,
     over_seeds,
-    replicate_means,
-    select_stats,
+    shown_compat,
+    stat_frame,
 )
 from cocos.report.paper_tables import build_tables, cocos_tables, retrieval_table  # noqa: F401
 from cocos.report.tables import (
@@ -36,22 +36,44 @@ from cocos.report.tables import (
 )
 from cocos.results import Results
 
+RSUM = ("", "rsum")  # (counter, direction) of the test rsum among the cells of main_stat_seeds (no loss is named "")
+
+
+def main_stat_seeds(groups: Sequence[Group], counters: dict, compat: bool | None = None) -> pd.DataFrame:
+    """Per (group, counter, direction): the main statistic of each counter in ``counters`` (group index -> counters),
+    over seeds (:func:`over_seeds` of the replicates' batch means, the shown mode); and the test rsum (at ``RSUM``)."""
+    frame = stat_frame(groups, compat)
+    frame = frame[frame["which"] == "shown"]
+    wanted = {(gi, c, groups[gi].results[0].look(c).main_stat) for gi, cs in counters.items() for c in cs}
+    frame = frame[np.array([k in wanted for k in zip(frame["group"], frame["counter"], frame["stat"], strict=True)],
+                           dtype=bool)]
+    cells = over_seeds(frame, ["group", "counter", "direction"], "mean")
+    metrics = metric_frame(groups, ["rsum"])
+    rsum = over_seeds(metrics[metrics["group"].isin(list(counters))], ["group"]).assign(counter=RSUM[0],
+                                                                                          direction=RSUM[1])
+    return pd.concat([cells, rsum], ignore_index=True).set_index(["group", "counter", "direction"])
+
+
+def _seed_cell(cells: pd.DataFrame, key: tuple) -> tuple[float, float]:
+    return tuple(cells.loc[key, ["mean", "std"]]) if key in cells.index else (np.nan, np.nan)
+
 
 def cocos_vs_rsum_rows(groups: Sequence[Group], compat: bool | None = None) -> pd.DataFrame:
     """Tidy rows per group with a training loss and an evaluation, both directions: the main count of the
     group's own loss and the test rsum, means over seeds with their sample std over seeds (NaN for one seed)."""
+    own = {gi: [g.loss] for gi, g in enumerate(groups)
+           if g.loss is not None and all(r.evaluation is not None for r in g.results)}
+    cells = main_stat_seeds(groups, own, compat)
     rows = []
-    for g in groups:
-        if g.loss is None or any(r.evaluation is None for r in g.results):
-            continue
-        stat = g.results[0].look(g.loss).main_stat
-        rsum, rsum_std = over_seeds([r.evaluation.metrics.get("rsum", np.nan) for r in g.results])
+    for gi in own:
+        g = groups[gi]
+        rsum, rsum_std = _seed_cell(cells, (gi, *RSUM))
         for d in DIRECTIONS:
-            cocos, cocos_std = over_seeds(replicate_means(g, g.loss, d, stat, compat))
-            if cocos is not None:
+            cocos, cocos_std = _seed_cell(cells, (gi, g.loss, d))
+            if not np.isnan(cocos):
                 rows.append({"label": " ".join(g.labels), "model": g.model, "loss": g.loss, "direction": d,
-                             "stat": stat, "rsum": as_nan(rsum), "cocos": cocos, "rsum_std": as_nan(rsum_std),
-                             "cocos_std": as_nan(cocos_std), "n": g.n})
+                             "stat": g.results[0].look(g.loss).main_stat, "rsum": rsum, "cocos": cocos,
+                             "rsum_std": rsum_std, "cocos_std": cocos_std, "n": g.n})
     return pd.DataFrame(rows, columns=["label", "model", "loss", "direction", "stat", "rsum", "cocos", "rsum_std",
                                        "cocos_std", "n"])
 
@@ -113,7 +135,7 @@ def report_title(report: Report) -> str:
     """What a report's figure shows: models, data and the counting mode."""
     models = ", ".join(dict.fromkeys(g.model for g in report.groups))
     data = ", ".join(dict.fromkeys(dataset_name(g.dataset) for g in report.groups))
-    modes = {select_stats(r, report.compat)[2] for r in report.results}
+    modes = {shown_compat(r, report.compat) for r in report.results}
     mode = mode_name(next(iter(modes))) if len(modes) == 1 else "mixed modes"
     return f"COCOS vs retrieval: {models} on {data} ({mode} counting)"
 
@@ -195,20 +217,20 @@ def epoch_rows(groups: Sequence[Group], compat: bool | None = None) -> pd.DataFr
     """Tidy rows (label, loss, epoch, direction, stat, value) of each checkpoint: the main statistic of every counter
     it was counted with (the paper's and its training loss's own; ``loss`` names the counter) and its test rsum
     (``loss`` and ``stat`` ``rsum``, direction ``both``), means over seeds."""
+    counters = {gi: ranked(g.results[0].counting.losses, g.results[0].presentation)
+                for gi, g in enumerate(groups) if g.results[0].source.epoch is not None}
+    cells = main_stat_seeds(groups, counters, compat)
     rows = []
-    for g in groups:
-        r0 = g.results[0]
-        if r0.source.epoch is None:
-            continue
+    for gi, names in counters.items():
+        r0 = groups[gi].results[0]
         label = _run_label(r0)
-        for counter in ranked(r0.counting.losses, r0.presentation):
-            stat = r0.look(counter).main_stat
+        for counter in names:
             for d in DIRECTIONS:
-                value, _ = over_seeds(replicate_means(g, counter, d, stat, compat))
-                if value is not None:
-                    rows.append((label, counter, r0.source.epoch, d, stat, value))
-        rsum, _ = over_seeds([r.evaluation.metrics.get("rsum", np.nan) for r in g.results if r.evaluation is not None])
-        if rsum is not None:
+                value = _seed_cell(cells, (gi, counter, d))[0]
+                if not np.isnan(value):
+                    rows.append((label, counter, r0.source.epoch, d, r0.look(counter).main_stat, value))
+        rsum = _seed_cell(cells, (gi, *RSUM))[0]
+        if not np.isnan(rsum):
             rows.append((label, "rsum", r0.source.epoch, "both", "rsum", rsum))
     return pd.DataFrame(rows, columns=["label", "loss", "epoch", "direction", "stat", "value"])
 

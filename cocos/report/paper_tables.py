@@ -23,7 +23,6 @@ import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import pandas as pd
 
 from cocos.objectives.spec import format_value
@@ -33,6 +32,7 @@ from cocos.report.groups import (
     aggregate,
     dataset_name,
     loss_label,
+    metric_frame,
     over_seeds,
     stat_frame,
 )
@@ -152,8 +152,10 @@ def retrieval_table(groups: Sequence[Group]) -> Table | None:
 
 
 def _metric_cells(g: Group) -> tuple[Cell, ...]:
-    return tuple(Cell(*over_seeds([PERCENT.get(key, 1.0) * r.evaluation.metrics.get(key, np.nan) for r in g.results]),
-                      digits=digits) for _, _, key, digits in TABLE1_KEYS)
+    metrics = metric_frame([g], [key for _, _, key, _ in TABLE1_KEYS], PERCENT)
+    cells = over_seeds(metrics, ["metric"]).set_index("metric")
+    return tuple(Cell(_num(cells.loc[key, "mean"]), _num(cells.loc[key, "std"]), digits=digits)
+                 for _, _, key, digits in TABLE1_KEYS)
 
 
 @dataclass(frozen=True)
