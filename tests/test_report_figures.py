@@ -63,15 +63,15 @@ def test_figures_are_deterministic(tmp_path):
 
 
 def sweep_fixture():
-    def e(m):
-        return {"mean": m, "std": 0.1, "n": 10, "n_skipped": 0}
+    """Rows of a statistics table's sweep view (one mode): loss, direction, eps, stat, mean (NaN: undefined)."""
+    import pandas as pd
 
-    return {
-        "ntxent": {"i2t": {"0.001": {"C_qv-": e(40.0), "W_qv-": e(0.9)}, "0.01": {"C_qv-": e(9.88)},
-                           "0.1": {"C_qv-": e(1.5)}, "0.005": {"C_qv-": e(15.0)}},
-                   "t2i": {"0.01": {"C_qv-": e(9.65)}, "0.1": {"C_qv-": e(None)}}},
-        "smoothap": {"i2t": {"0.01": {"C_q": e(1.27)}, "0.001": {"C_q": e(3.0)}}},
-    }
+    rows = [("ntxent", "i2t", 0.001, "C_qv-", 40.0), ("ntxent", "i2t", 0.001, "W_qv-", 0.9),
+            ("ntxent", "i2t", 0.01, "C_qv-", 9.88), ("ntxent", "i2t", 0.1, "C_qv-", 1.5),
+            ("ntxent", "i2t", 0.005, "C_qv-", 15.0), ("ntxent", "t2i", 0.01, "C_qv-", 9.65),
+            ("ntxent", "t2i", 0.1, "C_qv-", np.nan), ("smoothap", "i2t", 0.01, "C_q", 1.27),
+            ("smoothap", "i2t", 0.001, "C_q", 3.0)]
+    return pd.DataFrame(rows, columns=["loss", "direction", "eps", "stat", "mean"])
 
 
 def test_eps_sweep_lines_equal_the_input(tmp_path):
