@@ -45,11 +45,11 @@ def count(
     from rich.console import Console
     from rich.table import Table
 
+    from cocos.data.layout import DIRECTIONS
     from cocos.io import check_output_dir, check_output_file
     from cocos.objectives import parse_names
     from cocos.objectives.spec import format_value
-    from cocos.pipelines.count import count_file
-    from cocos.report.tables import DIRECTIONS, count_rows
+    from cocos.pipelines.count import count_file, count_rows
 
     check_latex_width(latex_width)
     names = parse_names(loss)

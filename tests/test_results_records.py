@@ -233,3 +233,14 @@ def test_count_on_the_records_matches_the_library(tmp_path):
     assert lines[0].split()[:3] == ["triplet", "i2t", "C_q"] and lines[1].split()[0] == "ntxent"
     assert f"C_q {stats['triplet']['i2t']['C_q']['mean']:.2f}" in lines[0]
     assert f"C_qv- {stats['ntxent']['t2i']['C_qv-']['mean']:.2f}" in lines[1]
+
+
+def test_count_rows_by_hand():
+    from cocos.pipelines.count import count_rows
+
+    rows = [("t2i", "n_excluded", 2.0, 0.5, 0), ("i2t", "zeta", 1.0, np.nan, 0), ("i2t", "C_q", 3.25, 1.0, 2),
+            ("t2i", "zeta", np.nan, np.nan, 4), ("i2t", "n_excluded", 1.0, 0.0, 0), ("t2i", "C_q", 2.0, 0.0, 0)]
+    frame = pd.DataFrame(rows, columns=["direction", "stat", "mean", "std", "n_skipped"])
+    assert count_rows(frame) == [("C_q", "3.25 ± 1.00 (2 skipped)", "2.00 ± 0.00"),  # the paper's first
+                                 ("n_excluded", "1.00 ± 0.00", "2.00 ± 0.50"),
+                                 ("zeta", "1.00", "n/a (4 skipped)")]  # then others by name

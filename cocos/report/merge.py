@@ -36,26 +36,20 @@ from cocos.report.tables import (
 )
 from cocos.results import Results
 
-RSUM = ("", "rsum")  # (counter, direction) of the test rsum among the cells of main_stat_seeds (no loss is named "")
 
-
-def main_stat_seeds(groups: Sequence[Group], counters: dict, compat: bool | None = None) -> pd.DataFrame:
-    """Per (group, counter, direction): the main statistic of each counter in ``counters`` (group index -> counters),
-    over seeds (:func:`over_seeds` of the replicates' batch means, the shown mode); and the test rsum (at ``RSUM``)."""
+def main_stat_seeds(groups: Sequence[Group], counters: dict, compat: bool | None = None) -> dict:
+    """``{(group, counter, direction): (mean, std)}`` over seeds (:func:`over_seeds`, the shown mode) of the main
+    statistic of each counter in ``counters`` (group index -> names), and of the test rsum (counter ``"rsum"``,
+    direction ``"both"``); only defined values."""
     frame = stat_frame(groups, compat)
-    frame = frame[frame["which"] == "shown"]
-    wanted = {(gi, c, groups[gi].results[0].look(c).main_stat) for gi, cs in counters.items() for c in cs}
-    frame = frame[np.array([k in wanted for k in zip(frame["group"], frame["counter"], frame["stat"], strict=True)],
-                           dtype=bool)]
-    cells = over_seeds(frame, ["group", "counter", "direction"], "mean")
-    metrics = metric_frame(groups, ["rsum"])
-    rsum = over_seeds(metrics[metrics["group"].isin(list(counters))], ["group"]).assign(counter=RSUM[0],
-                                                                                          direction=RSUM[1])
-    return pd.concat([cells, rsum], ignore_index=True).set_index(["group", "counter", "direction"])
-
-
-def _seed_cell(cells: pd.DataFrame, key: tuple) -> tuple[float, float]:
-    return tuple(cells.loc[key, ["mean", "std"]]) if key in cells.index else (np.nan, np.nan)
+    main = {(gi, c): groups[gi].results[0].look(c).main_stat for gi, names in counters.items() for c in names}
+    keep = [w == "shown" and main.get((gi, c)) == s
+            for gi, c, s, w in zip(frame["group"], frame["counter"], frame["stat"], frame["which"], strict=True)]
+    metrics = metric_frame(groups, ["rsum"]).assign(counter="rsum", direction="both")
+    cells = pd.concat([over_seeds(frame[np.array(keep, dtype=bool)], ["group", "counter", "direction"], "mean"),
+                       over_seeds(metrics[metrics["group"].isin(list(counters))], ["group", "counter", "direction"])])
+    return {(g, c, d): (m, sd) for g, c, d, m, sd in zip(*(cells[k] for k in ("group", "counter", "direction", "mean",
+                                                                             "std")), strict=True) if not np.isnan(m)}
 
 
 def cocos_vs_rsum_rows(groups: Sequence[Group], compat: bool | None = None) -> pd.DataFrame:
@@ -64,18 +58,16 @@ def cocos_vs_rsum_rows(groups: Sequence[Group], compat: bool | None = None) -> p
     own = {gi: [g.loss] for gi, g in enumerate(groups)
            if g.loss is not None and all(r.evaluation is not None for r in g.results)}
     cells = main_stat_seeds(groups, own, compat)
-    rows = []
-    for gi in own:
-        g = groups[gi]
-        rsum, rsum_std = _seed_cell(cells, (gi, *RSUM))
-        for d in DIRECTIONS:
-            cocos, cocos_std = _seed_cell(cells, (gi, g.loss, d))
-            if not np.isnan(cocos):
-                rows.append({"label": " ".join(g.labels), "model": g.model, "loss": g.loss, "direction": d,
-                             "stat": g.results[0].look(g.loss).main_stat, "rsum": rsum, "cocos": cocos,
-                             "rsum_std": rsum_std, "cocos_std": cocos_std, "n": g.n})
+    rows = [{"label": " ".join(groups[gi].labels), "model": groups[gi].model, "loss": loss, "direction": d,
+             "stat": groups[gi].results[0].look(loss).main_stat, "rsum": cells.get((gi, "rsum", "both"), NONE)[0],
+             "cocos": cells[(gi, loss, d)][0], "rsum_std": cells.get((gi, "rsum", "both"), NONE)[1],
+             "cocos_std": cells[(gi, loss, d)][1], "n": groups[gi].n}
+            for gi, (loss,) in own.items() for d in DIRECTIONS if (gi, loss, d) in cells]
     return pd.DataFrame(rows, columns=["label", "model", "loss", "direction", "stat", "rsum", "cocos", "rsum_std",
                                        "cocos_std", "n"])
+
+
+NONE = (np.nan, np.nan)
 
 
 # -- a whole report: build once, write atomically ---------------------------------------------
@@ -220,18 +212,10 @@ def epoch_rows(groups: Sequence[Group], compat: bool | None = None) -> pd.DataFr
     counters = {gi: ranked(g.results[0].counting.losses, g.results[0].presentation)
                 for gi, g in enumerate(groups) if g.results[0].source.epoch is not None}
     cells = main_stat_seeds(groups, counters, compat)
-    rows = []
-    for gi, names in counters.items():
-        r0 = groups[gi].results[0]
-        label = _run_label(r0)
-        for counter in names:
-            for d in DIRECTIONS:
-                value = _seed_cell(cells, (gi, counter, d))[0]
-                if not np.isnan(value):
-                    rows.append((label, counter, r0.source.epoch, d, r0.look(counter).main_stat, value))
-        rsum = _seed_cell(cells, (gi, *RSUM))[0]
-        if not np.isnan(rsum):
-            rows.append((label, "rsum", r0.source.epoch, "both", "rsum", rsum))
+    rows = [(_run_label(groups[gi].results[0]), c, groups[gi].results[0].source.epoch, d,
+             "rsum" if c == "rsum" else groups[gi].results[0].look(c).main_stat, cells[(gi, c, d)][0])
+            for gi, names in counters.items() for c in [*names, "rsum"] for d in (*DIRECTIONS, "both")
+            if (gi, c, d) in cells]
     return pd.DataFrame(rows, columns=["label", "loss", "epoch", "direction", "stat", "value"])
 
 

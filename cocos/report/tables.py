@@ -426,29 +426,3 @@ def _sentence(text: str) -> str:
 
 def _latex_key(key: str) -> str:
     return re.sub(r"[^A-Za-z0-9:.\-]+", "-", key).strip("-") or "table"
-
-
-# --------------------------------------------------------------------------- cocos count (terminal)
-
-# Order in which `cocos count` shows statistics: the paper's first, then the companions.
-STAT_ORDER = ("C_q", "C_B", "C_0", "C_qv-", "W_qv-", "W_qv+", "W_low",
-              "N_eff", "N_invsimpson", "top1_share", "n_excluded")
-
-
-def count_rows(summary) -> list[tuple[str, ...]]:
-    """Rows ``(statistic, i2t, t2i)`` of one loss in a run summary: ``mean ± std`` over batches.
-
-    ``summary``: the loss's rows of the statistics table at its own threshold (:meth:`Results.main`)."""
-    directions = [d for d in DIRECTIONS if d in set(summary["direction"])]
-    first = set(summary.loc[summary["direction"] == directions[0], "stat"])
-    stats = [s for s in STAT_ORDER if s in first] + sorted(s for s in first if s not in STAT_ORDER)
-    entries = summary.set_index(["direction", "stat"])
-    rows = []
-    for stat in stats:
-        cells = []
-        for d in directions:
-            e = entries.loc[(d, stat)]
-            skipped = f" ({e['n_skipped']} skipped)" if e["n_skipped"] else ""
-            cells.append(fmt(e["mean"], e["std"]) + skipped)
-        rows.append((stat, *cells))
-    return rows
