@@ -105,5 +105,5 @@ def count_rows(summary: pd.DataFrame) -> list[tuple[str, ...]]:
     directions = [d for d in DIRECTIONS if d in entries.index.get_level_values("direction")]
     first = set(entries.loc[directions[0]].index)
     stats = [s for s in STAT_ORDER if s in first] + sorted(s for s in first if s not in STAT_ORDER)
-    return [(stat, *(fmt(e["mean"], e["std"]) + (f" ({e['n_skipped']} skipped)" if e["n_skipped"] else "")
+    return [(stat, *(fmt(e["mean"], e["std"]) + (f" ({int(e['n_skipped'])} skipped)" if e["n_skipped"] else "")
                      for e in (entries.loc[(d, stat)] for d in directions))) for stat in stats]
