@@ -32,9 +32,17 @@ def per_query_fixture():
     }
 
 
+def as_queries(per_query):
+    """The per-query table (a row per query, a column per statistic) holding ``per_query[loss][direction][stat]``."""
+    import pandas as pd
+
+    return pd.concat([pd.DataFrame(stats).assign(loss=loss, direction=d) for loss, by_d in per_query.items()
+                      for d, stats in by_d.items()], ignore_index=True)
+
+
 def test_count_distributions_plot_the_input(tmp_path):
     pq = per_query_fixture()
-    out = plot_count_distributions(pq, tmp_path / "counts", looks=LOOKS)
+    out = plot_count_distributions(as_queries(pq), tmp_path / "counts", looks=LOOKS)
     check_files(out.paths, tmp_path)
     assert set(out.data) == {("triplet", "i2t"), ("triplet", "t2i"), ("ntxent", "i2t"), ("ntxent", "t2i"),
                              ("smoothap", "i2t")}
@@ -56,8 +64,8 @@ def test_count_distributions_plot_the_input(tmp_path):
 
 def test_figures_are_deterministic(tmp_path):
     pq = per_query_fixture()
-    a = plot_count_distributions(pq, tmp_path / "a" / "counts").paths
-    b = plot_count_distributions(pq, tmp_path / "b" / "counts").paths
+    a = plot_count_distributions(as_queries(pq), tmp_path / "a" / "counts").paths
+    b = plot_count_distributions(as_queries(pq), tmp_path / "b" / "counts").paths
     for x, y in zip(a, b, strict=True):
         assert x.read_bytes() == y.read_bytes(), x.suffix
 

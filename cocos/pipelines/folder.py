@@ -48,19 +48,6 @@ def _params(params: dict) -> str:
     return "(" + ", ".join(f"{k} {format_value(v)}" for k, v in params.items()) + ")"
 
 
-def main_per_query(run: CountRun, mode: str, looks: dict) -> dict:
-    """``{loss: {direction: {main stat: values}}}`` of one mode, for the count distributions."""
-    from cocos.report.style import loss_style
-
-    q = run.to_frame("query")
-    q = q[q["mode"] == mode]
-    out: dict = {}
-    for (loss, d), part in q.groupby(["loss", "direction"], sort=False):
-        stat = loss_style(loss, looks)[3]
-        out.setdefault(loss, {})[d] = {stat: part[stat].to_numpy()}
-    return out
-
-
 def folder_tables(results: Results, latex_width: str = "column") -> tuple[str, str]:
     """The contents of the folder's ``tables.md`` (with :func:`describe`'s header) and ``tables.tex``: the one table
     builder of :mod:`cocos.report.merge` over a group of one, every counter."""
@@ -111,7 +98,8 @@ def write_results_folder(
         (tmp / "tables.md").write_text(md, encoding="utf-8")
         (tmp / "tables.tex").write_text(tex, encoding="utf-8")
         if run.queries is not None:
-            plot_count_distributions(main_per_query(run, shown, results.presentation), tmp / "counts",
+            queries = run.to_frame("query")
+            plot_count_distributions(queries[queries["mode"] == shown], tmp / "counts",
                                      looks=results.presentation,
                                      title=f"{name}: contributing candidates per query ({shown} counting)")
         sweep = results.sweep_frame()
