@@ -77,6 +77,8 @@ BAD = {
                     "statistics[0].mode must be one of corrected, compat"),
     "v4_bad_eps": (json.dumps({**V2, "statistics": [V2["statistics"][0], {**V2["statistics"][1], "eps": "0.01"}]}),
                    "statistics[1].eps must be a number or null"),
+    "v4_repeated": (json.dumps({**V2, "statistics": [V2["statistics"][0], V2["statistics"][0]]}),
+                    "statistics[1] repeats statistics[0]"),
     "v4_bad_count": (json.dumps({**V2, "statistics": [{**V2["statistics"][0], "n": -1}]}),
                      "statistics[0].n must be a count"),
 }

@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from cocos.counting import EmbeddingSet, count_embeddings
 from cocos.pipelines.analyze import run_counts
@@ -20,6 +22,7 @@ from cocos.report.figures import plot_eps_sweep
 from cocos.report.groups import over_seeds
 from cocos.report.merge import build_report, cocos_vs_rsum_rows, epoch_rows, render_report
 from cocos.results import FORMAT_VERSION, STAT_COLUMNS, Results, record_order, records, records_from_trees
+from tests.test_fuzz_readers import _expect, json_values
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "reports" / "example"
@@ -244,3 +247,19 @@ def test_count_rows_by_hand():
     assert count_rows(frame) == [("C_q", "3.25 ± 1.00 (2 skipped)", "2.00 ± 0.00"),  # the paper's first
                                  ("n_excluded", "1.00 ± 0.00", "2.00 ± 0.50"),
                                  ("zeta", "1.00", "n/a (4 skipped)")]  # then others by name
+
+
+FUZZ_FIELDS = st.sampled_from([*STAT_COLUMNS, None])  # None: the whole list
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(value=json_values, field=FUZZ_FIELDS, index=st.integers(0, 400))
+def test_fuzzed_records_are_read_or_refused_in_one_line(value, field, index):
+    data = Results.from_dict(v3("ntxent")).to_dict()
+    if field is None:
+        data["statistics"] = value
+    else:
+        data["statistics"][index % len(data["statistics"])][field] = value
+    results = _expect(lambda: Results.from_dict(data))
+    if results is not None:  # accepted: its tables can be built
+        folder_tables(results)

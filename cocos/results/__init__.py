@@ -427,8 +427,14 @@ def _statistics(data: dict, version: int) -> list[dict]:
     rows = data.get("statistics")
     if not isinstance(rows, list):
         raise CocosError("not a cocos results file ('statistics' must be a list of records)")
+    seen: dict[tuple, int] = {}
     for i, row in enumerate(rows):
         _check_record(row, f"statistics[{i}]")
+        key = tuple(row[k] for k in STAT_KEYS)
+        if key in seen:
+            raise CocosError(f"not a cocos results file (statistics[{i}] repeats statistics[{seen[key]}]: "
+                             f"{', '.join(map(str, key))})")
+        seen[key] = i
     return sorted((dict(row) for row in rows), key=record_order)
 
 
