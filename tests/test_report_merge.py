@@ -390,6 +390,7 @@ def test_count_results_of_one_file_with_other_labels_or_parameters_are_not_dupli
 @pytest.mark.parametrize("patch, message", [
     (lambda d: d["statistics"][0].update(n="abc"), "statistics[0].n must be a count"),
     (lambda d: d["counting"]["params"].update(ntxent=3), "counting.params.ntxent"),
+    (lambda d: d["counting"]["params"].update(ntxent={"eps": "x"}), "counting.params.ntxent.eps must be a number"),
     (lambda d: d["counting"].update(losses=[1, 2]), "counting.losses must be names"),
     (lambda d: d["evaluation"]["metrics"].update(rsum="high"), "evaluation.metrics must hold numbers"),
 ])

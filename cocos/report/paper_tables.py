@@ -23,6 +23,7 @@ import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 from cocos.objectives.spec import format_value
@@ -52,7 +53,6 @@ from cocos.report.tables import (
     latex_escape,
     mode_name,
 )
-from cocos.results import lookup
 
 # --------------------------------------------------------------------------- tables
 
@@ -370,8 +370,8 @@ def label_prefix(groups: Sequence[Group], *options) -> str:
 
 
 def _eps_note(counters: Sequence[str], groups: Sequence[Group], gis: Sequence[int], marks: Marks) -> None:
-    values = sorted({lookup(g.results[0].counting.params, c, "eps") for c in counters
-                     for g in (groups[i] for i in gis)} - {None})
+    own = [groups[i].results[0].own_eps() for i in gis]
+    values = sorted({eps[c] for eps in own for c in counters if c in eps and not np.isnan(eps[c])})
     if values:
         marks.note(f"Threshold ε = {', '.join(f'{v:g}' for v in values)}.")
 

@@ -148,7 +148,8 @@ class Results:
 
     def own_eps(self) -> dict:
         """Each counter's own threshold (NaN for counters without one), as ``counting.params`` records it."""
-        return {name: float(p.get("eps", np.nan)) for name, p in self.counting.params.items()}
+        params = self.counting.params
+        return {name: float(p["eps"]) if _is_number(p.get("eps")) else np.nan for name, p in params.items()}
 
     def modes(self) -> set[str]:
         return {r["mode"] for r in self.statistics}
@@ -404,6 +405,8 @@ def _check_contents(r: Results) -> None:
     for name, params in c.params.items():
         if not isinstance(params, dict) or not all(isinstance(v, (int, float, str)) for v in params.values()):
             raise CocosError(f"not a cocos results file (counting.params.{name} must map names to numbers)")
+        if "eps" in params and not _is_number(params["eps"]):
+            raise CocosError(f"not a cocos results file (counting.params.{name}.eps must be a number)")
     if not all(_is_number(v) for v in c.n_batches.values()):
         raise CocosError("not a cocos results file (counting.n_batches must hold numbers)")
     if not all(isinstance(v, str) for v in c.labels.values()):
