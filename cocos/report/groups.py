@@ -238,15 +238,10 @@ def aggregate(frame: pd.DataFrame, groups: Sequence[Group]) -> pd.DataFrame:
     keys = ["group", "counter", "direction", "stat", "which"]
     g = frame.groupby(keys, sort=False)
     seeds = over_seeds(frame, keys, "mean").set_index(keys)
-    out = pd.DataFrame({
-        "replicates": g["mean"].size(),
-        "seed_mean": seeds["mean"],
-        "seed_std": seeds["std"],
-        "first_mean": g["mean"].first(),
-        "first_std": g["std"].first(),
-        "n_skipped": g["n_skipped"].sum(),
-        "n_batches": g["n"].sum() + g["n_skipped"].sum(),
-    }).reset_index()
+    out = pd.DataFrame({"replicates": seeds["replicates"], "seed_mean": seeds["mean"], "seed_std": seeds["std"],
+                        "first_mean": g["mean"].first(), "first_std": g["std"].first(),
+                        "n_skipped": g["n_skipped"].sum(), "n_batches": g["n"].sum() + g["n_skipped"].sum()})
+    out = out.reset_index()
     size = out["group"].map(lambda i: groups[i].n)
     single = size == 1
     out["mean"] = np.where(single, out["first_mean"], out["seed_mean"])
