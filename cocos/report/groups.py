@@ -191,10 +191,10 @@ def stat_frame(groups: Sequence[Group], compat: bool | None = None) -> pd.DataFr
     parts = []
     for gi, g in enumerate(groups):
         for ri, r in enumerate(g.results):
-            is_compat = shown_compat(r, compat)
-            for which, c in (("shown", is_compat), ("other", not is_compat)):
-                rows = r.main(mode_of(c)).rename(columns={"loss": "counter"})
-                parts.append(rows.assign(group=gi, replicate=ri, which=which, compat=c))
+            shown = mode_of(shown_compat(r, compat))
+            rows = r.main("all").rename(columns={"loss": "counter"})
+            parts.append(rows.assign(group=gi, replicate=ri, which=np.where(rows["mode"] == shown, "shown", "other"),
+                                     compat=rows["mode"] == "compat"))
     frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=STAT_FRAME)
     return frame[STAT_FRAME]
 

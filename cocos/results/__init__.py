@@ -40,6 +40,7 @@ MODEL_NAMES = {"vsepp": "VSE++", "vsrn": "VSRN"}
 MODES = ("corrected", "compat")
 STAT_KEYS = ("loss", "direction", "mode", "eps", "stat")  # one record per key
 STAT_COLUMNS = (*STAT_KEYS, "mean", "std", "n", "n_skipped")
+_DTYPE = {"loss": object, "direction": object, "mode": object, "stat": object, "n": np.int64, "n_skipped": np.int64}
 
 
 def mode_of(compat: bool) -> str:
@@ -141,10 +142,10 @@ class Results:
 
     def frame(self) -> pd.DataFrame:
         """The statistics as a DataFrame (STAT_COLUMNS): ``eps``, ``mean`` and ``std`` NaN where null."""
-        frame = pd.DataFrame(self.statistics, columns=list(STAT_COLUMNS))
-        for col in ("eps", "mean", "std"):
-            frame[col] = frame[col].astype(float)
-        return frame.astype({"n": int, "n_skipped": int})
+        rows = self.statistics
+        return pd.DataFrame({k: np.array([np.nan if r[k] is None else r[k] for r in rows], dtype=float)
+                             if k in ("eps", "mean", "std") else np.array([r[k] for r in rows], dtype=_DTYPE[k])
+                             for k in STAT_COLUMNS})
 
     def own_eps(self) -> dict:
         """Each counter's own threshold (NaN for counters without one), as ``counting.params`` records it."""
@@ -155,10 +156,11 @@ class Results:
         return {r["mode"] for r in self.statistics}
 
     def main(self, mode: str | None = None) -> pd.DataFrame:
-        """The rows of one mode (default :attr:`mode`) at each counter's own threshold: what the tables show."""
+        """The rows of one mode (default :attr:`mode`; ``"all"``: every mode) at each counter's own threshold: what
+        the tables show."""
         f = self.frame()
         own = f["eps"].isna() | (f["eps"] == f["loss"].map(self.own_eps()))
-        return f[own & (f["mode"] == (mode or self.mode))].reset_index(drop=True)
+        return f[own & ((mode == "all") | (f["mode"] == (mode or self.mode)))].reset_index(drop=True)
 
     def sweep_frame(self, mode: str | None = None) -> pd.DataFrame:
         """The ε sweep of one mode (default :attr:`mode`): the rows with a threshold of the statistics counted at
