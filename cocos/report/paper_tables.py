@@ -200,7 +200,7 @@ class _Rows:
     """What the COCOS tables of some groups share: the cells, the shown modes and how rows are labelled."""
 
     groups: Sequence[Group]
-    cells: pd.DataFrame
+    cells: dict  # (group, counter, direction, stat, which) -> the aggregate's row
     modes: dict
     labels: dict
     single: bool
@@ -216,7 +216,7 @@ class _Rows:
 
     def cell(self, gi, c, d, s, which):
         key = (gi, c, d, s, which)
-        return self.cells.loc[key] if key in self.cells.index else None
+        return self.cells.get(key)
 
     def shown_modes(self, gis) -> set:
         return set().union(*(self.modes.get(gi, set()) for gi in gis))
@@ -240,7 +240,8 @@ def cocos_tables(groups: Sequence[Group], compat: bool | None = None, counters: 
     looks = {c: groups[gi].results[0].look(c) for gi, c in pairs}
     single = len(groups) == 1
     contexts = {(groups[gi].dataset, groups[gi].model) for gi, _ in pairs}
-    lay = _Rows(groups, aggregate(frame, groups), {gi: set(map(bool, v)) for gi, v in shown.groupby("group")["compat"]},
+    modes = {gi: set(map(bool, v)) for gi, v in shown.groupby("group")["compat"]}
+    lay = _Rows(groups, aggregate(frame, groups).to_dict("index"), modes,
                 {c: look.label for c, look in looks.items()}, single, not single and len(contexts) == 1,
                 not single and any(groups[gi].loss != c for gi, c in pairs))
     label_columns = ("Counter",) if single else (*(() if lay.one_context else ("Dataset", "Model")), "Loss",
