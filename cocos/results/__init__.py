@@ -289,7 +289,7 @@ def records_from_trees(stats: dict, alt_stats: dict | None, sweep: dict, compat:
     """The records of a format-3 (or older) file: ``stats`` (the file's mode) and ``alt_stats`` (the other) at each
     counter's own threshold (``params[loss]["eps"]``, null without one) and the ``sweep`` of the file's mode at its
     thresholds (its row at the own threshold is the ``stats`` entry again)."""
-    own = {name: p.get("eps") for name, p in params.items() if isinstance(p, dict)}
+    own = {name: p["eps"] for name, p in params.items() if isinstance(p, dict) and _is_number(p.get("eps"))}
     out: dict[tuple, dict] = {}
 
     def add(loss, d, mode, eps, stat, e):
