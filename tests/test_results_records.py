@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cocos.counting import EmbeddingSet, count_embeddings
+from cocos.errors import CocosError
 from cocos.pipelines.analyze import run_counts
 from cocos.pipelines.folder import folder_tables
 from cocos.report.figures import plot_eps_sweep
@@ -263,3 +264,16 @@ def test_fuzzed_records_are_read_or_refused_in_one_line(value, field, index):
     results = _expect(lambda: Results.from_dict(data))
     if results is not None:  # accepted: its tables can be built
         folder_tables(results)
+
+
+def test_names_with_line_breaks_stay_on_one_line_in_errors():
+    data = v3("ntxent")
+    data["stats"]["bad\nname"] = None  # version 3
+    with pytest.raises(CocosError) as info:
+        Results.from_dict(data)
+    assert "\n" not in str(info.value) and "'bad\\nname' must be an object" in str(info.value)
+    data = Results.from_dict(v3("ntxent")).to_dict()  # version 4: a repeated record of such a loss
+    data["statistics"] = [{**data["statistics"][0], "loss": "bad\nname"}] * 2
+    with pytest.raises(CocosError) as info:
+        Results.from_dict(data)
+    assert "\n" not in str(info.value) and "repeats statistics[0]: 'bad\\nname', i2t" in str(info.value)

@@ -393,6 +393,11 @@ def _typed(cls, data: dict, key: str):
     return cls(**kwargs)
 
 
+def _shown(name) -> str:
+    """A name from a file as an error message shows it: as written, or quoted if it holds line breaks and the like."""
+    return str(name) if str(name).isprintable() else repr(name)
+
+
 def _is_number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
@@ -425,7 +430,7 @@ def _statistics(data: dict, version: int) -> list[dict]:
         if not isinstance(sweep, dict) or not all(isinstance(v, dict) for v in sweep.values()):
             raise CocosError("not a cocos results file ('sweep' must be an object)")
         for loss, by_dir in sweep.items():
-            _stats({f"sweep.{loss}": by_dir}, f"sweep.{loss}")
+            _stats({f"sweep.{_shown(loss)}": by_dir}, f"sweep.{_shown(loss)}")
         return records_from_trees(_stats(data, "stats"),
                                   _stats(data, "alt_stats") if data.get("alt_stats") is not None else None,
                                   sweep, bool(counting.get("compat")), counting.get("params") or {})
@@ -438,7 +443,7 @@ def _statistics(data: dict, version: int) -> list[dict]:
         key = tuple(row[k] for k in STAT_KEYS)
         if key in seen:
             raise CocosError(f"not a cocos results file (statistics[{i}] repeats statistics[{seen[key]}]: "
-                             f"{', '.join(map(str, key))})")
+                             f"{', '.join(map(_shown, key))})")
         seen[key] = i
     return sorted((dict(row) for row in rows), key=record_order)
 
@@ -465,28 +470,31 @@ def _check_record(row, where: str) -> None:
 
 
 def _stats(data: dict, key: str) -> dict:
+    """A nested statistics tree of versions 1-3, ``{loss: {direction: {stat: {mean, std, n, n_skipped}}}}``, checked."""
     tree = data.get(key)
     if not isinstance(tree, dict):
         raise CocosError(f"not a cocos results file ('{key}' must be an object)")
     for loss, by_dir in tree.items():
         if not isinstance(by_dir, dict):
-            raise CocosError(f"not a cocos results file ({key}.{loss} must be an object)")
+            raise CocosError(f"not a cocos results file ({key}.{_shown(loss)} must be an object)")
         for d, stats in by_dir.items():
             if not isinstance(stats, dict) or not all(isinstance(e, dict) for e in stats.values()):
-                raise CocosError(f"not a cocos results file ({key}.{loss}.{d} must map statistics to "
+                raise CocosError(f"not a cocos results file ({key}.{_shown(loss)}.{_shown(d)} must map statistics to "
                                  "{mean, std, n, n_skipped})")
             for stat, e in stats.items():
-                for part in ("mean", "std"):
-                    v = e.get(part)
-                    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
-                        raise CocosError(f"not a cocos results file ({key}.{loss}.{d}.{stat}.{part} "
-                                         "must be a number or null)")
-                for part in ("n", "n_skipped"):
-                    v = e.get(part, 0)
-                    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                        raise CocosError(f"not a cocos results file ({key}.{loss}.{d}.{stat}.{part} "
-                                         "must be a count)")
+                _check_entry(e, ".".join(_shown(x) for x in (key, loss, d, stat)))
     return tree
+
+
+def _check_entry(e: dict, where: str) -> None:
+    for part in ("mean", "std"):
+        v = e.get(part)
+        if v is not None and not _is_number(v):
+            raise CocosError(f"not a cocos results file ({where}.{part} must be a number or null)")
+    for part in ("n", "n_skipped"):
+        v = e.get(part, 0)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise CocosError(f"not a cocos results file ({where}.{part} must be a count)")
 
 
 def _from_v1(data: dict) -> dict:
