@@ -411,9 +411,9 @@ def _check_contents(r: Results) -> None:
         raise CocosError("not a cocos results file (counting.losses must be names)")
     for name, params in c.params.items():
         if not isinstance(params, dict) or not all(isinstance(v, (int, float, str)) for v in params.values()):
-            raise CocosError(f"not a cocos results file (counting.params.{name} must map names to numbers)")
+            raise CocosError(f"not a cocos results file (counting.params.{_shown(name)} must map names to numbers)")
         if "eps" in params and not _is_number(params["eps"]):
-            raise CocosError(f"not a cocos results file (counting.params.{name}.eps must be a number)")
+            raise CocosError(f"not a cocos results file (counting.params.{_shown(name)}.eps must be a number)")
     if not all(_is_number(v) for v in c.n_batches.values()):
         raise CocosError("not a cocos results file (counting.n_batches must hold numbers)")
     if not all(isinstance(v, str) for v in c.labels.values()):
