@@ -82,7 +82,7 @@ def main() -> None:
         t1 = _best([*count, "--json", "one.json"], tmp, args.repeats)
         t1s = _best([*count, "--json", "one_t1.json"], tmp, args.repeats, threads=1)
         tn = _best([*_torchrun(args.nproc), *count, "--json", "many.json"], tmp, args.repeats)
-        diff = _max_diff(*(json.loads((tmp / f).read_text())["stats"] for f in ("one.json", "many.json")))
+        diff = _max_diff(*(json.loads((tmp / f).read_text())["statistics"] for f in ("one.json", "many.json")))
         print(f"cocos count ({n:,} images, {5 * n:,} captions, d 1024): 1 process {t1:.1f} s (1 thread {t1s:.1f} s), "
               f"{args.nproc} processes x 1 thread {tn:.1f} s: speed-up {t1 / tn:.2f}x ({t1s / tn:.2f}x per thread); "
               f"largest relative difference {diff:.1e}")
@@ -102,7 +102,7 @@ def main() -> None:
         t1 = _best([*analyze, "--out", "r1"], tmp, args.repeats)
         t1s = _best([*analyze, "--out", "r1s"], tmp, args.repeats, threads=1)
         tn = _best([*_torchrun(args.nproc), *analyze, "--out", "rn"], tmp, args.repeats)
-        diff = _max_diff(*(json.loads((tmp / f / "results.json").read_text())["stats"] for f in ("r1", "rn")))
+        diff = _max_diff(*(json.loads((tmp / f / "results.json").read_text())["statistics"] for f in ("r1", "rn")))
         print(f"cocos analyze (VSE++ embed 1024, {n:,} x 2048 training features, 1,000 test images): 1 process "
               f"{t1:.1f} s (1 thread {t1s:.1f} s), {args.nproc} processes x 1 thread {tn:.1f} s: speed-up "
               f"{t1 / tn:.2f}x ({t1s / tn:.2f}x per thread); largest relative difference {diff:.1e}")

@@ -47,11 +47,11 @@ def count(
     from rich.console import Console
     from rich.table import Table
 
+    from cocos.data.layout import DIRECTIONS
     from cocos.io import check_output_dir, check_output_file
     from cocos.objectives import parse_names
     from cocos.objectives.spec import format_value
-    from cocos.pipelines.count import count_file
-    from cocos.report.tables import count_rows
+    from cocos.pipelines.count import count_file, count_rows
 
     check_latex_width(latex_width)
     names = parse_names(loss)
@@ -74,13 +74,15 @@ def count(
     batches = ", ".join(f"{n} {kind} batches" for kind, n in results.counting.n_batches.items())
     console.print(f"COCOS of {embeddings} ({results.data.n_images} images, {results.data.n_captions} captions; "
                   f"batch {batch_size}, seed {seed}, {batches}{', compat' if compat else ''})")
-    for loss_name, by_direction in results.stats.items():
+    main = results.main()
+    for loss_name in [n for n in results.counting.losses if n in set(main["loss"])]:
+        summary = main[main["loss"] == loss_name]
         params = ", ".join(f"{k} {format_value(v)}" for k, v in results.counting.params[loss_name].items())
         table = Table(title=f"{loss_name} ({params})" if params else loss_name, title_justify="left")
         table.add_column("statistic")
-        for d in by_direction:
+        for d in [d for d in DIRECTIONS if d in set(summary["direction"])]:
             table.add_column(d, justify="right")
-        for row in count_rows(by_direction):
+        for row in count_rows(summary):
             table.add_row(*row)
         console.print(table)
     if out is not None:

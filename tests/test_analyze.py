@@ -18,6 +18,7 @@ from cocos.embed import encode_checkpoint
 from cocos.training.checkpoint import load_checkpoint, save_checkpoint
 from cocos.training.trainer import TrainConfig, Trainer
 from cocos_cli.main import app
+from tests.test_report_tables import as_results
 
 runner = CliRunner()
 BATCH = 16
@@ -70,14 +71,14 @@ def test_results_match_count_batch_on_the_same_batches(world, analyses):
             for stat, values in per_batch[d].items():
                 values = np.array(values)
                 ok = values[~np.isnan(values)]
-                entry = results["stats"][loss][d][stat]
+                entry = as_results(results).stats[loss][d][stat]
                 assert entry["n"] == len(ok) and entry["n_skipped"] == len(values) - len(ok)
                 if len(ok):
                     assert entry["mean"] == pytest.approx(ok.mean(), rel=1e-6, abs=1e-9), (loss, d, stat)
                     assert entry["std"] == pytest.approx(ok.std(), rel=1e-5, abs=1e-9), (loss, d, stat)
     smooth = [count_batch(images[img], captions[(img[:, None] * 5 + np.arange(5)).reshape(-1)], "smoothap")
               for img in ranking_batches(len(images), BATCH, 4)]
-    assert results["stats"]["smoothap"]["t2i"]["C_0"]["mean"] == pytest.approx(
+    assert as_results(results).stats["smoothap"]["t2i"]["C_0"]["mean"] == pytest.approx(
         np.mean([s["t2i"]["C_0"] for s in smooth]))
     assert results["counting"]["n_batches"] == {"pair": 480 // BATCH, "ranking": 96 // BATCH}
     assert "rsum" in output and "triplet_sh" in output
@@ -85,7 +86,7 @@ def test_results_match_count_batch_on_the_same_batches(world, analyses):
 
 def test_invariants(analyses):
     _, results, _ = analyses["smoothap"]
-    stats, alt = results["stats"], results["alt_stats"]
+    stats, alt = as_results(results).stats, as_results(results).alt_stats
     for d in ("i2t", "t2i"):
         sh = stats["triplet_sh"][d]
         if sh["C_q"]["mean"] is not None:
@@ -128,7 +129,7 @@ def test_per_query_table_traces_queries_to_items(analyses):
     b = pd.read_csv(folder / "batches.csv")
     means = b[(b["loss"] == "triplet_sh") & (b["mode"] == "corrected") & (b.stat == "C_B")].groupby("direction").value.mean()
     for d in ("i2t", "t2i"):  # C^B per batch is the sum of the per-query counts
-        assert means[d] == pytest.approx(results["stats"]["triplet_sh"][d]["C_B"]["mean"])
+        assert means[d] == pytest.approx(as_results(results).stats["triplet_sh"][d]["C_B"]["mean"])
         assert means[d] == pytest.approx(sh[sh.direction == d].groupby("batch").C_q.sum().mean())
 
 
@@ -140,14 +141,14 @@ def test_report_mixes_analyze_and_count_results_of_the_same_data(analyses, tmp_p
                               str(BATCH), "--seed", "4", "--name", results["data"]["name"], "--label", "frozen VSE++",
                               "--no-progress"])
     assert res.exit_code == 0, res.output
-    counted = json.loads((tmp_path / "c" / "results.json").read_text())
+    counted, analyzed = as_results(json.loads((tmp_path / "c" / "results.json").read_text())), as_results(results)
     # the same embeddings, batches and counters: the same counts as analyze (the saved float32 embeddings are
     # normalised once more, so weights may differ in the last bits)
     for loss, stats in (("triplet", ("C_q", "C_B", "C_0")), ("smoothap", ("C_q", "C_0"))):
         for d in ("i2t", "t2i"):
             for stat in stats:
-                assert counted["stats"][loss][d][stat] == results["stats"][loss][d][stat], (loss, d, stat)
-                assert counted["alt_stats"][loss][d][stat] == results["alt_stats"][loss][d][stat], (loss, d, stat)
+                assert counted.stats[loss][d][stat] == analyzed.stats[loss][d][stat], (loss, d, stat)
+                assert counted.alt_stats[loss][d][stat] == analyzed.alt_stats[loss][d][stat], (loss, d, stat)
     res = runner.invoke(app, ["report", str(folder), str(analyses["smoothap"][0]), str(tmp_path / "c"),
                               "--out", str(tmp_path / "r")])
     assert res.exit_code == 0, res.output

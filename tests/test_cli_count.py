@@ -9,8 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from cocos.counting import EmbeddingSet, count_embeddings
+from cocos.results import Results
 from cocos_cli.main import app
-from tests.test_report_tables import md_cell
+from tests.test_report_tables import as_results, md_cell
 
 runner = CliRunner()
 
@@ -33,8 +34,9 @@ def test_count_json_matches_the_library(tmp_path):
     data = json.loads(out.read_text())
     run = count_embeddings(EmbeddingSet.from_arrays(images, captions), batch_size=8, seed=3)
     expected = run.stats()
-    assert data["stats"]["smoothap"]["t2i"]["C_0"] == pytest.approx(expected["smoothap"]["t2i"]["C_0"])
-    assert data["stats"]["triplet"]["i2t"]["C_q"] == pytest.approx(expected["triplet"]["i2t"]["C_q"])
+    stats = as_results(data).stats
+    assert stats["smoothap"]["t2i"]["C_0"] == pytest.approx(expected["smoothap"]["t2i"]["C_0"])
+    assert stats["triplet"]["i2t"]["C_q"] == pytest.approx(expected["triplet"]["i2t"]["C_q"])
     assert data["counting"]["n_batches"] == {"pair": 25, "ranking": 5}
     assert data["source"]["kind"] == "count" and data["format"] == "cocos-results"
     assert "triplet_sh" in res.output and "W_qv-" in res.output
@@ -47,7 +49,7 @@ def test_count_one_loss_and_compat(tmp_path):
                               "--batch-size", "8", "--json", str(out), "--no-progress"])
     assert res.exit_code == 0, res.output
     data = json.loads(out.read_text())
-    assert list(data["stats"]) == ["smoothap"] and data["counting"]["compat"] is True
+    assert {r["loss"] for r in data["statistics"]} == {"smoothap"} and data["counting"]["compat"] is True
 
 
 BAD = {
@@ -121,7 +123,7 @@ def test_count_out_writes_the_same_folder_as_analyze_and_report_merges_two_seeds
     data = json.loads((folders[0] / "results.json").read_text())
     part = batches[(batches["loss"] == "ntxent") & (batches.direction == "t2i") & (batches["mode"] == "corrected")
                    & (batches.stat == "C_qv-") & (batches.eps == 0.01)]
-    assert data["stats"]["ntxent"]["t2i"]["C_qv-"]["mean"] == pytest.approx(part.value.mean(), rel=1e-9)
+    assert as_results(data).stats["ntxent"]["t2i"]["C_qv-"]["mean"] == pytest.approx(part.value.mean(), rel=1e-9)
     assert data["data"]["name"] == "toy" and data["model"]["label"] == "my encoder"
     queries = pd.read_csv(folders[0] / "queries.csv")
     assert set(queries.item_kind) >= {"image", "caption"}
@@ -131,7 +133,7 @@ def test_count_out_writes_the_same_folder_as_analyze_and_report_merges_two_seeds
     md = (rep / "tables.md").read_text()
     assert "**Table 2" in md and "**Table 4" in md and "**Table 1" not in md  # no evaluation: no Table 1
     assert "mean ± sample std over 2 counting seeds (batch samplings of the same embeddings)" in md  # not training seeds
-    one = [json.loads((f / "results.json").read_text())["stats"]["triplet"]["i2t"]["C_q"]["mean"] for f in folders]
+    one = [Results.read(f / "results.json").stats["triplet"]["i2t"]["C_q"]["mean"] for f in folders]
     cell = md_cell(md[md.index("**Table 2"):], "Triplet loss", "i2t C^q")
     assert cell.startswith(f"{np.mean(one):.2f} ± {np.std(one, ddof=1):.2f}")
     assert not (rep / "cocos_vs_rsum.png").exists()  # count results have no rsum: no placeholder figure

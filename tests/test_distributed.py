@@ -69,9 +69,7 @@ def test_count_on_two_processes_equals_one(tmp_path):
     # rank 0 alone writes and prints: one table, one "wrote" line
     assert two.stdout.count("wrote two.json") == 1
     a, b = (json.loads((tmp_path / f).read_text()) for f in ("one.json", "two.json"))
-    _close(a["stats"], b["stats"])
-    _close(a["alt_stats"], b["alt_stats"])
-    _close(a["sweep"], b["sweep"])
+    _close(a["statistics"], b["statistics"])  # both modes and the eps sweep
     assert a["counting"]["n_batches"] == b["counting"]["n_batches"]
 
 
@@ -143,7 +141,7 @@ def test_analyze_on_two_processes_equals_one(run):
     two = _torchrun(2, [*args, "--out", "two"], run)
     assert two.returncode == 0, two.stderr[-2000:]
     a, b = (json.loads((run / f / "results.json").read_text()) for f in ("one", "two"))
-    for key in ("stats", "alt_stats", "sweep", "evaluation", "counting", "data"):
+    for key in ("statistics", "evaluation", "counting", "data"):
         _close(a[key], b[key], key)
     x, y = (pd.read_csv(run / f / "batches.csv") for f in ("one", "two"))  # every batch, in the same order
     pd.testing.assert_frame_equal(x.drop(columns="value"), y.drop(columns="value"))

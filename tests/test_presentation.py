@@ -71,8 +71,9 @@ def test_a_version_2_file_reads_with_the_builtin_presentations(tmp_path):
     g = np.random.default_rng(1)
     images = g.normal(size=(24, 6))
     np.savez(tmp_path / "e.npz", images=images, captions=np.repeat(images, 5, 0) + g.normal(size=(120, 6)))
-    data = count_file(tmp_path / "e.npz", ["triplet", "ntxent"], batch_size=8).results.to_dict()
-    old = {k: v for k, v in data.items() if k != "presentation"} | {"format_version": 2}
+    counted = count_file(tmp_path / "e.npz", ["triplet", "ntxent"], batch_size=8).results
+    old = {k: v for k, v in counted.to_dict().items() if k not in ("presentation", "statistics")} | {
+        "format_version": 2, "stats": counted.stats, "alt_stats": counted.alt_stats, "sweep": counted.sweep}
     old["counting"] = old["counting"] | {"labels": {}}
     (tmp_path / "v2.json").write_text(json.dumps(old))
     r = Results.read(tmp_path / "v2.json")

@@ -15,7 +15,7 @@ from cocos.errors import CocosError
 from cocos.losses.functional import triplet_direction
 from cocos.objectives import OBJECTIVES, Note, Objective, get_loss, get_objective, register, unregister
 from cocos.pipelines.count import count_file
-from cocos.pipelines.folder import main_per_query, write_results_folder
+from cocos.pipelines.folder import write_results_folder
 from cocos.report.merge import build_tables, group_results
 from cocos.report.tables import to_latex, to_markdown
 from cocos_cli.main import app
@@ -79,11 +79,11 @@ def test_a_family_registered_once_flows_through_losses_counting_engine_tables_an
     # the figures: the count distribution has a panel in the family's colour
     folder = tmp_path / "out"
     write_results_folder(counted.results, counted.run, folder)
-    per_query = main_per_query(counted.run, "corrected", counted.results.presentation)
-    assert "sqhinge" in per_query
+    queries = counted.run.to_frame("query")
+    assert "sqhinge" in set(queries["loss"])
     from cocos.report.figures import plot_count_distributions
 
-    fig = plot_count_distributions(per_query, tmp_path / "fig")
+    fig = plot_count_distributions(queries[queries["mode"] == "corrected"], tmp_path / "fig")
     assert ("sqhinge", "i2t") in fig.data
     assert json.loads((folder / "results.json").read_text())["counting"]["losses"] == ["triplet", "sqhinge"]
     # the CLI knows it

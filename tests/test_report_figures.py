@@ -32,9 +32,17 @@ def per_query_fixture():
     }
 
 
+def as_queries(per_query):
+    """The per-query table (a row per query, a column per statistic) holding ``per_query[loss][direction][stat]``."""
+    import pandas as pd
+
+    return pd.concat([pd.DataFrame(stats).assign(loss=loss, direction=d) for loss, by_d in per_query.items()
+                      for d, stats in by_d.items()], ignore_index=True)
+
+
 def test_count_distributions_plot_the_input(tmp_path):
     pq = per_query_fixture()
-    out = plot_count_distributions(pq, tmp_path / "counts", looks=LOOKS)
+    out = plot_count_distributions(as_queries(pq), tmp_path / "counts", looks=LOOKS)
     check_files(out.paths, tmp_path)
     assert set(out.data) == {("triplet", "i2t"), ("triplet", "t2i"), ("ntxent", "i2t"), ("ntxent", "t2i"),
                              ("smoothap", "i2t")}
@@ -56,22 +64,22 @@ def test_count_distributions_plot_the_input(tmp_path):
 
 def test_figures_are_deterministic(tmp_path):
     pq = per_query_fixture()
-    a = plot_count_distributions(pq, tmp_path / "a" / "counts").paths
-    b = plot_count_distributions(pq, tmp_path / "b" / "counts").paths
+    a = plot_count_distributions(as_queries(pq), tmp_path / "a" / "counts").paths
+    b = plot_count_distributions(as_queries(pq), tmp_path / "b" / "counts").paths
     for x, y in zip(a, b, strict=True):
         assert x.read_bytes() == y.read_bytes(), x.suffix
 
 
 def sweep_fixture():
-    def e(m):
-        return {"mean": m, "std": 0.1, "n": 10, "n_skipped": 0}
+    """Rows of a statistics table's sweep view (one mode): loss, direction, eps, stat, mean (NaN: undefined)."""
+    import pandas as pd
 
-    return {
-        "ntxent": {"i2t": {"0.001": {"C_qv-": e(40.0), "W_qv-": e(0.9)}, "0.01": {"C_qv-": e(9.88)},
-                           "0.1": {"C_qv-": e(1.5)}, "0.005": {"C_qv-": e(15.0)}},
-                   "t2i": {"0.01": {"C_qv-": e(9.65)}, "0.1": {"C_qv-": e(None)}}},
-        "smoothap": {"i2t": {"0.01": {"C_q": e(1.27)}, "0.001": {"C_q": e(3.0)}}},
-    }
+    rows = [("ntxent", "i2t", 0.001, "C_qv-", 40.0), ("ntxent", "i2t", 0.001, "W_qv-", 0.9),
+            ("ntxent", "i2t", 0.01, "C_qv-", 9.88), ("ntxent", "i2t", 0.1, "C_qv-", 1.5),
+            ("ntxent", "i2t", 0.005, "C_qv-", 15.0), ("ntxent", "t2i", 0.01, "C_qv-", 9.65),
+            ("ntxent", "t2i", 0.1, "C_qv-", np.nan), ("smoothap", "i2t", 0.01, "C_q", 1.27),
+            ("smoothap", "i2t", 0.001, "C_q", 3.0)]
+    return pd.DataFrame(rows, columns=["loss", "direction", "eps", "stat", "mean"])
 
 
 def test_eps_sweep_lines_equal_the_input(tmp_path):

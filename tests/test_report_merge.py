@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from cocos.errors import CocosError
 from cocos.io import MARKER
 from cocos.report.merge import build_tables as report_tables
-from cocos.report.merge import cocos_vs_rsum_rows, load_results, select_stats
+from cocos.report.merge import cocos_vs_rsum_rows, load_results, shown_compat, stat_frame
 from cocos.report.merge import group_results as _group_results
 from cocos.report.tables import to_latex, to_markdown
 from cocos.results import Results
@@ -49,7 +49,7 @@ def test_load_results_keeps_content_and_source(tmp_path):
     # written in the current format and read back: the same record
     loaded.write(tmp_path / "v2.json")
     again = Results.read(tmp_path / "v2.json")
-    assert again.to_dict() == loaded.to_dict() and again.format_version == 3
+    assert again.to_dict() == loaded.to_dict() and again.format_version == 4
 
 
 V2 = as_results(make_results()).to_dict()
@@ -61,12 +61,26 @@ BAD = {
     "old_no_training": (json.dumps({k: v for k, v in make_results().items() if k != "training"}),
                         "an old format with missing parts"),
     "no_fingerprint": (json.dumps({**V2, "data": {"name": "f30k"}}), "missing data.path"),
-    "stats_not_object": (json.dumps({**V2, "stats": [1]}), "'stats' must be an object"),
+    "stats_not_object": (json.dumps({**V2, "format_version": 3, "stats": [1]}), "'stats' must be an object"),
     "wrong_type": (json.dumps({**V2, "counting": {**V2["counting"], "batch_size": "128"}}),
                    "counting.batch_size must be int"),
     "future": (json.dumps({**V2, "format_version": 99}), "format version 99 is not supported"),
     "other_format": (json.dumps({**V2, "format": "something"}), "not a cocos results file"),
-    "bad_stat": (json.dumps({**V2, "stats": {"triplet": {"i2t": {"C_q": {"mean": "x"}}}}}), "must be a number"),
+    "bad_stat": (json.dumps({**V2, "format_version": 3, "stats": {"triplet": {"i2t": {"C_q": {"mean": "x"}}}}}),
+                 "must be a number"),
+    "v3_bad_sweep": (json.dumps({**V2, "format_version": 3, "sweep": {"triplet": {"i2t": {"0.01": {"C_q": 1}}}}}),
+                     "sweep.triplet.i2t.0.01 must map statistics"),
+    "v4_statistics_not_list": (json.dumps({**V2, "statistics": {}}), "'statistics' must be a list of records"),
+    "v4_record_missing": (json.dumps({**V2, "statistics": [{"loss": "triplet"}]}),
+                          "statistics[0] has no direction, mode, eps, stat, mean, std, n, n_skipped"),
+    "v4_bad_mode": (json.dumps({**V2, "statistics": [{**V2["statistics"][0], "mode": "shown"}]}),
+                    "statistics[0].mode must be one of corrected, compat"),
+    "v4_bad_eps": (json.dumps({**V2, "statistics": [V2["statistics"][0], {**V2["statistics"][1], "eps": "0.01"}]}),
+                   "statistics[1].eps must be a number or null"),
+    "v4_repeated": (json.dumps({**V2, "statistics": [V2["statistics"][0], V2["statistics"][0]]}),
+                    "statistics[1] repeats statistics[0]"),
+    "v4_bad_count": (json.dumps({**V2, "statistics": [{**V2["statistics"][0], "n": -1}]}),
+                     "statistics[0].n must be a count"),
 }
 
 
@@ -224,13 +238,17 @@ def test_merged_footnotes_for_alt_values_and_mode_choice():
     assert not any("published counter" in f.text for f in t4.footnotes)
 
 
-def test_select_stats_without_alt_stats_is_a_clear_error():
+def test_a_mode_not_counted_is_a_clear_error():
     r = make_results()
     r["alt_stats"] = None
     r = as_results(r)
-    assert select_stats(r, None)[0] is r.stats
+    assert r.alt_stats is None and r.modes() == {"corrected"}
+    assert shown_compat(r, None) is False and shown_compat(r, False) is False
     with pytest.raises(CocosError, match="no compat"):
-        select_stats(r, True)
+        shown_compat(r, True)
+    groups, _ = _group_results([r])
+    frame = stat_frame(groups)
+    assert set(frame["which"]) == {"shown"} and not frame["compat"].any()
 
 
 def test_cocos_vs_rsum_rows():
@@ -370,8 +388,9 @@ def test_count_results_of_one_file_with_other_labels_or_parameters_are_not_dupli
 
 
 @pytest.mark.parametrize("patch, message", [
-    (lambda d: d["stats"]["triplet"]["i2t"]["C_q"].update(n="abc"), "must be a count"),
+    (lambda d: d["statistics"][0].update(n="abc"), "statistics[0].n must be a count"),
     (lambda d: d["counting"]["params"].update(ntxent=3), "counting.params.ntxent"),
+    (lambda d: d["counting"]["params"].update(ntxent={"eps": "x"}), "counting.params.ntxent.eps must be a number"),
     (lambda d: d["counting"].update(losses=[1, 2]), "counting.losses must be names"),
     (lambda d: d["evaluation"]["metrics"].update(rsum="high"), "evaluation.metrics must hold numbers"),
 ])

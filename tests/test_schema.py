@@ -26,7 +26,7 @@ def written(path: Path) -> set[str]:
     for section in SECTIONS:
         if isinstance(data.get(section), dict):
             keys |= {f"{section}.{k}" for k in data[section]}
-    return keys
+    return keys | {f"statistics.{k}" for record in data["statistics"] for k in record}  # the records' fields
 
 
 def test_schema_lists_exactly_the_keys_of_written_files(tmp_path):

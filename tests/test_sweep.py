@@ -79,7 +79,7 @@ def rsums(reports):
 
 
 def stats(reports):
-    return {p.parent.name: json.loads(p.read_text())["stats"] for p in sorted(reports.glob("*/results.json"))}
+    return {p.parent.name: json.loads(p.read_text())["statistics"] for p in sorted(reports.glob("*/results.json"))}
 
 
 def test_sweep_end_to_end_rerun_and_redo_one(world):

@@ -33,6 +33,7 @@ from cocos.results import (
     Source,
     TrainingInfo,
     lookup,
+    records,
 )
 from cocos.training.logs import TrainingLogs, read_logs
 
@@ -175,7 +176,6 @@ def analyze_checkpoint(
     timings["evaluate"] = time.perf_counter() - clock - sum(timings.values())
     if save_embeddings_to is not None:  # last: a failed analysis leaves no partial output
         save_embeddings(save_embeddings_to, emb)
-    shown, other = ("compat", "corrected") if compat else ("corrected", "compat")
     kind = ckpt["model"]["kind"]
     ltd = {k: ckpt["ltd"][k] for k in ("mode", "eta", "beta")} if isinstance(ckpt.get("ltd"), dict) else None
     results = Results(
@@ -188,7 +188,7 @@ def analyze_checkpoint(
         training=TrainingInfo(loss=trained, params=ckpt["loss"].get("params", {}),
                               seed=int(lookup(ckpt, "train", "seed") or 0), ltd=ltd),
         counting=counting_info(run, compat, sweep_eps),
-        stats=run.stats(shown), alt_stats=run.stats(other), sweep=run.sweep(shown),
+        statistics=records(run.summary()),
         evaluation=Evaluation(eval_split.split, metrics), cocos_version=__version__,
         presentation=presentations([*run.losses, trained], {**run.labels, trained: ckpt["loss"].get("label", trained)}),
     )

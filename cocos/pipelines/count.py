@@ -15,12 +15,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from cocos import __version__
 from cocos.counting.engine import DEFAULT_SWEEP, CountRun, EmbeddingSet
+from cocos.data.layout import DIRECTIONS
 from cocos.errors import CocosError
 from cocos.io import load_npz
-from cocos.results import DataInfo, ModelInfo, Results, Source
+from cocos.report.tables import fmt
+from cocos.results import DataInfo, ModelInfo, Results, Source, records
+
+# Order in which `cocos count` shows statistics: the paper's first, then the companions.
+STAT_ORDER = ("C_q", "C_B", "C_0", "C_qv-", "W_qv-", "W_qv+", "W_low",
+              "N_eff", "N_invsimpson", "top1_share", "n_excluded")
 
 
 @dataclass
@@ -77,7 +84,6 @@ def count_file(
     emb = read_embeddings(path, device=str(resolve_device(device)))
     run = run_counts(emb, losses, batch_size=batch_size, seed=seed, compat=compat, params=params or {}, eps=eps,
                      sweep_eps=sweep_eps, progress=progress, keep_per_query=keep_per_query)
-    shown, other = ("compat", "corrected") if compat else ("corrected", "compat")
     counts = np.bincount(emb.caption_image, minlength=emb.n_images)
     sha = sha256_file(path)
     results = Results(
@@ -86,7 +92,18 @@ def count_file(
                       n_captions=emb.n_captions, k=int(counts[0]) if counts.min() == counts.max() else None),
         model=ModelInfo(label=label),
         counting=counting_info(run, compat, sweep_eps),
-        stats=run.stats(shown), alt_stats=run.stats(other), sweep=run.sweep(shown), cocos_version=__version__,
+        statistics=records(run.summary()), cocos_version=__version__,
         presentation=presentations(run.losses, run.labels),
     )
     return Counted(Results.from_dict(results.to_dict()), run, emb)
+
+
+def count_rows(summary: pd.DataFrame) -> list[tuple[str, ...]]:
+    """The terminal table of one loss: rows ``(statistic, i2t, t2i)`` of ``mean ± std`` over batches (and the
+    batches skipped). ``summary``: the loss's rows of the statistics table at its own threshold (``Results.main``)."""
+    entries = summary.set_index(["direction", "stat"])
+    directions = [d for d in DIRECTIONS if d in entries.index.get_level_values("direction")]
+    first = set(entries.loc[directions[0]].index)
+    stats = [s for s in STAT_ORDER if s in first] + sorted(s for s in first if s not in STAT_ORDER)
+    return [(stat, *(fmt(e["mean"], e["std"]) + (f" ({int(e['n_skipped'])} skipped)" if e["n_skipped"] else "")
+                     for e in (entries.loc[(d, stat)] for d in directions))) for stat in stats]

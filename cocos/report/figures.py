@@ -20,7 +20,6 @@ from cocos.defaults import DEFAULT_EPS
 from cocos.presentation import ranked
 from cocos.report import style
 from cocos.report.tables import DIRECTIONS
-from cocos.results import lookup
 
 LOG_TAIL_RATIO = 50.0  # a log y axis when the tallest bar is this many times the smallest non-empty one
 
@@ -45,13 +44,13 @@ def _bins(values: np.ndarray) -> tuple[np.ndarray, bool]:
     return np.linspace(lo, hi, 31), False
 
 
-def plot_count_distributions(per_query: Mapping, path_stem: str | os.PathLike, looks: Mapping | None = None,
+def plot_count_distributions(queries, path_stem: str | os.PathLike, looks: Mapping | None = None,
                              title: str | None = None) -> FigureOutput:
     """How many candidates contribute per query: a grid of losses (rows) × directions (columns).
 
-    ``per_query[loss][direction][stat]`` is a 1-D array (one value per query, all
-    batches); the count shown is each loss's main statistic (``C_q``; ``C_qv-`` for
-    NT-Xent). Discrete counts are bars at integers (Triplet SH shows its 0/1 shares),
+    ``queries``: the per-query table of one counting mode (``CountRun.to_frame("query")``: a row per query with its
+    ``loss``, ``direction`` and a column per statistic); the count shown is each loss's main statistic (``C_q``;
+    ``C_qv-`` for NT-Xent). Discrete counts are bars at integers (Triplet SH shows its 0/1 shares),
     the y axis is the share of queries, logarithmic where a long tail would be
     invisible. The mean over all queries is a dashed line, for ``C_q`` also the mean
     over queries with a gradient (dotted; the tables' ``C^q``); the legend sits below
@@ -60,7 +59,7 @@ def plot_count_distributions(per_query: Mapping, path_stem: str | os.PathLike, l
     """
     import seaborn as sns
 
-    losses = ranked(per_query, looks or {})
+    losses = ranked(dict.fromkeys(queries["loss"]), looks or {})
     data: dict = {}
     with style.paper_style():
         fig = style.figure(1.45 * max(1, len(losses)) + 0.45)
@@ -70,12 +69,12 @@ def plot_count_distributions(per_query: Mapping, path_stem: str | os.PathLike, l
             for j, d in enumerate(DIRECTIONS):
                 ax = axes[i][j]
                 ax.set_title(f"{name}, {d}")
-                raw = lookup(per_query, loss, d, stat)
-                if raw is None:
+                rows = (queries["loss"] == loss) & (queries["direction"] == d)
+                if stat not in queries or not rows.any():
                     ax.text(0.5, 0.5, "not counted", ha="center", va="center", transform=ax.transAxes)
                     ax.set_axis_off()
                     continue
-                values = np.asarray(raw, dtype=np.float64).ravel()
+                values = queries.loc[rows, stat].to_numpy(dtype=np.float64)
                 values = values[np.isfinite(values)]
                 edges, discrete = _bins(values)
                 sns.histplot(x=values, bins=edges, stat="proportion", ax=ax, color=color, alpha=0.85,
@@ -160,15 +159,15 @@ def _share_formatter():
     return FuncFormatter(share)
 
 
-def plot_eps_sweep(sweep: Mapping, path_stem: str | os.PathLike, looks: Mapping | None = None,
+def plot_eps_sweep(sweep, path_stem: str | os.PathLike, looks: Mapping | None = None,
                    title: str | None = None, eps: float = DEFAULT_EPS) -> FigureOutput:
     """Count vs threshold ε (log x), one panel per loss (each with its own y scale), i2t solid, t2i dashed.
 
-    ``sweep[loss][direction][eps][stat] = {"mean", "std", "n", "n_skipped"}`` (the
-    results.json shape, eps as strings). The threshold the run counted with (``eps``) is marked. ``data[(loss,
-    direction)] = (eps, mean count)`` read back from the drawn line.
+    ``sweep``: rows (``loss``, ``direction``, ``eps``, ``stat``, ``mean``) of the statistics table
+    (:meth:`cocos.results.Results.sweep_frame`); each loss shows its main statistic. The threshold the run counted
+    with (``eps``) is marked. ``data[(loss, direction)] = (eps, mean count)`` read back from the drawn line.
     """
-    losses = [x for x in ranked(sweep, looks or {}) if sweep[x]]
+    losses = ranked(dict.fromkeys(sweep["loss"]), looks or {})
     data: dict = {}
     with style.paper_style():
         n = max(1, len(losses))
@@ -179,12 +178,11 @@ def plot_eps_sweep(sweep: Mapping, path_stem: str | os.PathLike, looks: Mapping 
         for ax, loss in zip(axes, losses, strict=False):
             name, color, marker, stat = style.loss_style(loss, looks)
             for d in DIRECTIONS:
-                points = sweep[loss].get(d) or {}
-                xy = sorted((float(eps), (entry.get(stat) or {}).get("mean")) for eps, entry in points.items())
-                xy = [(x, y) for x, y in xy if y is not None]
-                if not xy:
+                points = sweep[(sweep["loss"] == loss) & (sweep["direction"] == d) & (sweep["stat"] == stat)]
+                points = points[points["mean"].notna()].sort_values("eps", kind="stable")
+                if not len(points):
                     continue
-                x, y = (np.array(v, dtype=np.float64) for v in zip(*xy, strict=True))
+                x, y = (points[col].to_numpy(dtype=np.float64) for col in ("eps", "mean"))
                 (line,) = ax.plot(x, y, style.DIRECTION_DASHES[d], marker=marker, markersize=4, color=color,
                                   label=d)
                 data[(loss, d)] = (np.asarray(line.get_xdata(), dtype=np.float64),

@@ -9,9 +9,11 @@ of one, so ``cocos analyze``, ``cocos count`` and ``cocos report`` share this co
 Results of the same seed and configuration are not replicates: they are refused
 (``cocos analyze --label`` keeps checkpoints of one run apart as separate rows).
 
-Every mean ± std over replicates is :func:`over_seeds`: the mean and the sample std
-(ddof 1) of the replicates' values (a result's statistic is already a mean over
-its batches: one replicate keeps its batch mean ± batch std).
+The statistics are read from each result's one table (:meth:`Results.main`) into one
+long frame (:func:`stat_frame`), the metrics likewise (:func:`metric_frame`). Every mean
+± std over replicates is :func:`over_seeds`: the mean and the sample std (ddof 1) of the
+replicates' values (a result's statistic is already a mean over its batches: one
+replicate keeps its batch mean ± batch std).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from cocos.presentation import LAST, ranked
 from cocos.report.tables import (
     mode_name,
 )
-from cocos.results import Results, lookup
+from cocos.results import Results, mode_of
 
 DATASET_NAMES = {"f30k": "Flickr30k", "f30k_precomp": "Flickr30k", "flickr30k": "Flickr30k",
                  "coco": "MS-COCO", "coco_precomp": "MS-COCO", "mscoco": "MS-COCO"}
@@ -166,36 +168,64 @@ def group_results(results: Sequence[Results]) -> tuple[list[Group], list[str]]:
 # --------------------------------------------------------------------------- statistics as a long table
 
 
-def select_stats(r: Results, compat: bool | None = None) -> tuple[dict, dict | None, bool]:
-    """``(shown, other, shown_is_compat)``; ``compat=None`` shows the mode the file was counted in."""
+def shown_compat(r: Results, compat: bool | None = None) -> bool:
+    """Whether ``r`` is shown in compat mode: ``compat``, or the mode the file was counted in (``None``)."""
     own = bool(r.counting.compat)
     if compat is None or compat == own:
-        return r.stats, r.alt_stats, own
-    if r.alt_stats is None:
+        return own
+    if mode_of(compat) not in r.modes():
         raise CocosError(f"{r.where}: has no {mode_name(compat)} statistics (counted {mode_name(own)} only)")
-    return r.alt_stats, r.stats, compat
+    return compat
+
+
+STAT_FRAME = ["group", "replicate", "counter", "direction", "stat", "which", "compat", "mean", "std", "n",
+              "n_skipped"]
 
 
 def stat_frame(groups: Sequence[Group], compat: bool | None = None) -> pd.DataFrame:
-    """One row per (group, replicate, counter, direction, stat, which) with mean, std, n, n_skipped.
+    """The statistics of every result at each counter's own threshold (:meth:`Results.main`), one row per (group,
+    replicate, counter, direction, stat, which) with mean, std, n, n_skipped over the result's batches.
 
     ``which`` is ``"shown"`` (the selected mode) or ``"other"`` (the other mode).
     """
-    rows = []
+    parts = []
     for gi, g in enumerate(groups):
         for ri, r in enumerate(g.results):
-            shown, other, is_compat = select_stats(r, compat)
-            for which, tree in (("shown", shown), ("other", other)):
-                for loss, by_dir in (tree or {}).items():
-                    for d, stats in by_dir.items():
-                        for stat, e in stats.items():
-                            rows.append({"group": gi, "replicate": ri, "counter": loss, "direction": d,
-                                         "stat": stat, "which": which, "compat": is_compat != (which == "other"),
-                                         "mean": np.nan if e.get("mean") is None else float(e["mean"]),
-                                         "std": np.nan if e.get("std") is None else float(e["std"]),
-                                         "n": int(e.get("n", 0)), "n_skipped": int(e.get("n_skipped", 0))})
-    return pd.DataFrame(rows, columns=["group", "replicate", "counter", "direction", "stat", "which", "compat",
-                                       "mean", "std", "n", "n_skipped"])
+            shown = mode_of(shown_compat(r, compat))
+            rows = r.main("all").rename(columns={"loss": "counter"})
+            parts.append(rows.assign(group=gi, replicate=ri, which=np.where(rows["mode"] == shown, "shown", "other"),
+                                     compat=rows["mode"] == "compat"))
+    frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=STAT_FRAME)
+    return frame[STAT_FRAME]
+
+
+def metric_frame(groups: Sequence[Group], metrics: Sequence[str], scale: dict | None = None) -> pd.DataFrame:
+    """The evaluation metrics of every evaluated result, one row per (group, replicate, metric) with its ``value``
+    (times ``scale[metric]``; NaN where the result lacks it)."""
+    rows = [(gi, ri, m, (scale or {}).get(m, 1.0) * r.evaluation.metrics.get(m, np.nan))
+            for gi, g in enumerate(groups) for ri, r in enumerate(g.results) if r.evaluation is not None
+            for m in metrics]
+    return pd.DataFrame(rows, columns=["group", "replicate", "metric", "value"])
+
+
+def over_seeds(frame: pd.DataFrame, keys: Sequence[str], column: str = "value") -> pd.DataFrame:
+    """The one aggregation over replicates: per ``keys``, the ``mean`` and the sample ``std`` (ddof 1) of ``column``
+    over the rows where it is not NaN (mean NaN without any, std NaN with fewer than two), and the number of rows
+    (``replicates``). Every table and figure aggregates replicates with it; over the batches of one result the
+    engine's ``summarise`` already did (mean and population std)."""
+    def seeds(values: pd.Series) -> tuple[float, float]:
+        v = values.to_numpy(dtype=float)
+        v = v[~np.isnan(v)]
+        return (float(v.mean()) if v.size else np.nan), (float(v.std(ddof=1)) if v.size > 1 else np.nan)
+
+    keys = list(keys)
+    if frame.empty:
+        return pd.DataFrame(columns=[*keys, "mean", "std", "replicates"])
+    g = frame.groupby(keys, sort=False)[column]
+    pairs = g.agg(seeds)
+    out = pd.DataFrame({"mean": pairs.map(lambda t: t[0]), "std": pairs.map(lambda t: t[1]),
+                        "replicates": g.size()})
+    return out.reset_index()
 
 
 def aggregate(frame: pd.DataFrame, groups: Sequence[Group]) -> pd.DataFrame:
@@ -207,16 +237,11 @@ def aggregate(frame: pd.DataFrame, groups: Sequence[Group]) -> pd.DataFrame:
     """
     keys = ["group", "counter", "direction", "stat", "which"]
     g = frame.groupby(keys, sort=False)
-    seeds = g["mean"].agg(lambda v: tuple(as_nan(x) for x in over_seeds(v)))  # the one aggregation over replicates
-    out = pd.DataFrame({
-        "replicates": g["mean"].size(),
-        "seed_mean": seeds.map(lambda t: t[0]),
-        "seed_std": seeds.map(lambda t: t[1]),
-        "first_mean": g["mean"].first(),
-        "first_std": g["std"].first(),
-        "n_skipped": g["n_skipped"].sum(),
-        "n_batches": g["n"].sum() + g["n_skipped"].sum(),
-    }).reset_index()
+    seeds = over_seeds(frame, keys, "mean").set_index(keys)
+    out = pd.DataFrame({"replicates": seeds["replicates"], "seed_mean": seeds["mean"], "seed_std": seeds["std"],
+                        "first_mean": g["mean"].first(), "first_std": g["std"].first(),
+                        "n_skipped": g["n_skipped"].sum(), "n_batches": g["n"].sum() + g["n_skipped"].sum()})
+    out = out.reset_index()
     size = out["group"].map(lambda i: groups[i].n)
     single = size == 1
     out["mean"] = np.where(single, out["first_mean"], out["seed_mean"])
@@ -224,25 +249,3 @@ def aggregate(frame: pd.DataFrame, groups: Sequence[Group]) -> pd.DataFrame:
     out["spread"] = np.where(single, "batches", "seeds")
     out.loc[out["replicates"] < size, ["mean", "std"]] = np.nan
     return out.set_index(keys)
-
-
-def over_seeds(values) -> tuple[float | None, float | None]:
-    """The one aggregation over replicates: mean and sample std (ddof 1) of the values that are not NaN (mean None
-    without any, std None with fewer than two)."""
-    v = np.asarray(values, dtype=float)
-    v = v[~np.isnan(v)]
-    return (float(v.mean()) if v.size else None), (float(v.std(ddof=1)) if v.size > 1 else None)
-
-
-def replicate_means(g: Group, counter: str, direction: str, stat: str, compat: bool | None = None) -> list[float]:
-    """The batch mean of one statistic in each replicate of a group that has it."""
-    out = []
-    for r in g.results:
-        entry = lookup(select_stats(r, compat)[0], counter, direction, stat)
-        if entry is not None and entry.get("mean") is not None:
-            out.append(float(entry["mean"]))
-    return out
-
-
-def as_nan(x: float | None) -> float:
-    return np.nan if x is None else x

@@ -20,14 +20,14 @@ from cocos.errors import CocosError
 from cocos.presentation import Presentation, ranked
 from cocos.report.groups import (  # noqa: F401  (the report's public names, in one place)
     Group,
-    as_nan,
     dataset_name,
     group_results,
     load_results,
     loss_label,
+    metric_frame,
     over_seeds,
-    replicate_means,
-    select_stats,
+    shown_compat,
+    stat_frame,
 )
 from cocos.report.paper_tables import build_tables, cocos_tables, retrieval_table  # noqa: F401
 from cocos.report.tables import (
@@ -37,23 +37,37 @@ from cocos.report.tables import (
 from cocos.results import Results
 
 
+def main_stat_seeds(groups: Sequence[Group], counters: dict, compat: bool | None = None) -> dict:
+    """``{(group, counter, direction): (mean, std)}`` over seeds (:func:`over_seeds`, the shown mode) of the main
+    statistic of each counter in ``counters`` (group index -> names), and of the test rsum (counter ``"rsum"``,
+    direction ``"both"``); only defined values."""
+    frame = stat_frame(groups, compat)
+    main = {(gi, c): groups[gi].results[0].look(c).main_stat for gi, names in counters.items() for c in names}
+    keep = [w == "shown" and main.get((gi, c)) == s
+            for gi, c, s, w in zip(frame["group"], frame["counter"], frame["stat"], frame["which"], strict=True)]
+    metrics = metric_frame(groups, ["rsum"]).assign(counter="rsum", direction="both")
+    cells = pd.concat([over_seeds(frame[np.array(keep, dtype=bool)], ["group", "counter", "direction"], "mean"),
+                       over_seeds(metrics[metrics["group"].isin(list(counters))], ["group", "counter", "direction"])])
+    return {(g, c, d): (m, sd) for g, c, d, m, sd in zip(*(cells[k] for k in ("group", "counter", "direction", "mean",
+                                                                             "std")), strict=True) if not np.isnan(m)}
+
+
 def cocos_vs_rsum_rows(groups: Sequence[Group], compat: bool | None = None) -> pd.DataFrame:
     """Tidy rows per group with a training loss and an evaluation, both directions: the main count of the
     group's own loss and the test rsum, means over seeds with their sample std over seeds (NaN for one seed)."""
-    rows = []
-    for g in groups:
-        if g.loss is None or any(r.evaluation is None for r in g.results):
-            continue
-        stat = g.results[0].look(g.loss).main_stat
-        rsum, rsum_std = over_seeds([r.evaluation.metrics.get("rsum", np.nan) for r in g.results])
-        for d in DIRECTIONS:
-            cocos, cocos_std = over_seeds(replicate_means(g, g.loss, d, stat, compat))
-            if cocos is not None:
-                rows.append({"label": " ".join(g.labels), "model": g.model, "loss": g.loss, "direction": d,
-                             "stat": stat, "rsum": as_nan(rsum), "cocos": cocos, "rsum_std": as_nan(rsum_std),
-                             "cocos_std": as_nan(cocos_std), "n": g.n})
+    own = {gi: [g.loss] for gi, g in enumerate(groups)
+           if g.loss is not None and all(r.evaluation is not None for r in g.results)}
+    cells = main_stat_seeds(groups, own, compat)
+    rows = [{"label": " ".join(groups[gi].labels), "model": groups[gi].model, "loss": loss, "direction": d,
+             "stat": groups[gi].results[0].look(loss).main_stat, "rsum": cells.get((gi, "rsum", "both"), NONE)[0],
+             "cocos": cells[(gi, loss, d)][0], "rsum_std": cells.get((gi, "rsum", "both"), NONE)[1],
+             "cocos_std": cells[(gi, loss, d)][1], "n": groups[gi].n}
+            for gi, (loss,) in own.items() for d in DIRECTIONS if (gi, loss, d) in cells]
     return pd.DataFrame(rows, columns=["label", "model", "loss", "direction", "stat", "rsum", "cocos", "rsum_std",
                                        "cocos_std", "n"])
+
+
+NONE = (np.nan, np.nan)
 
 
 # -- a whole report: build once, write atomically ---------------------------------------------
@@ -113,7 +127,7 @@ def report_title(report: Report) -> str:
     """What a report's figure shows: models, data and the counting mode."""
     models = ", ".join(dict.fromkeys(g.model for g in report.groups))
     data = ", ".join(dict.fromkeys(dataset_name(g.dataset) for g in report.groups))
-    modes = {select_stats(r, report.compat)[2] for r in report.results}
+    modes = {shown_compat(r, report.compat) for r in report.results}
     mode = mode_name(next(iter(modes))) if len(modes) == 1 else "mixed modes"
     return f"COCOS vs retrieval: {models} on {data} ({mode} counting)"
 
@@ -195,21 +209,13 @@ def epoch_rows(groups: Sequence[Group], compat: bool | None = None) -> pd.DataFr
     """Tidy rows (label, loss, epoch, direction, stat, value) of each checkpoint: the main statistic of every counter
     it was counted with (the paper's and its training loss's own; ``loss`` names the counter) and its test rsum
     (``loss`` and ``stat`` ``rsum``, direction ``both``), means over seeds."""
-    rows = []
-    for g in groups:
-        r0 = g.results[0]
-        if r0.source.epoch is None:
-            continue
-        label = _run_label(r0)
-        for counter in ranked(r0.counting.losses, r0.presentation):
-            stat = r0.look(counter).main_stat
-            for d in DIRECTIONS:
-                value, _ = over_seeds(replicate_means(g, counter, d, stat, compat))
-                if value is not None:
-                    rows.append((label, counter, r0.source.epoch, d, stat, value))
-        rsum, _ = over_seeds([r.evaluation.metrics.get("rsum", np.nan) for r in g.results if r.evaluation is not None])
-        if rsum is not None:
-            rows.append((label, "rsum", r0.source.epoch, "both", "rsum", rsum))
+    counters = {gi: ranked(g.results[0].counting.losses, g.results[0].presentation)
+                for gi, g in enumerate(groups) if g.results[0].source.epoch is not None}
+    cells = main_stat_seeds(groups, counters, compat)
+    rows = [(_run_label(groups[gi].results[0]), c, groups[gi].results[0].source.epoch, d,
+             "rsum" if c == "rsum" else groups[gi].results[0].look(c).main_stat, cells[(gi, c, d)][0])
+            for gi, names in counters.items() for c in [*names, "rsum"] for d in (*DIRECTIONS, "both")
+            if (gi, c, d) in cells]
     return pd.DataFrame(rows, columns=["label", "loss", "epoch", "direction", "stat", "value"])
 
 

@@ -33,6 +33,7 @@ from cocos.report.groups import (
     aggregate,
     dataset_name,
     loss_label,
+    metric_frame,
     over_seeds,
     stat_frame,
 )
@@ -52,7 +53,6 @@ from cocos.report.tables import (
     latex_escape,
     mode_name,
 )
-from cocos.results import lookup
 
 # --------------------------------------------------------------------------- tables
 
@@ -152,8 +152,10 @@ def retrieval_table(groups: Sequence[Group]) -> Table | None:
 
 
 def _metric_cells(g: Group) -> tuple[Cell, ...]:
-    return tuple(Cell(*over_seeds([PERCENT.get(key, 1.0) * r.evaluation.metrics.get(key, np.nan) for r in g.results]),
-                      digits=digits) for _, _, key, digits in TABLE1_KEYS)
+    metrics = metric_frame([g], [key for _, _, key, _ in TABLE1_KEYS], PERCENT)
+    cells = over_seeds(metrics, ["metric"]).set_index("metric")
+    return tuple(Cell(_num(cells.loc[key, "mean"]), _num(cells.loc[key, "std"]), digits=digits)
+                 for _, _, key, digits in TABLE1_KEYS)
 
 
 @dataclass(frozen=True)
@@ -198,7 +200,7 @@ class _Rows:
     """What the COCOS tables of some groups share: the cells, the shown modes and how rows are labelled."""
 
     groups: Sequence[Group]
-    cells: pd.DataFrame
+    cells: dict  # (group, counter, direction, stat, which) -> the aggregate's row
     modes: dict
     labels: dict
     single: bool
@@ -214,7 +216,7 @@ class _Rows:
 
     def cell(self, gi, c, d, s, which):
         key = (gi, c, d, s, which)
-        return self.cells.loc[key] if key in self.cells.index else None
+        return self.cells.get(key)
 
     def shown_modes(self, gis) -> set:
         return set().union(*(self.modes.get(gi, set()) for gi in gis))
@@ -238,7 +240,8 @@ def cocos_tables(groups: Sequence[Group], compat: bool | None = None, counters: 
     looks = {c: groups[gi].results[0].look(c) for gi, c in pairs}
     single = len(groups) == 1
     contexts = {(groups[gi].dataset, groups[gi].model) for gi, _ in pairs}
-    lay = _Rows(groups, aggregate(frame, groups), {gi: set(map(bool, v)) for gi, v in shown.groupby("group")["compat"]},
+    modes = {gi: set(map(bool, v)) for gi, v in shown.groupby("group")["compat"]}
+    lay = _Rows(groups, aggregate(frame, groups).to_dict("index"), modes,
                 {c: look.label for c, look in looks.items()}, single, not single and len(contexts) == 1,
                 not single and any(groups[gi].loss != c for gi, c in pairs))
     label_columns = ("Counter",) if single else (*(() if lay.one_context else ("Dataset", "Model")), "Loss",
@@ -368,8 +371,8 @@ def label_prefix(groups: Sequence[Group], *options) -> str:
 
 
 def _eps_note(counters: Sequence[str], groups: Sequence[Group], gis: Sequence[int], marks: Marks) -> None:
-    values = sorted({lookup(g.results[0].counting.params, c, "eps") for c in counters
-                     for g in (groups[i] for i in gis)} - {None})
+    own = [groups[i].results[0].own_eps() for i in gis]
+    values = sorted({eps[c] for eps in own for c in counters if c in eps and not np.isnan(eps[c])})
     if values:
         marks.note(f"Threshold ε = {', '.join(f'{v:g}' for v in values)}.")
 

@@ -146,13 +146,6 @@ def fmt(mean: float | None, std: float | None = None, digits: int = 2) -> str:
     return f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
-def fmt_entry(entry: dict | None, digits: int = 2) -> str:
-    """Format a ``{"mean", "std", ...}`` statistics entry."""
-    if not entry:
-        return "n/a"
-    return fmt(entry.get("mean"), entry.get("std"), digits)
-
-
 def mode_name(compat: bool) -> str:
     return "compat (published counter)" if compat else "corrected"
 
@@ -433,26 +426,3 @@ def _sentence(text: str) -> str:
 
 def _latex_key(key: str) -> str:
     return re.sub(r"[^A-Za-z0-9:.\-]+", "-", key).strip("-") or "table"
-
-
-# --------------------------------------------------------------------------- cocos count (terminal)
-
-# Order in which `cocos count` shows statistics: the paper's first, then the companions.
-STAT_ORDER = ("C_q", "C_B", "C_0", "C_qv-", "W_qv-", "W_qv+", "W_low",
-              "N_eff", "N_invsimpson", "top1_share", "n_excluded")
-
-
-def count_rows(stats_by_direction: dict) -> list[tuple[str, ...]]:
-    """Rows ``(statistic, i2t, t2i)`` of one loss in a run summary: ``mean ± std`` over batches."""
-    directions = list(stats_by_direction)
-    first = stats_by_direction[directions[0]]
-    stats = [s for s in STAT_ORDER if s in first] + sorted(s for s in first if s not in STAT_ORDER)
-    rows = []
-    for stat in stats:
-        cells = []
-        for d in directions:
-            entry = stats_by_direction[d][stat]
-            skipped = f" ({entry['n_skipped']} skipped)" if entry["n_skipped"] else ""
-            cells.append(fmt_entry(entry) + skipped)
-        rows.append((stat, *cells))
-    return rows

@@ -1,12 +1,17 @@
 """``results.json``: one typed record of a counting run, read and written through :class:`Results`.
 
 ``cocos analyze`` (a checkpoint) and ``cocos count`` (anyone's embeddings) write the
-same record; ``cocos report`` reads any number of them. The statistics keep the
-shape other tools read, ``stats[loss][direction][stat] = {mean, std, n, n_skipped}``
-(``alt_stats`` the same for the other counting mode, ``sweep[loss][direction][eps]``
-the ε sweep); the metadata around them are dataclasses with a format version. The
-layout is documented in ``cocos/results/SCHEMA.md`` (a test checks it against a
-written file).
+same record; ``cocos report`` reads any number of them. The statistics are one tidy
+table, ``statistics``: one record per (loss, direction, mode, eps, stat) with its
+``mean``, ``std``, ``n`` and ``n_skipped`` over batches, both counting modes and the
+ε sweep (``eps`` null for counters without a threshold). It is the engine's
+summary (:func:`cocos.counting.engine.summarise`) as written, and
+:meth:`Results.frame` gives it back as a DataFrame to the report; the views the report
+needs (:meth:`Results.main`, :meth:`Results.sweep_frame`) are selections of it. Files
+of versions 1-3 held the statistics as nested objects (``stats``, ``alt_stats``,
+``sweep``); they are read into the same table (:func:`records_from_trees`). The
+metadata around the statistics are dataclasses with a format version. The layout is
+documented in ``cocos/results/SCHEMA.md`` (a test checks it against a written file).
 """
 
 from __future__ import annotations
@@ -18,15 +23,28 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pandas as pd
+
 from cocos.errors import CocosError
 from cocos.presentation import Presentation
 
 FORMAT = "cocos-results"
-FORMAT_VERSION = 3  # 3: each loss's presentation is stored (``presentation``); 1 and 2 are still read
+# 4: the statistics are one list of records (``statistics``); 3: each loss's presentation is stored
+# (``presentation``); 1-3 are still read
+FORMAT_VERSION = 4
 # Presentations of the built-in families as cocos 0.1 showed them: for files of versions 1 and 2, which lack them.
 BUILTIN_PRESENTATION = Path(__file__).with_name("builtin_presentation.json")
 KINDS = ("analyze", "count")
 MODEL_NAMES = {"vsepp": "VSE++", "vsrn": "VSRN"}
+MODES = ("corrected", "compat")
+STAT_KEYS = ("loss", "direction", "mode", "eps", "stat")  # one record per key
+STAT_COLUMNS = (*STAT_KEYS, "mean", "std", "n", "n_skipped")
+_DTYPE = {"loss": object, "direction": object, "mode": object, "stat": object, "n": np.int64, "n_skipped": np.int64}
+
+
+def mode_of(compat: bool) -> str:
+    return "compat" if compat else "corrected"
 
 
 @dataclass
@@ -67,7 +85,7 @@ class TrainingInfo:
 
 @dataclass
 class CountingInfo:
-    compat: bool  # the mode of ``stats``; ``alt_stats`` holds the other
+    compat: bool  # the mode reports show by default (the statistics hold both)
     seed: int
     batch_size: int
     n_batches: dict  # layout -> number of batches
@@ -91,9 +109,7 @@ class Results:
     data: DataInfo
     model: ModelInfo
     counting: CountingInfo
-    stats: dict
-    alt_stats: dict | None = None
-    sweep: dict = field(default_factory=dict)
+    statistics: list = field(default_factory=list)  # records of STAT_COLUMNS, in record_order
     training: TrainingInfo | None = None
     evaluation: Evaluation | None = None
     cocos_version: str = ""
@@ -116,6 +132,62 @@ class Results:
     def look(self, loss: str) -> Presentation:
         """How ``loss`` is shown, as this file says (a loss it does not describe: its name, grey)."""
         return self.presentation.get(loss) or Presentation(label=loss)
+
+    # -- the statistics: one table, and the views the report reads --------------------------------
+
+    @property
+    def mode(self) -> str:
+        """The counting mode shown by default: the one the file was counted in."""
+        return mode_of(self.counting.compat)
+
+    def frame(self) -> pd.DataFrame:
+        """The statistics as a DataFrame (STAT_COLUMNS): ``eps``, ``mean`` and ``std`` NaN where null."""
+        rows = self.statistics
+        return pd.DataFrame({k: np.array([np.nan if r[k] is None else r[k] for r in rows], dtype=float)
+                             if k in ("eps", "mean", "std") else np.array([r[k] for r in rows], dtype=_DTYPE[k])
+                             for k in STAT_COLUMNS})
+
+    def own_eps(self) -> dict:
+        """Each counter's own threshold (NaN for counters without one), as ``counting.params`` records it."""
+        params = self.counting.params
+        return {name: float(p["eps"]) if _is_number(p.get("eps")) else np.nan for name, p in params.items()}
+
+    def modes(self) -> set[str]:
+        return {r["mode"] for r in self.statistics}
+
+    def main(self, mode: str | None = None) -> pd.DataFrame:
+        """The rows of one mode (default :attr:`mode`; ``"all"``: every mode) at each counter's own threshold: what
+        the tables show."""
+        f = self.frame()
+        own = f["eps"].isna() | (f["eps"] == f["loss"].map(self.own_eps()))
+        return f[own & ((mode == "all") | (f["mode"] == (mode or self.mode)))].reset_index(drop=True)
+
+    def sweep_frame(self, mode: str | None = None) -> pd.DataFrame:
+        """The ε sweep of one mode (default :attr:`mode`): the rows with a threshold of the statistics counted at
+        more than one, by increasing eps."""
+        f = self.frame()
+        f = f[(f["mode"] == (mode or self.mode)) & f["eps"].notna()]
+        swept = set(f.loc[f["eps"] != f["loss"].map(self.own_eps()), "stat"])
+        return f[f["stat"].isin(swept)].sort_values("eps", kind="stable").reset_index(drop=True)
+
+    # -- files of format 3 and earlier: their nested statistics, as views of the table ----------------
+
+    @property
+    def stats(self) -> dict:
+        """``{loss: {direction: {stat: {mean, std, n, n_skipped}}}}`` of :attr:`mode` (the format-3 ``stats``)."""
+        return _nest(self.main(), ["loss", "direction", "stat"])
+
+    @property
+    def alt_stats(self) -> dict | None:
+        """The same for the other mode (the format-3 ``alt_stats``), ``None`` if it was not counted."""
+        other = mode_of(not self.counting.compat)
+        return _nest(self.main(other), ["loss", "direction", "stat"]) if other in self.modes() else None
+
+    @property
+    def sweep(self) -> dict:
+        """``{loss: {direction: {eps: {stat: {...}}}}}`` of :attr:`mode`, eps as text (the format-3 ``sweep``)."""
+        f = self.sweep_frame()
+        return _nest(f.assign(eps=f["eps"].map(lambda e: f"{e:g}")), ["loss", "direction", "eps", "stat"])
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -173,9 +245,7 @@ class Results:
                 data=_typed(DataInfo, data, "data"),
                 model=_typed(ModelInfo, data, "model"),
                 counting=_typed(CountingInfo, data, "counting"),
-                stats=_stats(data, "stats"),
-                alt_stats=_stats(data, "alt_stats") if data.get("alt_stats") is not None else None,
-                sweep=data.get("sweep") or {},
+                statistics=_statistics(data, version),
                 training=_typed(TrainingInfo, data, "training") if data.get("training") is not None else None,
                 evaluation=_typed(Evaluation, data, "evaluation") if data.get("evaluation") is not None else None,
                 cocos_version=str(data.get("cocos_version", "")),
@@ -188,6 +258,71 @@ class Results:
             raise CocosError(f"not a cocos results file ({str(exc).splitlines()[0]})") from None
         _check_contents(results)
         return results
+
+
+def record_order(record: dict) -> tuple:
+    """The order of the records in a file: by loss, direction, mode, eps (null first) and statistic."""
+    eps = record["eps"]
+    return (record["loss"], record["direction"], record["mode"], eps is not None, eps or 0.0, record["stat"])
+
+
+def _number(x) -> float | None:
+    return None if x is None or pd.isna(x) else float(x)
+
+
+def _record(key: dict, mean, std, n, n_skipped) -> dict:
+    """One record; ``std`` is null where no batch entered (as ``mean``)."""
+    return {**key, "eps": _number(key["eps"]), "mean": _number(mean), "std": _number(std) if n else None,
+            "n": int(n), "n_skipped": int(n_skipped)}
+
+
+def records(summary: pd.DataFrame) -> list[dict]:
+    """The records of a summary frame (:func:`cocos.counting.engine.summarise`: STAT_COLUMNS), in record order."""
+    out = [_record({k: row[k] for k in STAT_KEYS} | {"loss": str(row["loss"]), "direction": str(row["direction"]),
+                                                     "mode": str(row["mode"]), "stat": str(row["stat"])},
+                   row["mean"], row["std"], row["n"], row["n_skipped"])
+           for row in summary[list(STAT_COLUMNS)].to_dict("records")]
+    return sorted(out, key=record_order)
+
+
+def records_from_trees(stats: dict, alt_stats: dict | None, sweep: dict, compat: bool, params: dict) -> list[dict]:
+    """The records of a format-3 (or older) file: ``stats`` (the file's mode) and ``alt_stats`` (the other) at each
+    counter's own threshold (``params[loss]["eps"]``, null without one) and the ``sweep`` of the file's mode at its
+    thresholds (its row at the own threshold is the ``stats`` entry again)."""
+    own = {name: p["eps"] for name, p in params.items() if isinstance(p, dict) and _is_number(p.get("eps"))}
+    out: dict[tuple, dict] = {}
+
+    def add(loss, d, mode, eps, stat, e):
+        key = (loss, d, mode, eps, stat)
+        if key not in out:
+            out[key] = _record(dict(zip(STAT_KEYS, key, strict=True)), e.get("mean"), e.get("std"), e.get("n", 0),
+                               e.get("n_skipped", 0))
+
+    for mode, tree in ((mode_of(compat), stats), (mode_of(not compat), alt_stats or {})):
+        for loss, by_dir in tree.items():
+            for d, by_stat in by_dir.items():
+                for stat, e in by_stat.items():
+                    add(loss, d, mode, own.get(loss), stat, e)
+    for loss, by_dir in sweep.items():
+        mine = own.get(loss)
+        for d, by_eps in by_dir.items():
+            for eps, by_stat in by_eps.items():
+                value = mine if mine is not None and eps == f"{mine:g}" else float(eps)
+                for stat, e in by_stat.items():
+                    add(loss, d, mode_of(compat), value, stat, e)
+    return sorted(out.values(), key=record_order)
+
+
+def _nest(frame: pd.DataFrame, keys: list[str]) -> dict:
+    """Rows of the table as nested dicts ``{k1: {k2: ... {stat: {mean, std, n, n_skipped}}}}`` (format 3)."""
+    out: dict = {}
+    for row in frame.to_dict("records"):
+        node = out
+        for k in keys[:-1]:
+            node = node.setdefault(str(row[k]), {})
+        node[str(row[keys[-1]])] = {"mean": _number(row["mean"]), "std": _number(row["std"]), "n": int(row["n"]),
+                                    "n_skipped": int(row["n_skipped"])}
+    return out
 
 
 def _presentation(data: dict, version: int) -> dict:
@@ -258,6 +393,11 @@ def _typed(cls, data: dict, key: str):
     return cls(**kwargs)
 
 
+def _shown(name) -> str:
+    """A name from a file as an error message shows it: as written, or quoted if it holds line breaks and the like."""
+    return str(name) if str(name).isprintable() else repr(name)
+
+
 def _is_number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
@@ -271,7 +411,9 @@ def _check_contents(r: Results) -> None:
         raise CocosError("not a cocos results file (counting.losses must be names)")
     for name, params in c.params.items():
         if not isinstance(params, dict) or not all(isinstance(v, (int, float, str)) for v in params.values()):
-            raise CocosError(f"not a cocos results file (counting.params.{name} must map names to numbers)")
+            raise CocosError(f"not a cocos results file (counting.params.{_shown(name)} must map names to numbers)")
+        if "eps" in params and not _is_number(params["eps"]):
+            raise CocosError(f"not a cocos results file (counting.params.{_shown(name)}.eps must be a number)")
     if not all(_is_number(v) for v in c.n_batches.values()):
         raise CocosError("not a cocos results file (counting.n_batches must hold numbers)")
     if not all(isinstance(v, str) for v in c.labels.values()):
@@ -280,29 +422,79 @@ def _check_contents(r: Results) -> None:
         raise CocosError("not a cocos results file (evaluation.metrics must hold numbers)")
 
 
+def _statistics(data: dict, version: int) -> list[dict]:
+    """The records of a file: ``statistics`` (version 4), else the nested trees of older versions, checked."""
+    if version < 4:
+        counting = data.get("counting") if isinstance(data.get("counting"), dict) else {}
+        sweep = data.get("sweep") or {}
+        if not isinstance(sweep, dict) or not all(isinstance(v, dict) for v in sweep.values()):
+            raise CocosError("not a cocos results file ('sweep' must be an object)")
+        for loss, by_dir in sweep.items():
+            _stats({f"sweep.{_shown(loss)}": by_dir}, f"sweep.{_shown(loss)}")
+        return records_from_trees(_stats(data, "stats"),
+                                  _stats(data, "alt_stats") if data.get("alt_stats") is not None else None,
+                                  sweep, bool(counting.get("compat")), counting.get("params") or {})
+    rows = data.get("statistics")
+    if not isinstance(rows, list):
+        raise CocosError("not a cocos results file ('statistics' must be a list of records)")
+    seen: dict[tuple, int] = {}
+    for i, row in enumerate(rows):
+        _check_record(row, f"statistics[{i}]")
+        key = tuple(row[k] for k in STAT_KEYS)
+        if key in seen:
+            raise CocosError(f"not a cocos results file (statistics[{i}] repeats statistics[{seen[key]}]: "
+                             f"{', '.join(map(_shown, key))})")
+        seen[key] = i
+    return sorted((dict(row) for row in rows), key=record_order)
+
+
+def _check_record(row, where: str) -> None:
+    if not isinstance(row, dict):
+        raise CocosError(f"not a cocos results file ({where} must be an object)")
+    missing = [k for k in STAT_COLUMNS if k not in row]
+    if missing:
+        raise CocosError(f"not a cocos results file ({where} has no {', '.join(missing)})")
+    for key in ("loss", "direction", "stat"):
+        if not isinstance(row[key], str):
+            raise CocosError(f"not a cocos results file ({where}.{key} must be text)")
+    if row["mode"] not in MODES:
+        raise CocosError(f"not a cocos results file ({where}.mode must be one of {', '.join(MODES)})")
+    for key in ("eps", "mean", "std"):
+        v = row[key]
+        if v is not None and not _is_number(v):
+            raise CocosError(f"not a cocos results file ({where}.{key} must be a number or null)")
+    for key in ("n", "n_skipped"):
+        v = row[key]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise CocosError(f"not a cocos results file ({where}.{key} must be a count)")
+
+
 def _stats(data: dict, key: str) -> dict:
+    """A nested statistics tree of versions 1-3, ``{loss: {direction: {stat: {mean, std, n, n_skipped}}}}``, checked."""
     tree = data.get(key)
     if not isinstance(tree, dict):
         raise CocosError(f"not a cocos results file ('{key}' must be an object)")
     for loss, by_dir in tree.items():
         if not isinstance(by_dir, dict):
-            raise CocosError(f"not a cocos results file ({key}.{loss} must be an object)")
+            raise CocosError(f"not a cocos results file ({key}.{_shown(loss)} must be an object)")
         for d, stats in by_dir.items():
             if not isinstance(stats, dict) or not all(isinstance(e, dict) for e in stats.values()):
-                raise CocosError(f"not a cocos results file ({key}.{loss}.{d} must map statistics to "
+                raise CocosError(f"not a cocos results file ({key}.{_shown(loss)}.{_shown(d)} must map statistics to "
                                  "{mean, std, n, n_skipped})")
             for stat, e in stats.items():
-                for part in ("mean", "std"):
-                    v = e.get(part)
-                    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
-                        raise CocosError(f"not a cocos results file ({key}.{loss}.{d}.{stat}.{part} "
-                                         "must be a number or null)")
-                for part in ("n", "n_skipped"):
-                    v = e.get(part, 0)
-                    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                        raise CocosError(f"not a cocos results file ({key}.{loss}.{d}.{stat}.{part} "
-                                         "must be a count)")
+                _check_entry(e, ".".join(_shown(x) for x in (key, loss, d, stat)))
     return tree
+
+
+def _check_entry(e: dict, where: str) -> None:
+    for part in ("mean", "std"):
+        v = e.get(part)
+        if v is not None and not _is_number(v):
+            raise CocosError(f"not a cocos results file ({where}.{part} must be a number or null)")
+    for part in ("n", "n_skipped"):
+        v = e.get(part, 0)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise CocosError(f"not a cocos results file ({where}.{part} must be a count)")
 
 
 def _from_v1(data: dict) -> dict:
@@ -329,8 +521,6 @@ def _from_v1(data: dict) -> dict:
 
 def _clean(tree):
     """NaN -> None so that JSON stays valid; numpy scalars -> Python."""
-    import numpy as np
-
     if isinstance(tree, dict):
         return {str(k): _clean(v) for k, v in tree.items()}
     if isinstance(tree, (list, tuple)):
