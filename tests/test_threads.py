@@ -57,7 +57,7 @@ def _commands(group, prefix: str = ""):
 
 
 def test_every_command_has_threads():
-    from cli.main import app
+    from cocos_cli.main import app
 
     commands = dict(_commands(typer.main.get_command(app)))
     assert {"count", "analyze", "train", "evaluate", "data synth", "demo", "sweep", "losses"} <= set(commands)
@@ -67,7 +67,7 @@ def test_every_command_has_threads():
 
 def test_threads_reach_torch_while_the_command_runs(monkeypatch, restore_threads):
     """``cocos losses`` records torch's thread count from inside the command: ``--threads`` and the default."""
-    from cli.main import app
+    from cocos_cli.main import app
     from cocos.objectives import spec as spec_module
 
     seen = []
