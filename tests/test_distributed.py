@@ -180,6 +180,7 @@ def two(run):
     return {"all": res.stdout, **dict(zip(COMMANDS, outputs, strict=True))}
 
 
+@pytest.mark.slow
 @needs_torchrun
 def test_count_on_two_processes_equals_one(run, two):
     one = _here([*COUNT, "--json", "one.json"], run)
@@ -193,6 +194,7 @@ def test_count_on_two_processes_equals_one(run, two):
     assert a["counting"]["n_batches"] == b["counting"]["n_batches"]
 
 
+@pytest.mark.slow
 @needs_torchrun
 def test_analyze_on_two_processes_equals_one(run, two):
     import pandas as pd
@@ -207,6 +209,7 @@ def test_analyze_on_two_processes_equals_one(run, two):
     np.testing.assert_allclose(x["value"], y["value"], rtol=1e-6, atol=1e-9)
 
 
+@pytest.mark.slow
 @needs_torchrun
 def test_train_on_two_processes_equals_one(run, two):
     import pandas as pd
@@ -230,6 +233,7 @@ def test_train_on_two_processes_equals_one(run, two):
     np.testing.assert_allclose(x["value"], y["value"], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 @needs_torchrun
 def test_vsrn_on_two_processes_saves_the_model_it_validated(run, two):
     """BatchNorm: rank 0's running statistics on every rank (the recorded dev rsum is the saved model's), and
@@ -242,6 +246,7 @@ def test_vsrn_on_two_processes_saves_the_model_it_validated(run, two):
     assert json.loads((run / "dev.json").read_text())["rsum"] == pytest.approx(recorded, abs=1e-9)
 
 
+@pytest.mark.slow
 @needs_torchrun
 def test_a_process_that_dies_stops_the_others_and_leaves_no_output(run, tmp_path):
     # rank 1 dies at its third step (a sitecustomize that only this test puts on the path)

@@ -83,6 +83,7 @@ def cocos_several(commands, cwd: Path, path: Path | None = None) -> list[tuple[i
     return list(zip(codes, outputs, strict=True))
 
 
+@pytest.mark.slow
 def test_an_entry_point_plugin_is_listed_counted_and_reported_without_being_installed(plugin, tmp_path):
     # one process with the plugin on the path (listed, counted, reported), one without it (reported)
     (_, listed), _, _ = cocos_several(

@@ -67,8 +67,8 @@ def test_every_command_has_threads():
 
 def test_threads_reach_torch_while_the_command_runs(monkeypatch, restore_threads):
     """``cocos losses`` records torch's thread count from inside the command: ``--threads`` and the default."""
-    from cocos_cli.main import app
     from cocos.objectives import spec as spec_module
+    from cocos_cli.main import app
 
     seen = []
     format_value = spec_module.format_value
