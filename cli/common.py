@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import os
 import signal
 import sys
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Optional
 
 import typer
 
@@ -149,22 +150,46 @@ def _interrupted() -> None:
     sys.exit(130)
 
 
+THREADS_OPTION = typer.Option(
+    None,
+    "--threads",
+    min=1,
+    metavar="N",
+    help="CPU threads of torch (default: OMP_NUM_THREADS when set, else the cores this process may use).",
+)
+
+
+def _with_threads_option(wrapper: Callable[..., Any], func: Callable[..., Any]) -> None:
+    """Give ``wrapper`` the signature of ``func`` plus ``threads`` (``--threads``), which typer reads."""
+    signature = inspect.signature(func)
+    if "threads" in signature.parameters:
+        raise TypeError(f"{func.__name__} has its own 'threads' parameter; handle_errors adds --threads")
+    threads = inspect.Parameter("threads", inspect.Parameter.KEYWORD_ONLY, default=THREADS_OPTION,
+                                annotation=Optional[int])  # noqa: UP045 (typer reads the annotation object)
+    wrapper.__signature__ = signature.replace(parameters=[*signature.parameters.values(), threads])
+    wrapper.__annotations__ = {**getattr(func, "__annotations__", {}), "threads": Optional[int]}  # noqa: UP045
+
+
 def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
     """Turn CocosError (bad input) into one clear line and exit code 2, never a traceback.
 
     Ctrl-C gives one line and exit code 130: also when something swallowed the KeyboardInterrupt
     (the request stays pending and is honoured when the command returns) or turned it into an
     error on its way up; a second Ctrl-C stops at once.
+
+    Every command gets ``--threads N`` here (one definition, :data:`THREADS_OPTION`): torch's CPU threads are
+    set by :func:`cocos.device.set_threads` before the command runs, to N or to the default there.
     """
 
     @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from cocos.device import bound_heap
+    def wrapper(*args: Any, threads: int | None = None, **kwargs: Any) -> Any:
+        from cocos.device import bound_heap, set_threads
         from cocos.io import interrupt_pending
 
         bound_heap()  # peak memory bounded by what is in use (see cocos.device.bound_heap)
         with _interrupt_handling(), _library_warnings():
             try:
+                set_threads(threads)
                 result = func(*args, **kwargs)
             except CocosError as exc:
                 if interrupt_pending():
@@ -184,4 +209,5 @@ def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
                 _interrupted()
             return result
 
+    _with_threads_option(wrapper, func)
     return wrapper

@@ -41,3 +41,55 @@ def one_error_line(res) -> str:
     assert res.exit_code == 2, (res.exit_code, res.output, res.exception)
     assert len(lines) == 1 and lines[0].startswith("error: "), res.output
     return lines[0]
+
+
+def memoise_pdf_font_subsets():
+    """Make matplotlib subset a font for a PDF once per (font, glyphs) in this process; returns an undo function
+    (``None`` where matplotlib's internals are not the expected ones: then nothing changes).
+
+    Every cocos figure is written as PDF with TrueType fonts embedded (``pdf.fonttype`` 42): matplotlib re-reads
+    and subsets DejaVu Sans with fontTools for each file, about two thirds of a PDF's time; the tests write
+    hundreds of PDFs of a few glyph sets. The cached bytes are the ones matplotlib produced for the same font and
+    glyphs, so every file is byte-identical to one written without this (tests/test_suite_speed.py checks it).
+    """
+    import contextlib
+    import io
+
+    try:
+        from matplotlib.backends import _backend_pdf_ps as pdfps
+    except ImportError:
+        return None
+    original_subset = getattr(pdfps, "get_glyphs_subset", None)
+    original_as_file = getattr(pdfps, "font_as_file", None)
+    results = getattr(pdfps, "SubsetResults", None)
+    if original_subset is None or original_as_file is None or results is None:
+        return None
+    cache: dict = {}
+
+    class Saved:
+        """A subset font as the bytes matplotlib wrote for it."""
+
+        def __init__(self, data: bytes):
+            self.data = data
+
+    @contextlib.contextmanager
+    def get_glyphs_subset(fontfile, glyphs):
+        glyphs = tuple(sorted(glyphs))
+        key = (str(fontfile), getattr(fontfile, "face_index", 0), glyphs)
+        if key not in cache:
+            with original_subset(fontfile, set(glyphs)) as subset:
+                cache[key] = (original_as_file(subset.font).getvalue(), dict(subset.glyph_index_map))
+        data, index_map = cache[key]
+        yield results(Saved(data), dict(index_map))
+
+    def font_as_file(font):
+        return io.BytesIO(font.data) if isinstance(font, Saved) else original_as_file(font)
+
+    get_glyphs_subset.original, get_glyphs_subset.cache = original_subset, cache
+    font_as_file.original = original_as_file
+    pdfps.get_glyphs_subset, pdfps.font_as_file = get_glyphs_subset, font_as_file
+
+    def undo():
+        pdfps.get_glyphs_subset, pdfps.font_as_file = original_subset, original_as_file
+
+    return undo

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from cocos_cli.main import app
@@ -11,6 +12,7 @@ from cocos_cli.main import app
 runner = CliRunner()
 
 
+@pytest.mark.slow
 def test_demo_end_to_end_and_reuse(tmp_path):
     args = ["demo", "--out", str(tmp_path / "rep"), "--data", str(tmp_path / "syn"), "--checkpoints",
             str(tmp_path / "ck"), "--loss", "triplet_sh", "--epochs", "2", "--n-train", "64",

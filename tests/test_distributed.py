@@ -27,10 +27,20 @@ def test_blocks_tile_the_plan_in_order(n, world):
     assert max(len(b) for b in blocks) - min(len(b) for b in blocks) <= 1
 
 
-def _torchrun(nproc: int, args: list[str], cwd: Path, timeout: int = 180) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "COCOS_DIST_TIMEOUT": "60"}
-    cmd = [TORCHRUN, "--standalone", f"--nproc_per_node={nproc}", "--no-python", "cocos", *args]
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+def _here(args: list[str], cwd: Path):
+    """One process: the same command in this process (one thread, as the torchrun ranks), from ``cwd``.
+
+    In place of a ``cocos`` subprocess: the one-process reference needs no process start of its own."""
+    from typer.testing import CliRunner
+
+    from cocos_cli.main import app
+
+    before = Path.cwd()
+    os.chdir(cwd)
+    try:
+        return CliRunner().invoke(app, args)
+    finally:
+        os.chdir(before)
 
 
 def _close(a, b, path=""):
@@ -52,25 +62,6 @@ def _close(a, b, path=""):
             assert abs(a - b) <= 1e-6 * max(1.0, abs(a)), (path, a, b)
     else:
         assert a == b, (path, a, b)
-
-
-@needs_torchrun
-def test_count_on_two_processes_equals_one(tmp_path):
-    rng = np.random.default_rng(0)
-    images = rng.normal(size=(150, 8)).astype(np.float32)
-    captions = np.repeat(images, 5, axis=0) + rng.normal(size=(750, 8)).astype(np.float32)
-    np.savez(tmp_path / "e.npz", images=images, captions=captions)
-    one = subprocess.run(["cocos", "count", "e.npz", "--batch-size", "16", "--json", "one.json", "--no-progress",
-                          "--loss", "all"], cwd=tmp_path, capture_output=True, text=True)
-    assert one.returncode == 0, one.stderr
-    two = _torchrun(2, ["count", "e.npz", "--batch-size", "16", "--json", "two.json", "--no-progress", "--loss",
-                        "all"], tmp_path)
-    assert two.returncode == 0, two.stderr[-2000:]
-    # rank 0 alone writes and prints: one table, one "wrote" line
-    assert two.stdout.count("wrote two.json") == 1
-    a, b = (json.loads((tmp_path / f).read_text()) for f in ("one.json", "two.json"))
-    _close(a["statistics"], b["statistics"])  # both modes and the eps sweep
-    assert a["counting"]["n_batches"] == b["counting"]["n_batches"]
 
 
 def _global_batch_worker(rank: int, world: int, store: str, out: str) -> None:
@@ -115,7 +106,8 @@ def test_global_batch_gradient_on_two_processes_equals_one(tmp_path):
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """A tiny data folder and a one-epoch checkpoint, trained in this process."""
+    """A tiny data folder and a one-epoch checkpoint, trained in this process; embeddings to count; a VSRN data
+    folder (region features)."""
     from cocos.data.synth import make_synthetic
     from cocos.training.trainer import TrainConfig, Trainer
 
@@ -123,23 +115,96 @@ def run(tmp_path_factory):
     data = make_synthetic(root / "data", n_train=90, n_dev=20, n_test=20, feature_dim=16, seed=5)
     Trainer(TrainConfig(data=str(data), out=str(root / "ck"), loss="triplet_sh", epochs=1, lr=5e-3, batch_size=32,
                         embed_size=16, word_dim=8, device="cpu"), progress=False, log=lambda *a: None).fit()
+    rng = np.random.default_rng(0)
+    images = rng.normal(size=(150, 8)).astype(np.float32)
+    captions = np.repeat(images, 5, axis=0) + rng.normal(size=(750, 8)).astype(np.float32)
+    np.savez(root / "e.npz", images=images, captions=captions)
+    make_synthetic(root / "vdata", n_train=41, n_dev=12, n_test=12, feature_dim=8, regions=True, seed=1)
     return root
 
 
+COUNT = ["count", "e.npz", "--batch-size", "16", "--no-progress", "--loss", "all"]
+ANALYZE = ["analyze", "ck/model_best.pt", "--no-progress", "--overwrite"]
 TRAIN = ["train", "--data", "data", "--loss", "triplet_sh", "--epochs", "1", "--lr", "5e-3", "--batch-size", "30",
          "--embed-size", "16", "--word-dim", "8", "--device", "cpu", "--no-progress", "--track-cocos", "2"]
+VSRN = ["train", "--data", "vdata", "--model", "vsrn", "--epochs", "1", "--batch-size", "7", "--embed-size", "8",
+        "--word-dim", "8", "--lr", "1e-2", "--device", "cpu", "--no-progress", "--out", "v"]
+# Every command on two processes in one torchrun launch (each command joins the group and leaves it, as in its own
+# launch): one launcher and two interpreters to start instead of one set per command. Markers on rank 0's stdout
+# split it per command; whatever rank 1 printed would be in it too. A group joined again in the same processes
+# would find the last group's addresses under the same names in torchrun's store (torch numbers groups from 0
+# again after destroy_process_group), so each command's groups are numbered apart; and torch.distributed.nn binds
+# the group of its first import as its functions' default, so it is imported before any group exists (test harness
+# only: a real launch runs one command).
+SEVERAL = """
+import json, os, sys
+import torch.distributed.distributed_c10d as c10d
+import torch.distributed.nn  # noqa: F401
+from cocos_cli.main import app
+commands = json.loads(sys.argv[1])
+failed = False
+for i, args in enumerate(commands):
+    c10d._world.group_count = 1000 * i
+    if i == len(commands) - 1 and os.environ.get("RANK") == "1" and os.environ.get("LAST_ONE_DIES"):
+        import cocos.training.trainer as t  # rank 1 dies at its third step of the last command
+        original = t.Trainer.step
+        def step(self, *a, **k):
+            if self.step_count >= 2:
+                os._exit(3)
+            return original(self, *a, **k)
+        t.Trainer.step = step
+    try:
+        app(args)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code or 0
+    failed = failed or code != 0
+    if os.environ.get("RANK") == "0":
+        print(f"@@ exit {code}", flush=True)
+sys.exit(1 if failed else 0)
+"""
+COMMANDS = {"count": [*COUNT, "--json", "two.json"], "analyze": [*ANALYZE, "--out", "two"],
+            "train": [*TRAIN, "--out", "t2", "--overwrite"], "vsrn": VSRN}
+DIES = [*TRAIN, "--out", "dead"]  # last in the launch: rank 1 dies in it (LAST_ONE_DIES)
 
 
+@pytest.fixture(scope="module")
+def two(run):
+    """The commands of :data:`COMMANDS` on two processes, then :data:`DIES`: ``{name: rank 0's stdout of it}``,
+    ``"all"``: every line, ``"dies"``: the launch's exit code and every line of stdout and stderr."""
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COCOS_DIST_TIMEOUT": "60", "LAST_ONE_DIES": "1"}
+    cmd = [TORCHRUN, "--standalone", "--nproc_per_node=2", "--no-python", sys.executable, "-c", SEVERAL,
+           json.dumps([*COMMANDS.values(), DIES])]
+    res = subprocess.run(cmd, cwd=run, env=env, capture_output=True, text=True, timeout=300)
+    parts = res.stdout.split("@@ exit ")
+    assert len(parts) >= len(COMMANDS) + 1 and all(p.startswith("0\n") for p in parts[1:len(COMMANDS) + 1]), (
+        res.stdout[-2000:], res.stderr[-3000:])
+    outputs = [parts[0], *(p[2:] for p in parts[1:len(COMMANDS)])]
+    return {"all": res.stdout, **dict(zip(COMMANDS, outputs, strict=True)),
+            "dies": (res.returncode, res.stdout + res.stderr)}
+
+
+@pytest.mark.slow
 @needs_torchrun
-def test_analyze_on_two_processes_equals_one(run):
+def test_count_on_two_processes_equals_one(run, two):
+    one = _here([*COUNT, "--json", "one.json"], run)
+    assert one.exit_code == 0, one.output
+    # rank 0 alone writes and prints: one table, one "wrote" line
+    assert "wrote two.json" in two["count"] and two["all"].count("wrote two.json") == 1
+    a, b = (json.loads((run / f).read_text()) for f in ("one.json", "two.json"))
+    _close(a["statistics"], b["statistics"])  # both modes and the eps sweep
+    assert a["counting"]["n_batches"] == b["counting"]["n_batches"]
+
+
+@pytest.mark.slow
+@needs_torchrun
+def test_analyze_on_two_processes_equals_one(run, two):
     import pandas as pd
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    args = ["analyze", "ck/model_best.pt", "--no-progress", "--overwrite"]
-    one = subprocess.run(["cocos", *args, "--out", "one"], cwd=run, env=env, capture_output=True, text=True)
-    assert one.returncode == 0, one.stderr
-    two = _torchrun(2, [*args, "--out", "two"], run)
-    assert two.returncode == 0, two.stderr[-2000:]
+    one = _here([*ANALYZE, "--out", "one"], run)
+    assert one.exit_code == 0, one.output
     a, b = (json.loads((run / f / "results.json").read_text()) for f in ("one", "two"))
     for key in ("statistics", "evaluation", "counting", "data"):
         _close(a[key], b[key], key)
@@ -148,21 +213,19 @@ def test_analyze_on_two_processes_equals_one(run):
     np.testing.assert_allclose(x["value"], y["value"], rtol=1e-6, atol=1e-9)
 
 
+@pytest.mark.slow
 @needs_torchrun
-def test_train_on_two_processes_equals_one(run):
+def test_train_on_two_processes_equals_one(run, two):
     import pandas as pd
     import torch
 
     from cocos.training.checkpoint import load_checkpoint
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     # 450 captions in global batches of 30 (15 rows per rank), with COCOS tracked on the global batch
-    one = subprocess.run(["cocos", *TRAIN, "--out", "t1", "--overwrite"], cwd=run, env=env, capture_output=True,
-                         text=True)
-    assert one.returncode == 0, one.stderr
-    two = _torchrun(2, [*TRAIN, "--out", "t2", "--overwrite"], run)
-    assert two.returncode == 0, two.stderr[-2000:]
-    assert two.stdout.count("best validation rsum") == 1  # rank 0 alone prints and writes
+    one = _here([*TRAIN, "--out", "t1", "--overwrite"], run)
+    assert one.exit_code == 0, one.output
+    # rank 0 alone prints and writes (two trainings in the launch: this one and the VSRN's)
+    assert two["train"].count("best validation rsum") == 1 and two["all"].count("best validation rsum") == 2
     a, b = (load_checkpoint(run / f / "last.pt") for f in ("t1", "t2"))
     for name, tensor in a["state_dict"].items():
         assert torch.allclose(tensor.float(), b["state_dict"][name].float(), atol=1e-4), name
@@ -174,42 +237,23 @@ def test_train_on_two_processes_equals_one(run):
     np.testing.assert_allclose(x["value"], y["value"], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 @needs_torchrun
-def test_a_process_that_dies_stops_the_others_and_leaves_no_output(run, tmp_path):
-    # rank 1 dies at its third step (a sitecustomize that only this test puts on the path)
-    (tmp_path / "sitecustomize.py").write_text(
-        "import os\n"
-        "if os.environ.get('RANK') == '1':\n"
-        "    import cocos.training.trainer as t\n"
-        "    original = t.Trainer.step\n"
-        "    def step(self, *a, **k):\n"
-        "        if self.step_count >= 2:\n"
-        "            os._exit(3)\n"
-        "        return original(self, *a, **k)\n"
-        "    t.Trainer.step = step\n")
-    env = {**os.environ, "PYTHONPATH": str(tmp_path), "COCOS_DIST_TIMEOUT": "60", "OMP_NUM_THREADS": "1"}
-    cmd = [TORCHRUN, "--standalone", "--nproc_per_node=2", "--no-python", "cocos", *TRAIN, "--out", "dead"]
-    res = subprocess.run(cmd, cwd=run, env=env, capture_output=True, text=True, timeout=120)
-    assert res.returncode != 0
-    assert "error: rank 0: another process stopped" in res.stdout + res.stderr
-    assert not (run / "dead").exists()
-
-
-@needs_torchrun
-def test_vsrn_on_two_processes_saves_the_model_it_validated(tmp_path):
+def test_vsrn_on_two_processes_saves_the_model_it_validated(run, two):
     """BatchNorm: rank 0's running statistics on every rank (the recorded dev rsum is the saved model's), and
     a global batch too small for two rows per rank (the epoch's last, 2 captions) is computed whole."""
-    from cocos.data.synth import make_synthetic
-
-    make_synthetic(tmp_path / "data", n_train=41, n_dev=12, n_test=12, feature_dim=8, regions=True, seed=1)
-    args = ["train", "--data", "data", "--model", "vsrn", "--epochs", "1", "--batch-size", "7", "--embed-size", "8",
-            "--word-dim", "8", "--lr", "1e-2", "--device", "cpu", "--no-progress", "--out", "v"]
-    res = _torchrun(2, args, tmp_path)
-    assert res.returncode == 0, res.stderr[-2000:]
     from cocos.training.checkpoint import load_checkpoint
 
-    recorded = load_checkpoint(tmp_path / "v" / "last.pt")["metrics"]["rsum"]
-    again = subprocess.run(["cocos", "evaluate", "v/last.pt", "--split", "dev", "--json", "dev.json",
-                            "--no-progress"], cwd=tmp_path, capture_output=True, text=True)
-    assert again.returncode == 0, again.stderr
-    assert json.loads((tmp_path / "dev.json").read_text())["rsum"] == pytest.approx(recorded, abs=1e-9)
+    recorded = load_checkpoint(run / "v" / "last.pt")["metrics"]["rsum"]
+    again = _here(["evaluate", "v/last.pt", "--split", "dev", "--json", "dev.json", "--no-progress"], run)
+    assert again.exit_code == 0, again.output
+    assert json.loads((run / "dev.json").read_text())["rsum"] == pytest.approx(recorded, abs=1e-9)
+
+
+@pytest.mark.slow
+@needs_torchrun
+def test_a_process_that_dies_stops_the_others_and_leaves_no_output(run, two):
+    code, output = two["dies"]  # rank 1 died at its third step of the launch's last command (a training)
+    assert code != 0
+    assert "error: rank 0: another process stopped" in output
+    assert not (run / "dead").exists()

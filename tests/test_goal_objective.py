@@ -73,6 +73,7 @@ def test_every_combination_gives_finite_non_zero_gradients(triplet_weight, pair_
     assert gx.abs().sum() > 0 and gy.abs().sum() > 0
 
 
+@pytest.mark.slow
 def test_every_combination_trains_the_tiny_model_well_above_an_untrained_one(tmp_path):
     from cocos.data.synth import make_synthetic
     from cocos.training.evaluate import evaluate_model

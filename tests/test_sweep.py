@@ -82,6 +82,7 @@ def stats(reports):
     return {p.parent.name: json.loads(p.read_text())["statistics"] for p in sorted(reports.glob("*/results.json"))}
 
 
+@pytest.mark.slow
 def test_sweep_end_to_end_rerun_and_redo_one(world):
     grid = write_grid(world / "local", world / "data")
     res = runner.invoke(app, ["sweep", str(grid)])

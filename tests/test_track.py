@@ -109,6 +109,7 @@ def test_resume_equals_an_uninterrupted_tracked_run(data, tmp_path):
         pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "a" / name), pd.read_csv(tmp_path / "b" / name))
 
 
+@pytest.mark.slow
 def test_save_every_analyze_several_and_report_by_epoch(data, tmp_path):
     out = tmp_path / "ck" / "run"
     Trainer(_cfg(data, out, epochs=3, track_cocos=5, save_every=2), **QUIET).fit()
