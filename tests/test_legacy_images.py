@@ -251,7 +251,7 @@ def test_original_key_names_map_onto_torchvisions():
 def test_old_vgg_classifier_names_are_renamed(tmp_path):
     """torchvision before pytorch/vision@989d52a numbered VGG's classifier 1 and 4 (Dropout first): renamed to 0 and
     3 as VSE++'s load_state_dict does; checked on the mapping alone (a VGG-19 holds 143M parameters)."""
-    from cocos.legacy import _map_full_image
+    from cocos.legacy import map_full_image
 
     with torch.device("meta"):
         vgg = strip_classifier(build_cnn("vgg19"))
@@ -260,7 +260,7 @@ def test_old_vgg_classifier_names_are_renamed(tmp_path):
         name = key.replace("features.", "features.module.").replace("classifier.0.", "classifier.1.")
         sd["cnn." + name.replace("classifier.3.", "classifier.4.")] = torch.empty(value.shape, device="meta")
     sd["fc.weight"], sd["fc.bias"] = torch.empty(EMBED, 4096, device="meta"), torch.empty(EMBED, device="meta")
-    state, hparams = _map_full_image(sd, Path("vgg.pth.tar"), {"cnn_type": "vgg19"})
+    state, hparams = map_full_image(sd, Path("vgg.pth.tar"), {"cnn_type": "vgg19"})
     assert hparams == {"cnn_type": "vgg19", "embed_size": EMBED, "finetune": False}
     assert tuple(state["cnn.classifier.0.weight"].shape) == (4096, 25088)
     assert tuple(state["cnn.classifier.3.weight"].shape) == (4096, 4096)

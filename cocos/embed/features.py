@@ -103,10 +103,10 @@ def _checkpoint_cnn(path: Path) -> tuple[str, dict] | None:
     """``(cnn_type, CNN state)`` of a raw-image checkpoint (cocos ``vsepp_full``, or the original code's
     ``EncoderImageFull``), read without running code; None for any other file (a torchvision weights file)."""
     from cocos.legacy import (
-        _map_full_image,
-        _opt_dict,
         is_cocos_checkpoint,
         is_legacy_checkpoint,
+        map_full_image,
+        opt_dict,
         read_checkpoint_file,
     )
 
@@ -123,10 +123,10 @@ def _checkpoint_cnn(path: Path) -> tuple[str, dict] | None:
         state = ckpt["state_dict"]
         cnn_type = ckpt["model"]["hparams"]["cnn_type"]
     elif is_legacy_checkpoint(raw):
-        opt = _opt_dict(raw, path)
+        opt = opt_dict(raw, path)
         if not any(str(k).startswith("cnn.") for k in raw["model"][0]):
             raise CocosError(f"{path}: a checkpoint of the original code without CNN weights (precomputed features)")
-        state, hparams = _map_full_image(raw["model"][0], path, opt)
+        state, hparams = map_full_image(raw["model"][0], path, opt)
         cnn_type = hparams["cnn_type"]
     else:
         return None

@@ -118,7 +118,7 @@ def convert_checkpoint(raw: dict, path: str | os.PathLike, vocab: str | os.PathL
     """The cocos checkpoint (a dict of plain types and tensors) of an original ``model_best.pth.tar``."""
 
     path = Path(path)
-    opt = _opt_dict(raw, path)
+    opt = opt_dict(raw, path)
     _refuse_unrepresentable(opt, path)
     img_sd = _state_dict(raw["model"][0], path, "image encoder")
     txt_sd = _state_dict(raw["model"][1], path, "text encoder")
@@ -128,7 +128,7 @@ def convert_checkpoint(raw: dict, path: str | os.PathLike, vocab: str | os.PathL
     if kind == "vsrn":
         img_state, img_hparams = _map_vsrn_image(img_sd, path, opt)
     elif kind == "vsepp_full":
-        img_state, img_hparams = _map_full_image(img_sd, path, opt)
+        img_state, img_hparams = map_full_image(img_sd, path, opt)
     else:
         img_state, img_hparams = _map_vsepp_image(img_sd, path)
     state.update(img_state)
@@ -258,7 +258,7 @@ def _image_kind(sd: dict, opt: dict, path: Path) -> str:
     return "vsrn" if any(key.startswith(("Rs_GCN_", "img_rnn.")) for key in sd) else "vsepp"
 
 
-def _opt_dict(raw: dict, path: Path) -> dict:
+def opt_dict(raw: dict, path: Path) -> dict:
     opt = raw.get("opt")
     if isinstance(opt, argparse.Namespace):
         return dict(vars(opt))
@@ -333,7 +333,7 @@ def _cnn_key(key: str) -> str:
     return ".".join(part for part in key.removeprefix("cnn.").split(".") if part != "module")
 
 
-def _map_full_image(sd: dict, path: Path, opt: dict) -> tuple[dict, dict]:
+def map_full_image(sd: dict, path: Path, opt: dict) -> tuple[dict, dict]:
     """VSE++ ``EncoderImageFull``: the CNN of ``opt.cnn_type`` (classifier stripped) and ``fc``."""
 
     cnn_type = opt.get("cnn_type", "vgg19")  # VSE++'s default
