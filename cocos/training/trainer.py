@@ -278,7 +278,10 @@ class Trainer:
         self.model = self._build_model()
         self.loss_fn = get_loss(cfg.loss, **cfg.loss_params(), compat=cfg.compat)
         self.hooks = self._hooks()
-        self.optimizer = torch.optim.Adam(self.trained_parameters(), lr=cfg.lr)
+        # raw images: the same Adam, fused into one kernel per step (a CNN's millions of weights make the
+        # per-tensor loop as slow as the step itself on the CPU); precomputed features: torch's default
+        fused = {"fused": True} if self.images else {}
+        self.optimizer = torch.optim.Adam(self.trained_parameters(), lr=cfg.lr, **fused)
         self.scheduler = torch.optim.lr_scheduler.StepLR(self.optimizer, step_size=cfg.lr_update, gamma=0.1)
         self.epoch, self.step_count, self.best_rsum, self.history, self.step_log = 0, 0, -math.inf, [], []
         self.best_metrics: dict = {}  # of this process's run (rank 0 returns the file's, which also covers a resume)
