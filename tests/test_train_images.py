@@ -124,8 +124,16 @@ def test_frozen_cnn_keeps_its_weights_and_needs_a_weights_file(small, tmp_path):
     weights = tmp_path / "resnet18.pth"
     torch.manual_seed(7)
     torch.save(build_cnn("resnet18").state_dict(), weights)
-    trainer = Trainer(_cfg(small, tmp_path / "f", finetune=False, cnn_weights=str(weights), batch_size=20), **QUIET)
+    targets = tmp_path / "targets.npy"
+    np.save(targets, np.random.default_rng(0).normal(size=(40, 8)).astype(np.float32))
+    # ranking batches of 4 images (SmoothAP), with LTD and COCOS tracked every step: the hooks as for features
+    trainer = Trainer(_cfg(small, tmp_path / "f", finetune=False, cnn_weights=str(weights), batch_size=4,
+                           loss="smoothap", ltd=True, ltd_targets=str(targets), track_cocos=1), **QUIET)
     trainer.fit()
+    import pandas as pd
+
+    assert sorted(set(pd.read_csv(tmp_path / "f" / "cocos_track.csv")["step"])) == [1, 2]  # 8 images: 2 batches
+    assert "lambda" in pd.read_csv(tmp_path / "f" / "train_log.csv").columns
     state = torch.load(weights, weights_only=True)
     final = load_checkpoint(tmp_path / "f" / "last.pt")["state_dict"]
     # weights and BatchNorm running statistics untouched; only fc and the caption encoder trained
