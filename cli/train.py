@@ -152,7 +152,8 @@ def interrupted_message(trainer) -> str:
 @handle_errors
 def evaluate(
     checkpoint: Path = typer.Argument(..., help="A checkpoint written by cocos train."),
-    data: Path = typer.Option(None, help="Data folder (default: the one recorded in the checkpoint)."),
+    data: Path = typer.Option(None, help="Data folder or image dataset (default: the one recorded in the "
+                                         "checkpoint)."),
     split: str = typer.Option("test", help="train, dev or test."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     workers: int = typer.Option(0, help="Raw images: DataLoader workers decoding images."),
