@@ -11,8 +11,10 @@ frozen (``--cnn-weights``) and fine-tuned, with 0, 1 and 2 DataLoader workers. F
 
 Each figure is the best of ``--repeats`` timings (the machine may be shared).
 
-Decoding is not the bottleneck when ``epoch w>=1`` is close to ``model``: the workers decode
-the next batches while the model trains (with ``w=0`` the two add up).
+``waits`` is the share of the epoch the training loop spent waiting for pixels (measured in the
+same run, so it does not depend on how busy a shared machine is). Decoding is not the
+bottleneck when it is small: the workers decode the next batches while the model trains
+(with ``w=0`` decoding and training add up).
 
     python benchmarks/bench_train_images.py [--n 48] [--batch-size 16] [--sizes 224,64] [--workers 0,1,2]
 """
@@ -82,10 +84,45 @@ def _setting(data: Path, tmp: Path, crop: int, finetune: bool, weights: Path, ar
     model = n / _best(args.repeats, steps)
     kind = "fine-tuned" if finetune else "frozen    "
     row = f"resnet18 {crop:>3} px {kind}  decode {decode:7.1f}  model {model:7.1f}"
+    waited = _timed_loader(trainer)
     for workers in args.workers:
         trainer.cfg.workers = workers
-        row += f"  epoch w={workers} {n / _best(args.repeats, lambda: trainer.train_epoch(2)):7.1f}"
+        waited.clear()
+        seconds = _best(args.repeats, lambda: trainer.train_epoch(2))
+        share = min(waited) / seconds  # the least-disturbed run's wait over the least-disturbed epoch
+        row += f"  epoch w={workers} {n / seconds:7.1f} (waits {100 * share:4.1f}%)"
     return row
+
+
+def _timed_loader(trainer: Trainer) -> list[float]:
+    """Make ``trainer``'s epochs record how long the step loop waited for each epoch's pixels (one total
+    per epoch, including the loader's start): the share of the epoch that decoding was not hidden."""
+    waited: list[float] = []
+    loader = trainer.pixel_batches
+
+    def timed(epoch, batches):
+        inner = loader(epoch, batches)
+
+        class Timed:
+            def __iter__(self):
+                waited.append(0.0)
+                start = time.perf_counter()
+                it = iter(inner)
+                waited[-1] += time.perf_counter() - start
+                while True:
+                    start = time.perf_counter()
+                    try:
+                        item = next(it)
+                    except StopIteration:
+                        return
+                    finally:
+                        waited[-1] += time.perf_counter() - start
+                    yield item
+
+        return Timed()
+
+    trainer.pixel_batches = timed
+    return waited
 
 
 def main() -> None:
@@ -95,8 +132,10 @@ def main() -> None:
     ap.add_argument("--sizes", default="224,64")
     ap.add_argument("--workers", default="0,1,2")
     ap.add_argument("--repeats", type=int, default=3, help="each timing is the best of this many")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads of the training process")
     args = ap.parse_args()
     args.workers = [int(w) for w in args.workers.split(",")]
+    torch.set_num_threads(args.threads)  # 2 threads on a busy 2-core machine wait for each other
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads, load {os.getloadavg()[0]:.2f}")
     print(f"{args.n} JPEGs of 500 x 375, batch {args.batch_size}; images/s (one image per caption)")
