@@ -301,6 +301,8 @@ class Trainer:
                 raise CocosError(f"{split.source}: split '{split.split}' has {per_image.shape[1]} captions per "
                                  f"image, not --k {cfg.k}")
         self.image_captions = self.train_split.image_captions()
+        if self.train_split.n_images >= 1000:  # reads every image once: a while for Flickr30k or COCO
+            self.log(f"fingerprinting the {self.train_split.n_images:,} training images (read once)")
         self.fingerprint = self.train_split.fingerprint()  # the content of the training images and captions
 
     def _build_model(self) -> torch.nn.Module:
