@@ -187,3 +187,16 @@ def test_image_flags_and_checkpoint_fields_are_checked(small, trained, tmp_path)
         bad = {**ckpt, "data": {**ckpt["data"], **change}}
         with pytest.raises(CocosError, match=field.replace(".", r"\.")):
             validate_checkpoint(bad, "x.pt")
+
+
+def test_resolve_data_takes_an_image_dataset_file_for_raw_image_checkpoints(tmp_path):
+    from cocos.training.trainer import resolve_data
+
+    csv = tmp_path / "test.csv"
+    csv.write_text("image,caption\n")
+    images = {"data": {"path": str(tmp_path / "gone"), "input": "images"}}
+    assert resolve_data(images, csv, "x.pt") == csv  # a CSV file list or a {split}_set.p names the data
+    with pytest.raises(CocosError, match="no such data folder"):
+        resolve_data({"data": {"path": str(tmp_path)}}, csv, "x.pt")  # features live in a folder
+    with pytest.raises(CocosError, match=r"x\.pt: its data set .*gone is gone; pass --data"):
+        resolve_data(images, None, "x.pt")
