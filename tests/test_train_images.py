@@ -200,3 +200,19 @@ def test_resolve_data_takes_an_image_dataset_file_for_raw_image_checkpoints(tmp_
         resolve_data({"data": {"path": str(tmp_path)}}, csv, "x.pt")  # features live in a folder
     with pytest.raises(CocosError, match=r"x\.pt: its data set .*gone is gone; pass --data"):
         resolve_data(images, None, "x.pt")
+
+
+def test_cpu_path_is_the_plain_float32_forward():
+    """No autocast and no memory-format change off CUDA: exactly ``encode_images``; evaluation resizes in
+    VSE++'s ratio (256 for 224)."""
+    from cocos.models import build_model
+    from cocos.training.pixels import encode_pixels, eval_resize, prepare_model, uses_amp
+
+    torch.manual_seed(0)
+    model = prepare_model(build_model("vsepp_full", vocab_size=5, cnn_type="resnet18", embed_size=8, word_dim=4),
+                          "cpu").eval()
+    pixels = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        assert torch.equal(encode_pixels(model, pixels, "cpu"), model.encode_images(pixels))
+    assert not uses_amp("cpu") and model.cnn.conv1.weight.is_contiguous()
+    assert [eval_resize(c) for c in (224, 112, 16)] == [256, 128, 18]  # round(256 c / 224)
