@@ -168,7 +168,10 @@ def test_evaluate_equals_an_independent_re_encoding(trained, tmp_path):
     assert got == pytest.approx(evaluate_embeddings(img.numpy(), cap.numpy(), 5), abs=1e-9)
 
 
-def test_bad_image_mid_training_is_one_line(small, tmp_path):
+def test_bad_image_mid_training_is_one_line(small, tmp_path, monkeypatch):
+    # an abandoned DataLoader (the error left prefetched batches) joins each worker for this long when it is
+    # collected; the CLI's process exits at once, in this test process it would cost 2 x 5 s
+    monkeypatch.setattr(torch.utils.data._utils, "MP_STATUS_CHECK_INTERVAL", 0.05)
     data = tmp_path / "w"
     import shutil
 
@@ -182,6 +185,10 @@ def test_bad_image_mid_training_is_one_line(small, tmp_path):
     line = one_error_line(res)
     assert victim.name in line and "cannot decode" in line
     assert not out.exists()  # nothing of the failed run is left
+    del res
+    import gc
+
+    gc.collect()  # the failed run's loader, while the short join applies
 
 
 def test_image_flags_and_checkpoint_fields_are_checked(small, trained, tmp_path):
