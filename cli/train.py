@@ -15,8 +15,9 @@ from .main import app
 @handle_errors
 def train(
     ctx: typer.Context,
-    data: Path = typer.Option(..., help="Folder with {train,dev,test}_ims.npy and _caps.txt."),
-    model: str = typer.Option("vsepp", help="vsepp or vsrn."),
+    data: Path = typer.Option(..., help="Folder with {train,dev,test}_ims.npy and _caps.txt, or raw images: "
+                                        "images/ + dataset_*.json, {train,val,test}_set.p or a CSV file list."),
+    model: str = typer.Option("vsepp", help="vsepp or vsrn (raw images: vsepp_full, VSE++ on a CNN)."),
     loss: str = typer.Option("triplet_sh", help="A registered loss (see `cocos losses`)."),
     out: Path = typer.Option(..., help="Output folder, e.g. checkpoints/NAME."),
     epochs: int = typer.Option(30, help="Training epochs."),
@@ -42,6 +43,14 @@ def train(
     save_every: int = typer.Option(None, metavar="K", help="Keep a checkpoint epoch_NNN.pt every K epochs."),
     k: int = typer.Option(5, help="Captions per image."),
     vocab: Path = typer.Option(None, help="A SCAN-style vocab JSON (default: built from the training captions)."),
+    cnn: str = typer.Option(None, help="Raw images: the CNN (resnet18/34/50/101/152, vgg19; default resnet50)."),
+    cnn_weights: Path = typer.Option(None, metavar="FILE", help="Raw images: the CNN's ImageNet weights "
+                                                                "(torchvision's resnet50-0676ba61.pth, ...)."),
+    finetune: bool = typer.Option(False, "--finetune", help="Raw images: train the CNN too (without "
+                                                            "--cnn-weights: from random initialisation)."),
+    crop_size: int = typer.Option(224, help="Raw images: training crop and evaluation centre crop."),
+    use_restval: bool = typer.Option(False, "--use-restval", help="Raw images: Karpathy's restval joins train."),
+    workers: int = typer.Option(0, help="Raw images: DataLoader workers decoding images (same result for any)."),
     seed: int = typer.Option(0, help="Seed of initialisation and batch order."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     resume: bool = typer.Option(False, "--resume", help="Continue from OUT/last.pt."),
@@ -60,7 +69,9 @@ def train(
                       word_dim=word_dim, params=extra, k=k, seed=seed, device=device,
                       warmup_epochs=warmup_epochs, vocab=str(vocab) if vocab else None, ltd=ltd, ltd_mode=ltd_mode,
                       ltd_eta=ltd_eta, ltd_beta=ltd_beta, ltd_targets=str(ltd_targets) if ltd_targets else None,
-                      track_cocos=track_cocos, save_every=save_every)
+                      track_cocos=track_cocos, save_every=save_every, cnn=cnn,
+                      cnn_weights=str(cnn_weights) if cnn_weights else None, finetune=finetune, crop_size=crop_size,
+                      use_restval=use_restval, workers=workers)
     cfg.validate()  # nonsense flags first, before any file is looked at
     if json_path is not None:
         _check_json(json_path, cfg, overwrite)
@@ -104,7 +115,7 @@ def _check_json(json_path: Path, cfg, overwrite: bool = False) -> None:
     from cocos.io import check_output_file, check_writable_file
     from cocos.training.trainer import OUTPUT_NAMES, OUTPUT_PATTERNS
 
-    check_output_file(json_path, [cfg.data, cfg.vocab, cfg.ltd_targets], overwrite=overwrite)
+    check_output_file(json_path, [cfg.data, cfg.vocab, cfg.ltd_targets, cfg.cnn_weights], overwrite=overwrite)
     if json_path.resolve().parent == Path(cfg.out).resolve() and (
             json_path.name in OUTPUT_NAMES or any(re.fullmatch(p, json_path.name) for p in OUTPUT_PATTERNS)):
         raise CocosError(f"{json_path}: is one of the files cocos train writes into {cfg.out}; choose another "
@@ -141,20 +152,22 @@ def interrupted_message(trainer) -> str:
 @handle_errors
 def evaluate(
     checkpoint: Path = typer.Argument(..., help="A checkpoint written by cocos train."),
-    data: Path = typer.Option(None, help="Data folder (default: the one recorded in the checkpoint)."),
+    data: Path = typer.Option(None, help="Data folder or image dataset (default: the one recorded in the "
+                                         "checkpoint)."),
     split: str = typer.Option("test", help="train, dev or test."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    workers: int = typer.Option(0, help="Raw images: DataLoader workers decoding images."),
     json_path: Path = typer.Option(None, "--json", help="Write the metrics here."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --json file."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
 ) -> None:
     """R@1/5/10 both ways, rsum, mAP@5 and R-precision of a checkpoint on a split."""
-    from cocos.data.precomp import PrecompSplit
     from cocos.device import resolve_device
+    from cocos.errors import CocosError
     from cocos.io import check_interrupt, check_output_file, check_writable_file
     from cocos.training.checkpoint import load_checkpoint
     from cocos.training.evaluate import evaluate_model, tokenize_split
-    from cocos.training.trainer import build_from_checkpoint, resolve_data
+    from cocos.training.trainer import build_from_checkpoint, open_split, resolve_data
 
     if json_path is not None:  # before anything is read: --json never replaces the checkpoint or the data
         from .analyze import _inputs
@@ -165,14 +178,18 @@ def evaluate(
     folder = resolve_data(ckpt, data, checkpoint)
     if json_path is not None:
         check_output_file(json_path, [checkpoint, folder], overwrite=overwrite, runs=[checkpoint])
+    if workers < 0:
+        raise CocosError(f"--workers must be at least 0, got {workers}")
     dev = resolve_device(device)
     model, vocab = build_from_checkpoint(ckpt, checkpoint)
-    split_data = PrecompSplit(folder, split, k=int(ckpt["data"]["k"]), check_finite=True)
+    split_data = open_split(ckpt, folder, split)
     from cocos.distributed import context
+    from cocos.training.pixels import prepare_model
 
     with context() as group:  # under torchrun: ranks split the encoding, rank 0 prints and writes
-        metrics = evaluate_model(model.to(dev), split_data, tokenize_split(split_data, vocab), device=dev,
-                                 progress=progress)
+        metrics = evaluate_model(prepare_model(model, dev), split_data, tokenize_split(split_data, vocab),
+                                 device=dev, progress=progress, workers=workers,
+                                 crop_size=int(ckpt["data"].get("crop_size", 224)))
     if not group.is_main:
         return
     check_interrupt()  # a Ctrl-C swallowed during the evaluation: stop before anything is written

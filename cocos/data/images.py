@@ -540,3 +540,38 @@ class ImageCaptionDataset(torch.utils.data.Dataset):
         if self.by == "image":
             return tensor, index
         return tensor, index, img_idx
+
+
+class ImageBatches(torch.utils.data.Dataset):
+    """A torch Dataset whose item ``b`` is batch ``b`` of a plan, stacked: ``(n, 3, c, c)`` pixels.
+
+    ``plan[b] = (images, keys)``: the split's image rows of the batch (an image may repeat: the
+    image of each caption of a pair batch) and each row's transform key. Row ``j`` is
+    ``transform(image(images[j]), item_generator(seed, epoch, keys[j]))``, so it equals item
+    ``keys[j]`` of :class:`ImageCaptionDataset` (``by="caption"`` with caption keys, ``by="image"``
+    with image keys) and depends on nothing else: not on the batch, the number of workers or
+    their order. Each distinct image of a batch is decoded once (a repeated image gets its own
+    transform per row, as the original per-caption Dataset). Used with
+    ``DataLoader(ImageBatches(...), batch_size=None, num_workers=w)``: a worker builds whole
+    batches, so decoding overlaps the training step. Bad input raises :class:`ImageDataError`.
+    """
+
+    def __init__(self, split: ImageSplit, transform: Callable, plan: list, *, seed: int = 0, epoch: int = 0):
+        self.split, self.transform, self.plan = split, transform, plan
+        self.seed, self.epoch = int(seed), int(epoch)
+
+    def __len__(self) -> int:
+        return len(self.plan)
+
+    def __getitem__(self, b: int) -> torch.Tensor:
+        images, keys = self.plan[int(b)]
+        decoded: dict[int, Image.Image] = {}
+        rows = []
+        try:
+            for img, key in zip(np.asarray(images).tolist(), np.asarray(keys).tolist(), strict=True):
+                if img not in decoded:
+                    decoded[img] = self.split.image(img)
+                rows.append(self.transform(decoded[img], item_generator(self.seed, self.epoch, key)))
+        except CocosError as exc:
+            raise ImageDataError(str(exc)) from None
+        return torch.stack(rows)

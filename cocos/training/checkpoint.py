@@ -7,6 +7,8 @@ Format (``format = "cocos-checkpoint"``, ``format_version = 1``)::
     state_dict: {name: tensor}
     loss:       {"name": ..., "params": {...}, "compat": bool}
     data:       {"path": ..., "fingerprint": ..., "k": ..., "feature_shape": [...]}
+                raw images also: "input": "images", "crop_size": ..., "use_restval": bool
+                (fingerprint: the training split's ImageSplit.fingerprint; feature_shape: [pooled d])
     train:      the training flags (epochs, lr, lr_update, batch_size, seed, ...)
     epoch:      last finished epoch (1-based)
     metrics:    validation metrics of that epoch; best_rsum: best validation rsum so far
@@ -495,6 +497,16 @@ def _check_data(check: _Checker, data, hparams: dict, train: dict) -> None:
     if "img_dim" in hparams and shape[-1] != hparams["img_dim"]:
         check.fail("data.feature_shape", f"has dimension {shape[-1]} but the model takes {hparams['img_dim']} "
                                          "(model.hparams.img_dim)")
+    kind = check.str(data.get("input", "features"), "data.input")
+    if kind not in ("features", "images"):
+        check.fail("data.input", f"must be features or images, got {_show(kind)}")
+    if kind == "images":  # raw images: the CNN's crop (224 when not recorded) and the Karpathy restval switch
+        if "cnn_type" not in hparams:
+            check.fail("data.input", "is images but the model reads precomputed features")
+        if "crop_size" in data:
+            check.int(data["crop_size"], "data.crop_size", minimum=8)
+        if "use_restval" in data:
+            check.bool(data["use_restval"], "data.use_restval")
 
 
 def _check_progress(check: _Checker, ckpt: dict) -> None:

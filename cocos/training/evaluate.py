@@ -1,4 +1,10 @@
-"""Encode a split with a frozen model, and evaluate retrieval on it."""
+"""Encode a split with a frozen model, and evaluate retrieval on it.
+
+A split is a precomputed-feature split (:class:`~cocos.data.precomp.PrecompSplit`) or a raw-image
+split (:class:`~cocos.data.images.ImageSplit`), encoded by a raw-image model (``vsepp_full``) with
+VSE++'s evaluation transform at ``crop_size``, its images decoded in ``workers`` DataLoader workers
+(:mod:`cocos.training.pixels`).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ import torch
 
 from cocos.data.precomp import PrecompSplit
 from cocos.data.text import Vocabulary, pad_batch
+from cocos.data.transforms import CROP_SIZE
 from cocos.errors import CocosError
 from cocos.io import check_interrupt
 from cocos.progress import progress_bar
@@ -18,7 +25,25 @@ def tokenize_split(split: PrecompSplit, vocab: Vocabulary) -> list[list[int]]:
     return [vocab.encode(c) for c in split.captions]
 
 
+def is_image_split(split) -> bool:
+    """Whether ``split`` holds raw images (an :class:`~cocos.data.images.ImageSplit`), not features."""
+    from cocos.data.images import ImageSplit
+
+    return isinstance(split, ImageSplit)
+
+
+def split_source(split) -> str:
+    """What error lines call a split: its features file, or its image dataset."""
+    return str(split.source) if is_image_split(split) else str(split.features_path)
+
+
 def check_compatible(model: torch.nn.Module, split: PrecompSplit) -> None:
+    raw = hasattr(model, "pooled")
+    if is_image_split(split) or raw:
+        if is_image_split(split) != raw:
+            what = "raw images" if raw else "precomputed features"
+            raise CocosError(f"{split_source(split)}: the {model.kind} model reads {what}, which this data is not")
+        return
     expected = int(model.hparams["img_dim"])
     if split.feature_dim != expected:
         raise CocosError(
@@ -38,8 +63,14 @@ def encode_split(
     progress: bool = False,
     description: str = "encoding",
     group=None,
+    workers: int = 0,
+    crop_size: int = CROP_SIZE,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Embeddings of all images ``(N, e)`` and captions ``(N k, e)`` of a split, in eval mode.
+    """Embeddings of all images ``(N, e)`` and captions ``(M, e)`` of a split (in its order), in eval mode.
+
+    A raw-image split is encoded with the evaluation transform at ``crop_size``, decoded in
+    ``workers`` DataLoader workers, the CNN under bf16 autocast on CUDA
+    (:func:`cocos.training.pixels.encode_pixels`).
 
     Every item is encoded on its own (no batch statistics in eval mode), so the
     result does not depend on ``batch_size``. Raises CocosError on NaN embeddings.
@@ -59,10 +90,9 @@ def encode_split(
     total = -(-len(rows_img) // batch_size) + -(-len(rows_cap) // batch_size)
     try:
         with progress_bar(total, description, enabled=progress and group.is_main) as advance:
-            for start in range(rows_img.start, rows_img.stop, batch_size):
+            for feats in _image_inputs(split, rows_img, batch_size, workers, crop_size, device):
                 check_interrupt()
-                feats = split.features_for(np.arange(start, min(start + batch_size, rows_img.stop)))
-                images.append(model.encode_images(feats.to(device)).float().cpu())
+                images.append(_encode_images(model, feats, device).float().cpu())
                 advance(1)
             for start in range(rows_cap.start, rows_cap.stop, batch_size):
                 check_interrupt()
@@ -80,8 +110,36 @@ def encode_split(
         bad = ~torch.isfinite(emb).all(-1)
         if bad.any():
             row = int(bad.nonzero()[0])
-            raise CocosError(f"{split.features_path}: the model gives a NaN {name} embedding (row {row})")
+            raise CocosError(f"{split_source(split)}: the model gives a NaN {name} embedding (row {row})")
     return img, cap
+
+
+def _image_inputs(split, rows: range, batch_size: int, workers: int, crop_size: int, device):
+    """The model's image inputs of ``rows`` in chunks of ``batch_size``: features, or decoded pixels."""
+    if not is_image_split(split):
+        for start in range(rows.start, rows.stop, batch_size):
+            yield split.features_for(np.arange(start, min(start + batch_size, rows.stop)))
+        return
+    from cocos.training.pixels import batch_loader, image_transform
+
+    plan = [(chunk, chunk) for chunk in (np.arange(s, min(s + batch_size, rows.stop))
+                                         for s in range(rows.start, rows.stop, batch_size))]
+    yield from batch_loader(split, image_transform(False, crop_size), plan, workers=workers, device=device)
+
+
+def _encode_images(model, inputs: torch.Tensor, device) -> torch.Tensor:
+    if hasattr(model, "pooled"):
+        from cocos.training.pixels import encode_pixels
+
+        return encode_pixels(model, inputs, device)
+    return model.encode_images(inputs.to(device))
+
+
+def image_major(split) -> np.ndarray:
+    """Caption rows in image-major order (image 0's k captions, then image 1's, ...), as the metrics need."""
+    if is_image_split(split):
+        return split.image_captions().reshape(-1)
+    return np.arange(split.n_captions)
 
 
 def evaluate_model(
@@ -92,8 +150,15 @@ def evaluate_model(
     device="cpu",
     batch_size: int = 256,
     progress: bool = False,
+    workers: int = 0,
+    crop_size: int = CROP_SIZE,
 ) -> dict[str, float]:
-    """R@1/5/10 both ways, rsum, mAP@5, R-precision (and 5-fold 1K means for 5K test sets)."""
+    """R@1/5/10 both ways, rsum, mAP@5, R-precision (and 5-fold 1K means for 5K test sets).
+
+    A raw-image split's captions are put in image-major order first (every image needs the
+    same number ``k`` of captions)."""
     img, cap = encode_split(model, split, token_ids, batch_size=batch_size, device=device,
-                            progress=progress)
-    return evaluate_embeddings(img.numpy(), cap.numpy(), split.k)
+                            progress=progress, workers=workers, crop_size=crop_size)
+    order = image_major(split)
+    k = len(order) // split.n_images
+    return evaluate_embeddings(img.numpy(), cap[torch.as_tensor(order)].numpy(), k)

@@ -9,6 +9,14 @@ dropped (VSRN's BatchNorm needs two). Validation every epoch on the dev split;
 Batch order depends only on ``(seed, epoch)``, so a resumed run equals an
 uninterrupted one.
 
+Raw images (``data`` an image dataset, :func:`cocos.data.images.is_image_dataset`): the model is
+VSE++'s full-image encoder (``vsepp_full``: ``cnn`` with ``cnn_weights``, frozen unless ``finetune``)
+trained as VSE++'s ``train.py`` with the same schedule; each caption's image gets VSE++'s training
+transform (RandomResizedCrop(``crop_size``) + flip) seeded by ``(seed, epoch, caption row)``
+(ranking batches: the image's row), decoded in ``workers`` DataLoader workers over the epoch's batch
+plan (:mod:`cocos.training.pixels`), so a run does not depend on ``workers``; the dev split is
+evaluated with the evaluation transform. The dev split of a Karpathy-JSON dataset is its ``val``.
+
 The step is VSE++'s loop (forward, loss, backward, clip, step); what a run adds to it
 is a hook (:mod:`cocos.training.hooks`): ``warmup_epochs`` trains the family's warm-up
 loss first; ``ltd`` adds latent target decoding (:mod:`cocos.losses.ltd`) to any loss;
@@ -49,7 +57,18 @@ OUTPUT_NAMES = ("last.pt", "model_best.pt", TRAIN_LOG, TRACK_LOG, "training.png"
 OUTPUT_PATTERNS = (r"epoch_\d+\.pt",)
 # flags that change what a run computes: a resumed run must keep them
 RESUME_FLAGS = ("lr", "lr_update", "batch_size", "embed_size", "word_dim", "seed", "k",
-                "warmup_epochs", "compat", "grad_clip", "ltd", "ltd_mode", "ltd_eta", "ltd_beta", "ltd_targets")
+                "warmup_epochs", "compat", "grad_clip", "ltd", "ltd_mode", "ltd_eta", "ltd_beta", "ltd_targets",
+                "cnn", "finetune", "crop_size", "use_restval")
+DEFAULT_CNN = "resnet50"  # the COCOS paper's (its job files: --cnn_type=resnet50)
+# torchvision's ImageNet weights files, what a frozen CNN needs (--cnn-weights)
+TORCHVISION_WEIGHTS = {"resnet18": ("resnet18-f37072fd.pth", "resnet18-5c106cde.pth"),
+                       "resnet34": ("resnet34-b627a593.pth", "resnet34-333f7ec4.pth"),
+                       "resnet50": ("resnet50-0676ba61.pth", "resnet50-19c8e357.pth"),
+                       "resnet101": ("resnet101-63fe2227.pth", "resnet101-5d3b4d8f.pth"),
+                       "resnet152": ("resnet152-394f9c45.pth", "resnet152-b121ed2d.pth"),
+                       "vgg19": ("vgg19-dcbb9e9d.pth",)}
+# the raw-image flags and their defaults (given with precomputed features they are refused)
+IMAGE_FLAGS = {"cnn": None, "cnn_weights": None, "finetune": False, "crop_size": 224, "use_restval": False}
 
 
 @dataclass
@@ -80,12 +99,29 @@ class TrainConfig:
     ltd_targets: str | None = None  # a user's (n_train_captions, D) .npy instead of all-MiniLM-L6-v2
     track_cocos: int | None = None  # count the training batch every N steps (cocos_track.csv)
     save_every: int | None = None  # keep epoch_NNN.pt every K epochs
+    # raw images (data an image dataset): the CNN, its ImageNet weights file, whether it trains, the crop
+    cnn: str | None = None  # default resnet50
+    cnn_weights: str | None = None
+    finetune: bool = False
+    crop_size: int = 224
+    use_restval: bool = False  # Karpathy JSON: restval joins train
+    workers: int = 0  # DataLoader workers decoding images (does not change the result)
+
+    def images(self) -> bool:
+        """Whether ``data`` is a raw-image dataset (looked up on disk; nothing is read)."""
+        from cocos.data.images import is_image_dataset
+
+        return is_image_dataset(self.data)
 
     def validate(self) -> None:
-        """Refuse nonsense flags before anything is read or written (one CocosError line)."""
+        """Refuse nonsense flags before anything is read or written (one CocosError line).
+
+        On raw-image data ``model`` ``vsepp`` becomes ``vsepp_full`` and ``cnn`` defaults to resnet50.
+        """
         from cocos.objectives import OBJECTIVES, get_objective
 
         get_objective(self.loss)  # unknown names: one line listing the registered losses
+        self._validate_images()
         if self.model not in MODELS:
             raise CocosError(f"unknown model '{self.model}' (choose from {', '.join(MODELS)})")
         for name in ("epochs", "batch_size", "embed_size", "word_dim", "lr_update", "k", "vocab_threshold"):
@@ -120,6 +156,33 @@ class TrainConfig:
                        if getattr(self, n) != TrainConfig.__dataclass_fields__[n].default]
             if changed:
                 raise CocosError(f"{', '.join(changed)} only apply with --ltd")
+
+    def _validate_images(self) -> None:
+        from cocos.models import CNN_TYPES
+
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 0:
+            raise CocosError(f"--workers must be an integer >= 0, got {self.workers}")
+        if not self.images():
+            changed = [f"--{n.replace('_', '-')}" for n, d in IMAGE_FLAGS.items() if getattr(self, n) != d]
+            if changed or self.model == "vsepp_full":
+                raise CocosError(f"{', '.join(changed) or '--model vsepp_full'} only apply to raw-image data; "
+                                 f"{self.data} is not an image dataset (images/ + dataset_*.json, {{split}}_set.p "
+                                 "or a CSV file list)")
+            return
+        if self.model == "vsepp":
+            self.model = "vsepp_full"
+        if self.model != "vsepp_full":
+            raise CocosError(f"--model {self.model} reads precomputed features; raw images train vsepp_full "
+                             "(VSE++ on a CNN)")
+        self.cnn = self.cnn or DEFAULT_CNN
+        if self.cnn not in CNN_TYPES:
+            raise CocosError(f"unknown CNN '{self.cnn}' (choose from {', '.join(CNN_TYPES)})")
+        if isinstance(self.crop_size, bool) or not isinstance(self.crop_size, int) or self.crop_size < 8:
+            raise CocosError(f"--crop-size must be an integer of at least 8 pixels, got {self.crop_size}")
+        if not self.finetune and not self.cnn_weights:
+            files = " or ".join(TORCHVISION_WEIGHTS[self.cnn])
+            raise CocosError(f"a frozen {self.cnn} needs ImageNet weights: pass --cnn-weights FILE (torchvision's "
+                             f"{files}), or --finetune to train it from random initialisation")
 
     def ltd_config(self):
         from cocos.losses.ltd import LTDConfig
@@ -186,13 +249,18 @@ class Trainer:
         if resume and not self.last_path.exists():
             raise CocosError(f"{self.last_path}: nothing to resume")
         self.device = resolve_device(cfg.device)
-        self.train_split = PrecompSplit(cfg.data, "train", k=cfg.k, check_finite=True)
-        self.dev_split = PrecompSplit(cfg.data, "dev", k=cfg.k, check_finite=True)
-        if self.dev_split.feature_shape != self.train_split.feature_shape:
-            raise CocosError(f"{self.dev_split.features_path}: dev features have shape "
-                             f"{self.dev_split.feature_shape} per image but the training features "
-                             f"{self.train_split.feature_shape}")
-        self.fingerprint = data_fingerprint(cfg.data)
+        self.images = cfg.images()
+        if self.images:
+            self._open_images()
+        else:
+            self.train_split = PrecompSplit(cfg.data, "train", k=cfg.k, check_finite=True)
+            self.dev_split = PrecompSplit(cfg.data, "dev", k=cfg.k, check_finite=True)
+            if self.dev_split.feature_shape != self.train_split.feature_shape:
+                raise CocosError(f"{self.dev_split.features_path}: dev features have shape "
+                                 f"{self.dev_split.feature_shape} per image but the training features "
+                                 f"{self.train_split.feature_shape}")
+            self.fingerprint = data_fingerprint(cfg.data)
+            self.image_captions = self.train_split.image_captions
 
         resume_ckpt = load_checkpoint(self.last_path) if resume else None
         if resume_ckpt is not None:
@@ -207,17 +275,48 @@ class Trainer:
         self.targets = self._ltd_targets() if cfg.ltd else None  # before anything is written
 
         torch.manual_seed(cfg.seed)
-        self.model = build_model(cfg.model, img_dim=self.train_split.feature_dim,
-                                 vocab_size=len(self.vocab), word_dim=cfg.word_dim,
-                                 embed_size=cfg.embed_size).to(self.device)
+        self.model = self._build_model()
         self.loss_fn = get_loss(cfg.loss, **cfg.loss_params(), compat=cfg.compat)
         self.hooks = self._hooks()
-        self.optimizer = torch.optim.Adam(self.trained_parameters(), lr=cfg.lr)
+        # raw images: the same Adam, fused into one kernel per step (a CNN's millions of weights make the
+        # per-tensor loop as slow as the step itself on the CPU); precomputed features: torch's default
+        fused = {"fused": True} if self.images else {}
+        self.optimizer = torch.optim.Adam(self.trained_parameters(), lr=cfg.lr, **fused)
         self.scheduler = torch.optim.lr_scheduler.StepLR(self.optimizer, step_size=cfg.lr_update, gamma=0.1)
         self.epoch, self.step_count, self.best_rsum, self.history, self.step_log = 0, 0, -math.inf, [], []
         self.best_metrics: dict = {}  # of this process's run (rank 0 returns the file's, which also covers a resume)
         if resume_ckpt is not None:
             self._resume_from(resume_ckpt)
+
+    def _open_images(self) -> None:
+        """The raw-image splits (train with ``use_restval``; dev = Karpathy's val), k captions per image."""
+        from cocos.data.images import load_image_split
+
+        cfg = self.cfg
+        self.train_split = load_image_split(cfg.data, "train", use_restval=cfg.use_restval)
+        self.dev_split = load_image_split(cfg.data, "dev")
+        for split in (self.train_split, self.dev_split):
+            per_image = split.image_captions()  # one line if images have different numbers of captions
+            if per_image.shape[1] != cfg.k:
+                raise CocosError(f"{split.source}: split '{split.split}' has {per_image.shape[1]} captions per "
+                                 f"image, not --k {cfg.k}")
+        self.image_captions = self.train_split.image_captions()
+        if self.train_split.n_images >= 1000:  # reads every image once: a while for Flickr30k or COCO
+            self.log(f"fingerprinting the {self.train_split.n_images:,} training images (read once)")
+        self.fingerprint = self.train_split.fingerprint()  # the content of the training images and captions
+
+    def _build_model(self) -> torch.nn.Module:
+        """The run's model on the device; raw images: ``vsepp_full`` with the CNN weights file loaded."""
+        cfg = self.cfg
+        sizes = {"vocab_size": len(self.vocab), "word_dim": cfg.word_dim, "embed_size": cfg.embed_size}
+        if not self.images:
+            return build_model(cfg.model, img_dim=self.train_split.feature_dim, **sizes).to(self.device)
+        from cocos.training.pixels import prepare_model
+
+        model = build_model(cfg.model, cnn_type=cfg.cnn, finetune=cfg.finetune, **sizes)
+        if cfg.cnn_weights:
+            model.load_cnn_weights(cfg.cnn_weights)
+        return prepare_model(model, self.device)
 
     def _hooks(self) -> list[Hook]:
         """The run's extensions of the loop (:mod:`cocos.training.hooks`), in the order they are called."""
@@ -310,7 +409,14 @@ class Trainer:
             return torch.from_numpy(read_targets(self.cfg.ltd_targets, n))
         if not self.group.is_main:  # rank 0 computes and caches them; the others then read the cache
             barrier(self.group)
-        targets = sentence_targets(self.train_split, progress=self.progress, log=self.log)
+        split = self.train_split
+        if self.images:  # cached beside the image dataset (its folder, or the folder of its file)
+            from types import SimpleNamespace
+
+            data = Path(self.cfg.data)
+            split = SimpleNamespace(folder=data if data.is_dir() else data.parent, split=split.split,
+                                    captions=split.captions)
+        targets = sentence_targets(split, progress=self.progress, log=self.log)
         if self.group.is_main:
             barrier(self.group)
         return torch.from_numpy(targets)
@@ -360,7 +466,7 @@ class Trainer:
             if len(images) > 1 and len(images[-1]) == 1:  # a batch of one image: nothing to contrast
                 images = images[:-1]
             for img in images:
-                cap = self.train_split.image_captions[img].reshape(-1)
+                cap = self.image_captions[img].reshape(-1)
                 yield img, cap, None
         else:
             caption_image = self.train_split.caption_image
@@ -397,13 +503,16 @@ class Trainer:
         rows = block(len(cap), group)
         return img[rows.start:rows.stop], cap[rows.start:rows.stop], True
 
-    def step(self, img: np.ndarray, cap: np.ndarray, caption_image, loss_fn=None, epoch: int = 0) -> float:
-        """One optimiser step, as VSE++'s loop: forward, loss, backward, clip, step; the hooks at their points."""
+    def step(self, img: np.ndarray, cap: np.ndarray, caption_image, loss_fn=None, epoch: int = 0,
+             pixels: torch.Tensor | None = None) -> float:
+        """One optimiser step, as VSE++'s loop: forward, loss, backward, clip, step; the hooks at their points.
+
+        Raw images: ``pixels`` are this rank's rows of the batch (:meth:`pixel_batches`)."""
         check_interrupt()  # a Ctrl-C that something swallowed on its way up
         self.step_count += 1
         batch = StepBatch(self.step_count, epoch, img, cap, caption_image, torch.as_tensor(img, device=self.device),
                           self._full_batch(img, cap))
-        img_emb, cap_emb, split = self.forward(batch)
+        img_emb, cap_emb, split = self.forward(batch, pixels)
         for hook in self.hooks:
             hook.observe(batch, img_emb, cap_emb)
         loss_con = (loss_fn or self.loss_fn)(img_emb, cap_emb, caption_image=caption_image, image_ids=batch.image_ids)
@@ -419,15 +528,23 @@ class Trainer:
                               "L_con": float(loss_con.detach()) if record else value, **record})
         return value
 
-    def forward(self, batch: StepBatch) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    def forward(self, batch: StepBatch, pixels: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, bool]:
         """The embeddings of the global batch; under torchrun this rank encodes its block and gathers the rest
         with their gradients (returns whether the batch was split)."""
         from cocos.distributed import all_gather_with_grad
 
         local_img, local_cap, split = self._local_rows(batch.images, batch.captions)
-        feats = self.train_split.features_for(local_img).to(self.device)
         tokens, lengths = pad_batch([self.train_ids[c] for c in local_cap])
-        img_emb, cap_emb = self.model(feats, tokens.to(self.device), lengths)
+        if self.images:
+            from cocos.training.pixels import encode_pixels
+
+            if pixels is None:  # a step called on its own (no loader): this rank's rows, decoded here
+                pixels = next(iter(self.pixel_batches(batch.epoch, [(batch.images, batch.captions)])))
+            img_emb = encode_pixels(self.model, pixels, self.device)
+            cap_emb = self.model.encode_captions(tokens.to(self.device), lengths)
+        else:
+            feats = self.train_split.features_for(local_img).to(self.device)
+            img_emb, cap_emb = self.model(feats, tokens.to(self.device), lengths)
         if split:  # the loss sees the global batch: every rank's rows, in order, with their gradients
             img_emb, cap_emb = all_gather_with_grad(img_emb, self.group), all_gather_with_grad(cap_emb, self.group)
         return img_emb, cap_emb, split
@@ -446,6 +563,20 @@ class Trainer:
         if split:  # BatchNorm running statistics saw this rank's rows: every rank takes rank 0's (as DDP)
             broadcast_buffers(self.model, self.group)
 
+    def pixel_batches(self, epoch: int, batches: list):
+        """The training pixels of this rank's rows of each ``(images, captions)`` batch, in order, decoded and
+        transformed in ``workers`` DataLoader workers; each row seeded by ``(seed, epoch, key)``, the key being
+        the caption's row (pair batches: VSE++ transforms the image anew for each caption) or the image's
+        (ranking batches)."""
+        from cocos.training.pixels import batch_loader, image_transform
+
+        plan = []
+        for img, cap, *_ in batches:
+            local_img, local_cap, _ = self._local_rows(np.asarray(img), np.asarray(cap))
+            plan.append((local_img, local_img if self.loss_fn.batch_layout == "ranking" else local_cap))
+        return batch_loader(self.train_split, image_transform(True, self.cfg.crop_size), plan, seed=self.cfg.seed,
+                            epoch=epoch, workers=self.cfg.workers, device=self.device)
+
     def train_epoch(self, epoch: int) -> tuple[float, float]:
         from cocos.progress import progress_bar
 
@@ -455,10 +586,12 @@ class Trainer:
         for hook in self.hooks:
             loss_fn = hook.loss_for(epoch, loss_fn)
         total_loss, n_caps, start = 0.0, 0, time.perf_counter()
+        inputs = iter(self.pixel_batches(epoch, batches)) if self.images else None
         with progress_bar(len(batches), f"epoch {epoch}/{self.cfg.epochs}", enabled=self.progress,
                           fields=True) as advance:
             for done, (img, cap, caption_image) in enumerate(batches, start=1):
-                total_loss += self.step(img, cap, caption_image, loss_fn, epoch=epoch)
+                pixels = next(inputs) if inputs is not None else None
+                total_loss += self.step(img, cap, caption_image, loss_fn, epoch=epoch, pixels=pixels)
                 n_caps += len(cap)
                 rate = n_caps / max(time.perf_counter() - start, 1e-9)
                 advance(1, f"loss {total_loss / done:.4f} · {rate:,.0f} captions/s")
@@ -471,10 +604,9 @@ class Trainer:
         ckpt = {
             "model": {"kind": self.cfg.model, "hparams": dict(self.model.hparams)},
             "vocab": self.vocab.tokens,
-            "state_dict": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
+            "state_dict": {k: v.detach().cpu().contiguous() for k, v in self.model.state_dict().items()},
             "loss": {"name": self.cfg.loss, "params": self.loss_fn.params(), "compat": self.cfg.compat},
-            "data": {"path": str(Path(self.cfg.data).resolve()), "fingerprint": self.fingerprint,
-                     "k": self.cfg.k, "feature_shape": list(self.train_split.feature_shape)},
+            "data": self._data_entry(),
             "train": asdict(self.cfg),
             "epoch": self.epoch,
             "step": self.step_count,
@@ -489,6 +621,20 @@ class Trainer:
             ckpt["scheduler"] = self.scheduler.state_dict()
             ckpt["rng"] = {"torch": torch.get_rng_state()}
         return ckpt
+
+    def _data_entry(self) -> dict:
+        """The checkpoint's ``data``; raw images: ``input: images``, the training split's content fingerprint
+        (:meth:`cocos.data.images.ImageSplit.fingerprint`), the crop size, the CNN's pooled feature shape."""
+        data = {"path": str(Path(self.cfg.data).resolve()), "fingerprint": self.fingerprint, "k": self.cfg.k}
+        if not self.images:
+            return {**data, "feature_shape": list(self.train_split.feature_shape)}
+        return {**data, "feature_shape": [int(self.model.img_dim)], "input": "images",
+                "crop_size": self.cfg.crop_size, "use_restval": self.cfg.use_restval}
+
+    def evaluate_dev(self) -> dict:
+        """Validation metrics on the dev split (raw images: evaluation transform, ``workers``)."""
+        return evaluate_model(self.model, self.dev_split, self.dev_ids, device=self.device,
+                              workers=self.cfg.workers, crop_size=self.cfg.crop_size)
 
     def fit(self) -> dict:
         """Train the remaining epochs; returns the best checkpoint's validation metrics.
@@ -529,7 +675,7 @@ class Trainer:
         lr = self.optimizer.param_groups[0]["lr"]
         loss, rate = self.train_epoch(epoch)
         self.scheduler.step()
-        metrics = evaluate_model(self.model, self.dev_split, self.dev_ids, device=self.device)
+        metrics = self.evaluate_dev()
         self.epoch = epoch
         improved = metrics["rsum"] > self.best_rsum
         if improved:
@@ -566,13 +712,32 @@ class Trainer:
 
 
 def resolve_data(ckpt: dict, data: str | Path | None, checkpoint_path: str | Path) -> Path:
-    """The data folder: ``data`` if given, else the one recorded in the checkpoint if it still exists."""
+    """The data folder: ``data`` if given, else the one recorded in the checkpoint if it still exists.
+
+    A raw-image checkpoint (``data.input`` ``images``) may name an image dataset file (a CSV file
+    list or a ``{split}_set.p``) instead of a folder."""
+    images = ckpt["data"].get("input") == "images"
+
+    def exists(path: Path) -> bool:
+        return path.is_dir() or (images and path.is_file())
+
     if data is not None:
         folder = Path(data)
-        if not folder.is_dir():
-            raise CocosError(f"{folder}: no such data folder")
+        if not exists(folder):
+            raise CocosError(f"{folder}: no such data {'set' if images else 'folder'}")
         return folder
     recorded = Path(ckpt["data"]["path"])
-    if not recorded.is_dir():
-        raise CocosError(f"{checkpoint_path}: its data folder {recorded} is gone; pass --data")
+    if not exists(recorded):
+        raise CocosError(f"{checkpoint_path}: its data {'set' if images else 'folder'} {recorded} is gone; pass --data")
     return recorded
+
+
+def open_split(ckpt: dict, data: str | Path, split: str):
+    """One split of a checkpoint's data: a raw-image split for a raw-image checkpoint (with its recorded
+    ``use_restval``), else the precomputed folder's split with the checkpoint's ``k``."""
+    k = int(ckpt["data"]["k"])
+    if ckpt["data"].get("input") == "images":
+        from cocos.data.images import load_image_split
+
+        return load_image_split(data, split, use_restval=bool(ckpt["data"].get("use_restval", False)))
+    return PrecompSplit(data, split, k=k, check_finite=True)
