@@ -50,12 +50,14 @@ import numpy as np
 import torch
 
 from cocos import __version__
-from cocos.data.images import ImageCaptionDataset, ImageSplit, load_image_split
+from cocos.data.images import ImageSplit, load_image_split
 from cocos.data.precomp import SPLITS, _normalise_split
 from cocos.data.transforms import CROP_SIZE, RESIZE, eval_transform
 from cocos.errors import CocosError
 from cocos.io import MARKER, check_interrupt, check_output_dir, interrupt_pending, write_json, write_text
 from cocos.progress import progress_bar
+from cocos.training.pixels import batch_loader
+from cocos.training.pixels import pooled_features as pooled_batch
 
 MANIFEST = "cocos_features.json"
 FORMAT = "cocos-features/1"
@@ -164,23 +166,26 @@ def iter_pooled(cnn: torch.nn.Module, split: ImageSplit, *, start: int = 0, resi
 
     Each image: :func:`cocos.data.images.open_image` (in ``workers`` DataLoader processes), the
     evaluation transform, then ``cnn`` in eval mode without gradients (the pooled feature; the
-    CNN's training mode is restored afterwards). Bad images raise one CocosError line naming them.
+    CNN's training mode is restored afterwards). Loading and the CNN pass are training's own
+    (:func:`cocos.training.pixels.batch_loader`, :func:`~cocos.training.pixels.pooled_features`:
+    bf16 autocast and channels-last on CUDA). Bad images raise one CocosError line naming them.
     """
     if batch_size < 1 or workers < 0:
         raise CocosError(f"batch size must be positive and workers not negative, got {batch_size}, {workers}")
     if start >= split.n_images:
         return
-    dataset = ImageCaptionDataset(split, partial(eval_transform, resize=resize, crop_size=crop_size), by="image")
-    rows = torch.utils.data.Subset(dataset, range(start, split.n_images))
-    loader = torch.utils.data.DataLoader(rows, batch_size=batch_size, shuffle=False, num_workers=workers)
+    plan = [(rows, rows) for rows in (np.arange(a, min(a + batch_size, split.n_images))
+                                      for a in range(start, split.n_images, batch_size))]
+    loader = batch_loader(split, partial(eval_transform, resize=resize, crop_size=crop_size), plan, workers=workers,
+                          device=device)
     was_training = cnn.training
     cnn.eval()
     row = start
     try:
         with torch.no_grad():
-            for pixels, _ in loader:
+            for pixels in loader:
                 check_interrupt()
-                feats = cnn(pixels.to(device)).float().cpu().numpy()
+                feats = pooled_batch(cnn, pixels, device).float().cpu().numpy()
                 if not np.isfinite(feats).all():
                     bad = row + int(np.flatnonzero(~np.isfinite(feats).all(1))[0])
                     raise CocosError(f"{split.image_name(bad)}: the CNN gives a NaN or Inf feature")

@@ -33,6 +33,7 @@ from cocos.embed.features import (
     pooled_features,
 )
 from cocos.errors import CocosError
+from cocos.training.pixels import eval_resize
 
 
 class PooledSplit:
@@ -156,7 +157,7 @@ def image_source_of(ckpt: dict, data: Path, *, resize: int | None = None, crop_s
     if crop_size is None:  # the original's opt.crop_size is its training crop; evaluation always took 224
         crop_size = CROP_SIZE if "legacy" in ckpt else int(recorded.get("crop_size") or CROP_SIZE)
     if resize is None:  # recorded, else in the original's proportion 256 : 224
-        resize = int(recorded.get("resize") or round(crop_size * RESIZE / CROP_SIZE))
+        resize = int(recorded.get("resize") or eval_resize(crop_size))
     return ImageSource(Path(data), resize=resize, crop_size=crop_size, use_restval=restval,
                        features=[Path(f) for f in features], workers=workers, log=log)
 

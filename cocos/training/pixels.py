@@ -64,15 +64,17 @@ def prepare_model(model: torch.nn.Module, device: torch.device | str) -> torch.n
 
 
 def pooled_features(model: torch.nn.Module, pixels: torch.Tensor, device: torch.device | str) -> torch.Tensor:
-    """The CNN's float32 ``(n, d)`` features of a batch of normalised pixels (bf16 autocast on CUDA)."""
+    """The CNN's float32 ``(n, d)`` features of a batch of normalised pixels (bf16 autocast on CUDA); ``model`` is
+    a raw-image model (its ``pooled``) or a bare CNN whose classifier is stripped."""
     device = torch.device(device)
+    pooled = model.pooled if hasattr(model, "pooled") else model
     pixels = pixels.to(device, non_blocking=True)
     if device.type != "cuda":
-        return model.pooled(pixels)
+        return pooled(pixels)
     pixels = pixels.contiguous(memory_format=torch.channels_last)
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if uses_amp(device) else contextlib.nullcontext()
     with amp:
-        out = model.pooled(pixels)
+        out = pooled(pixels)
     return out.float()
 
 
