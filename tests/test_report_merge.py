@@ -63,7 +63,7 @@ BAD = {
     "no_fingerprint": (json.dumps({**V2, "data": {"name": "f30k"}}), "missing data.path"),
     "stats_not_object": (json.dumps({**V2, "format_version": 3, "stats": [1]}), "'stats' must be an object"),
     "wrong_type": (json.dumps({**V2, "counting": {**V2["counting"], "batch_size": "128"}}),
-                   "counting.batch_size must be int"),
+                   "counting.batch_size must be an integer, got str"),
     "future": (json.dumps({**V2, "format_version": 99}), "format version 99 is not supported"),
     "other_format": (json.dumps({**V2, "format": "something"}), "not a cocos results file"),
     "bad_stat": (json.dumps({**V2, "format_version": 3, "stats": {"triplet": {"i2t": {"C_q": {"mean": "x"}}}}}),

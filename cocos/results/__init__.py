@@ -19,13 +19,14 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from cocos import typed
 from cocos.errors import CocosError
 from cocos.presentation import Presentation
 
@@ -358,39 +359,17 @@ def lookup(tree, *keys):
 
 # -- validation -------------------------------------------------------------------------------
 
-_TYPES = {"str": str, "int": int, "bool": bool, "dict": dict, "list": list}
-
-
-def _check_type(value, annotation: str) -> bool:
-    options = [a.strip() for a in annotation.split("|")]
-    for option in options:
-        if option == "None" and value is None:
-            return True
-        base = _TYPES.get(option)
-        if base is int and isinstance(value, int) and not isinstance(value, bool):
-            return True
-        if base is not None and base is not int and isinstance(value, base):
-            return True
-    return False
-
-
 def _typed(cls, data: dict, key: str):
-    """Build dataclass ``cls`` from ``data[key]``, checking required fields and their types."""
+    """Build dataclass ``cls`` from ``data[key]``, its fields checked by :mod:`cocos.typed` (one line otherwise)."""
     node = data.get(key)
     if not isinstance(node, dict):
         raise CocosError(f"not a cocos results file ('{key}' must be an object)")
-    kwargs = {}
-    for f in fields(cls):
-        if f.name not in node:
-            if f.default is MISSING and f.default_factory is MISSING:
-                raise CocosError(f"not a cocos results file (missing {key}.{f.name})")
-            continue
-        value = node[f.name]
-        if not _check_type(value, str(f.type)):
-            raise CocosError(f"not a cocos results file ({key}.{f.name} must be {f.type}, "
-                             f"got {type(value).__name__})")
-        kwargs[f.name] = value
-    return cls(**kwargs)
+    found = typed.problem(cls, node, lambda v: type(v).__name__)
+    if found is not None:
+        field_name, message = found
+        detail = f"missing {key}.{field_name}" if message == "is missing" else f"{key}.{field_name} {message}"
+        raise CocosError(f"not a cocos results file ({detail})")
+    return typed.build(cls, node)
 
 
 def _shown(name) -> str:

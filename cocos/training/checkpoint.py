@@ -39,11 +39,12 @@ import math
 import os
 import re
 import struct
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from cocos import __version__
+from cocos import __version__, typed
 from cocos.errors import CocosError
 from cocos.io import write_bytes
 from cocos.safeload import first_line, load_torch_file
@@ -396,8 +397,8 @@ def validate_model(ckpt: dict, where="checkpoint") -> torch.nn.Module:
 
     check = _Checker(where)
     check.dict(ckpt, "checkpoint")
-    model = check.dict(check.key(ckpt, "model", ""), "model")
-    kind = check.key(model, "kind", "model")
+    model = _entry(check, ModelEntry, check.key(ckpt, "model", ""), "model")
+    kind = model["kind"]
     if not isinstance(kind, str) or kind not in MODELS:
         check.fail("model.kind", f"must be one of {', '.join(MODELS)}, got {_show(kind)}")
     cls = MODELS[kind]
@@ -418,15 +419,74 @@ def validate_model(ckpt: dict, where="checkpoint") -> torch.nn.Module:
     return meta
 
 
-def _annotation_checker(annotation: str):
-    """A type test for a TrainConfig field from its annotation (``int``, ``float | None``, ``dict | None``, ...)."""
-    tests = {"str": lambda v: isinstance(v, str), "int": _is_int, "float": _is_number,
-             "bool": lambda v: isinstance(v, bool), "dict": lambda v: isinstance(v, dict),
-             "None": lambda v: v is None}
-    parts = [p.strip() for p in str(annotation).split("|")]
-    if not all(p in tests for p in parts):
-        return None, None
-    return (lambda v: any(tests[p](v) for p in parts)), " or ".join(parts)
+# -- the typed entries ---------------------------------------------------------------------------------
+# The checkpoint's parts as records (checked field by field against these annotations by :mod:`cocos.typed`, the
+# one checker results.json uses too); what the annotations cannot say (ranges, agreement between parts, the
+# registry, the model's tensors) is checked after them.
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    kind: str
+    hparams: dict
+
+
+@dataclass(frozen=True)
+class LossEntry:
+    name: str
+    params: dict = field(default_factory=dict)
+    compat: bool = False
+
+
+@dataclass(frozen=True)
+class DataEntry:
+    path: str
+    fingerprint: str
+    k: int
+    feature_shape: list
+    input: str = "features"  # "features" (precomputed) or "images" (raw images, vsepp_full)
+    crop_size: int | None = None
+    use_restval: bool | None = None
+
+
+@dataclass(frozen=True)
+class Progress:
+    epoch: int
+    step: int = 0
+    metrics: dict | None = None
+    best_rsum: inf | None = None  # noqa: F821 - -inf before the first validation ("inf": a number, infinity allowed)
+    history: list | None = None
+    library_version: str | None = None
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint's parts, typed (:meth:`of` a validated checkpoint dict); the file holds the plain dict."""
+
+    model: ModelEntry
+    vocab: list
+    loss: LossEntry
+    data: DataEntry
+    progress: Progress
+    train: dict
+    state_dict: dict
+    ltd: dict | None = None
+
+    @classmethod
+    def of(cls, ckpt: dict) -> Checkpoint:
+        return cls(model=typed.build(ModelEntry, ckpt["model"]), vocab=list(ckpt["vocab"]),
+                   loss=typed.build(LossEntry, ckpt["loss"]), data=typed.build(DataEntry, ckpt["data"]),
+                   progress=typed.build(Progress, ckpt), train=dict(ckpt.get("train") or {}),
+                   state_dict=ckpt["state_dict"], ltd=ckpt.get("ltd"))
+
+
+def _entry(check: _Checker, cls, node, field_name: str, complete: bool = True) -> dict:
+    """``node`` checked as a ``cls`` record (one line naming the field); ``field_name`` "" for the top level."""
+    node = check.dict(node, field_name or "checkpoint")
+    found = typed.problem(cls, node, _show, complete=complete)
+    if found is not None:
+        check.fail(f"{field_name}.{found[0]}" if field_name else found[0], found[1])
+    return node
 
 
 # fields of `train` that commands read as numbers: they may not be missing values
@@ -434,35 +494,25 @@ _TRAIN_USED = {"batch_size": 1, "k": 1, "seed": 0}
 
 
 def _check_train(check: _Checker, train) -> dict:
-    from dataclasses import fields
-
     from cocos.training.trainer import TrainConfig
 
     train = check.dict(train, "train")
-    for f in fields(TrainConfig):
-        if f.name not in train:
-            continue
-        value, name = train[f.name], f"train.{f.name}"
-        if f.name in _TRAIN_USED:
-            check.int(value, name, minimum=_TRAIN_USED[f.name], maximum=SEED_LIMIT - 1 if f.name == "seed" else None)
-            continue
-        if value is None:  # a setting the run did not record (a converted checkpoint of the original code)
-            continue
-        test, expected = _annotation_checker(f.type)
-        if test is not None and not test(value):
-            check.fail(name, f"must be {expected}, got {_show(value)}")
-        if _is_number(value) and not math.isfinite(value):
-            check.fail(name, f"must be finite, got {value}")
+    for name, minimum in _TRAIN_USED.items():
+        if name in train:
+            check.int(train[name], f"train.{name}", minimum=minimum, maximum=SEED_LIMIT - 1 if name == "seed" else None)
+    # a setting the run did not record is None (a converted checkpoint of the original code)
+    _entry(check, TrainConfig, {k: v for k, v in train.items() if v is not None}, "train", complete=False)
+    for name, value in train.items():
         if _is_int(value) and value < 0:
-            check.fail(name, f"must not be negative, got {value}")
+            check.fail(f"train.{name}", f"must not be negative, got {value}")
     return train
 
 
 def _check_loss(check: _Checker, loss) -> None:
     from cocos.objectives import OBJECTIVES, get_objective
 
-    loss = check.dict(loss, "loss")
-    name = check.str(check.key(loss, "name", "loss"), "loss.name", nonempty=True)
+    loss = _entry(check, LossEntry, loss, "loss")
+    name = check.str(loss["name"], "loss.name", nonempty=True)
     try:
         spec = get_objective(name)
     except CocosError:
@@ -478,18 +528,16 @@ def _check_loss(check: _Checker, loss) -> None:
         check.fail("loss.params", f"are not valid for {name} ({exc})")
     except Exception as exc:  # noqa: BLE001 - a family's own check on a value of an odd type
         check.fail("loss.params", f"are not valid for {name} ({first_line(exc)})")
-    if "compat" in loss:
-        check.bool(loss["compat"], "loss.compat")
 
 
 def _check_data(check: _Checker, data, hparams: dict, train: dict) -> None:
-    data = check.dict(data, "data")
-    check.str(check.key(data, "path", "data"), "data.path", nonempty=True)
-    check.str(check.key(data, "fingerprint", "data"), "data.fingerprint", nonempty=True)
-    k = check.int(check.key(data, "k", "data"), "data.k", minimum=1)
+    data = _entry(check, DataEntry, data, "data")
+    for name in ("path", "fingerprint"):
+        check.str(data[name], f"data.{name}", nonempty=True)
+    k = check.int(data["k"], "data.k", minimum=1)
     if "k" in train and train["k"] != k:
         check.fail("data.k", f"is {k} but train.k is {train['k']}")
-    shape = check.list(check.key(data, "feature_shape", "data"), "data.feature_shape")
+    shape = data["feature_shape"]
     if len(shape) not in (1, 2):
         check.fail("data.feature_shape", f"must be (D,) or (R, D), got {_show(shape)}")
     for i, d in enumerate(shape):
@@ -497,33 +545,25 @@ def _check_data(check: _Checker, data, hparams: dict, train: dict) -> None:
     if "img_dim" in hparams and shape[-1] != hparams["img_dim"]:
         check.fail("data.feature_shape", f"has dimension {shape[-1]} but the model takes {hparams['img_dim']} "
                                          "(model.hparams.img_dim)")
-    kind = check.str(data.get("input", "features"), "data.input")
+    kind = data.get("input", "features")
     if kind not in ("features", "images"):
         check.fail("data.input", f"must be features or images, got {_show(kind)}")
     if kind == "images":  # raw images: the CNN's crop (224 when not recorded) and the Karpathy restval switch
         if "cnn_type" not in hparams:
             check.fail("data.input", "is images but the model reads precomputed features")
-        if "crop_size" in data:
+        if data.get("crop_size") is not None:
             check.int(data["crop_size"], "data.crop_size", minimum=8)
-        if "use_restval" in data:
-            check.bool(data["use_restval"], "data.use_restval")
 
 
 def _check_progress(check: _Checker, ckpt: dict) -> None:
+    _entry(check, Progress, ckpt, "")
     check.int(ckpt["epoch"], "epoch", minimum=0)
-    if "step" in ckpt:
-        check.int(ckpt["step"], "step", minimum=0)
-    if "library_version" in ckpt:
-        check.str(ckpt["library_version"], "library_version")
-    if ckpt.get("metrics") is not None:
-        for key, value in check.dict(ckpt["metrics"], "metrics").items():
-            check.number(value, f"metrics.{key}")
-    if ckpt.get("best_rsum") is not None:
-        check.number(ckpt["best_rsum"], "best_rsum", finite=False)
-    if ckpt.get("history") is not None:
-        for i, row in enumerate(check.list(ckpt["history"], "history")):
-            for key, value in check.dict(row, f"history[{i}]").items():
-                check.number(value, f"history[{i}].{key}")
+    check.int(ckpt.get("step", 0), "step", minimum=0)
+    for key, value in (ckpt.get("metrics") or {}).items():
+        check.number(value, f"metrics.{key}")
+    for i, row in enumerate(ckpt.get("history") or ()):
+        for key, value in check.dict(row, f"history[{i}]").items():
+            check.number(value, f"history[{i}].{key}")
 
 
 def _check_ltd(check: _Checker, ltd, embed_size) -> torch.nn.Module:

@@ -45,7 +45,7 @@ from cocos.errors import CocosError, check_params
 from cocos.io import check_interrupt
 from cocos.models import MODELS, build_model
 from cocos.objectives import get_loss, get_objective
-from cocos.training.checkpoint import RESUME_KEYS, SEED_LIMIT, load_checkpoint, peek_epoch, save_checkpoint
+from cocos.training.checkpoint import RESUME_KEYS, SEED_LIMIT, Checkpoint, load_checkpoint, peek_epoch, save_checkpoint
 from cocos.training.evaluate import evaluate_model, tokenize_split
 from cocos.training.hooks import Hook, LTDHook, StepBatch, TrackHook, WarmUp
 
@@ -439,14 +439,15 @@ class Trainer:
         if lacking:
             raise CocosError(f"{self.last_path}: holds no {', '.join(lacking)} to resume from (only a last.pt "
                              "written by cocos train can be resumed)")
-        if ckpt["model"]["kind"] != cfg.model:
-            raise CocosError(f"{self.last_path}: checkpoint is a {ckpt['model']['kind']} model, not {cfg.model}")
-        if ckpt["loss"]["name"] != cfg.loss:
-            raise CocosError(f"{self.last_path}: checkpoint was trained with {ckpt['loss']['name']}, not {cfg.loss}")
-        if ckpt["data"]["fingerprint"] != self.fingerprint:
+        entry = Checkpoint.of(ckpt)
+        if entry.model.kind != cfg.model:
+            raise CocosError(f"{self.last_path}: checkpoint is a {entry.model.kind} model, not {cfg.model}")
+        if entry.loss.name != cfg.loss:
+            raise CocosError(f"{self.last_path}: checkpoint was trained with {entry.loss.name}, not {cfg.loss}")
+        if entry.data.fingerprint != self.fingerprint:
             raise CocosError(f"{self.last_path}: checkpoint was trained on other data than {cfg.data}")
         # a resumed run equals an uninterrupted one only with the same flags (epochs may grow)
-        recorded = {"ltd": False, **ckpt.get("train", {})}
+        recorded = {"ltd": False, **entry.train}
         if "params" in recorded and recorded_loss_params(recorded) != cfg.loss_params():
             raise CocosError(f"{self.last_path}: was trained with loss parameters {recorded_loss_params(recorded)}, "
                              f"not {cfg.loss_params()}; resume with the same flags")
