@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 
 import torch
@@ -30,8 +32,6 @@ def bound_heap() -> bool:
     then peaked at 2.3-2.5 GB instead of 0.8 GB. A fixed threshold of 128 KB (``mallopt(M_MMAP_THRESHOLD)``)
     keeps every large tensor in its own mapping, returned on free (measured: no slower).
     """
-    import ctypes
-    import ctypes.util
 
     name = ctypes.util.find_library("c")
     if not name:

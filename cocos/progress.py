@@ -6,6 +6,9 @@ import contextlib
 import sys
 from collections.abc import Callable, Iterator
 
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
 
 @contextlib.contextmanager
 def progress_bar(
@@ -18,8 +21,6 @@ def progress_bar(
     if not enabled or total <= 0:
         yield lambda n=1, status=None: None
         return
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     console = Console(file=sys.stderr)
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]

@@ -316,12 +316,12 @@ def test_cli_report_counting_mode_option(tmp_path):
 
 
 def test_cli_report_failure_while_writing_leaves_no_partial_folder(tmp_path, monkeypatch):
-    import cocos.report.figures as figures
+    import cocos.report.merge as merge
 
     def boom(rows, path_stem, **kwargs):
         raise CocosError("cannot draw the figure")
 
-    monkeypatch.setattr(figures, "plot_cocos_vs_rsum", boom)
+    monkeypatch.setattr(merge, "plot_cocos_vs_rsum", boom)  # where the report calls it
     a = write(tmp_path / "a.json", make_results("triplet", 0))
     out = tmp_path / "reports" / "summary"
     res = runner.invoke(app, ["report", str(a), "--out", str(out)])

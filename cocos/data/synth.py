@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cocos.data.text import tokenize
 from cocos.errors import CocosError
 from cocos.io import atomic_dir
 
@@ -428,7 +429,6 @@ def write_world(world: SynthWorld, out_dir: str | os.PathLike) -> None:
 
 def mentioned_attributes(caption: str) -> dict[str, set[str]]:
     """Canonical shapes, colours, sizes and positions that a caption's words name."""
-    from cocos.data.text import tokenize
 
     words = set(tokenize(caption))
     found: dict[str, set[str]] = {"shape": set(), "colour": set(), "size": set(), "position": set()}

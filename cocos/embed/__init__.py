@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from cocos.counting.engine import EmbeddingSet
+from cocos.data.images import is_image_dataset
 from cocos.data.precomp import PrecompSplit
 from cocos.data.text import Vocabulary
 from cocos.device import resolve_device
@@ -137,7 +138,6 @@ class FrozenModel:
 
 def _image_data(ckpt: dict, data, checkpoint) -> Path:
     """The image dataset of a raw-image model: ``data`` if given, else the one the checkpoint records."""
-    from cocos.data.images import is_image_dataset
 
     path = Path(data) if data is not None else Path(ckpt["data"]["path"])
     if not path.exists():

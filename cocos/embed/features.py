@@ -51,11 +51,14 @@ import torch
 
 from cocos import __version__
 from cocos.data.images import ImageSplit, load_image_split
-from cocos.data.precomp import SPLITS, _normalise_split
+from cocos.data.precomp import SPLITS, PrecompSplit, _normalise_split
 from cocos.data.transforms import CROP_SIZE, RESIZE, eval_transform
 from cocos.errors import CocosError
 from cocos.io import MARKER, check_interrupt, check_output_dir, interrupt_pending, write_json, write_text
+from cocos.legacy import is_cocos_checkpoint, is_legacy_checkpoint, map_full_image, opt_dict, read_checkpoint_file
+from cocos.models.cnn import build_cnn, load_cnn_weights, strip_classifier
 from cocos.progress import progress_bar
+from cocos.training.checkpoint import load_checkpoint
 from cocos.training.pixels import batch_loader
 from cocos.training.pixels import pooled_features as pooled_batch
 
@@ -104,20 +107,12 @@ def check_sizes(resize: int, crop_size: int) -> None:
 def _checkpoint_cnn(path: Path) -> tuple[str, dict] | None:
     """``(cnn_type, CNN state)`` of a raw-image checkpoint (cocos ``vsepp_full``, or the original code's
     ``EncoderImageFull``), read without running code; None for any other file (a torchvision weights file)."""
-    from cocos.legacy import (
-        is_cocos_checkpoint,
-        is_legacy_checkpoint,
-        map_full_image,
-        opt_dict,
-        read_checkpoint_file,
-    )
 
     try:
         raw = read_checkpoint_file(path)
     except CocosError:
         return None  # not readable as a checkpoint: the weights-file reader gives its own message
     if is_cocos_checkpoint(raw):
-        from cocos.training.checkpoint import load_checkpoint
 
         ckpt = load_checkpoint(path)
         if ckpt["model"]["kind"] != "vsepp_full":
@@ -139,7 +134,6 @@ def load_cnn(path: str | os.PathLike, cnn_type: str) -> torch.nn.Module:
     """The headless CNN ``cnn_type`` (classifier stripped, eval mode) with the weights of ``path``: a torchvision
     weights file, or the CNN of a raw-image checkpoint (cocos or the original code's ``model_best.pth.tar``),
     so that a cache can hold the features of a checkpoint's own (fine-tuned or drifted) CNN."""
-    from cocos.models.cnn import build_cnn, load_cnn_weights, strip_classifier
 
     path = Path(path)
     trunk = strip_classifier(build_cnn(cnn_type))
@@ -372,7 +366,6 @@ def candidate_caches(data: str | os.PathLike, extra=()) -> list[Path]:
 def cached_features(folders, split: ImageSplit, key: dict) -> tuple[np.ndarray, Path] | None:
     """The ``(N, d)`` features of ``split`` from the first folder whose manifest matches ``key`` for this split
     (:func:`cache_key`), read whole and checked (shape, finite); None when no folder matches."""
-    from cocos.data.precomp import PrecompSplit
 
     for folder in folders:
         manifest = read_manifest(folder)

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from cocos.errors import CocosError
+from cocos.safeload import load_torch_file
 
 # name -> (block, blocks per stage)
 RESNETS = {"resnet18": ("basic", (2, 2, 2, 2)), "resnet34": ("basic", (3, 4, 6, 3)),
@@ -249,7 +250,6 @@ def check_cnn_state(state: dict, expected: dict[str, tuple], where, what: str = 
 def read_cnn_state(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """A CNN weights file as a state dict of float tensors: read with ``weights_only=True``
     (:func:`cocos.safeload.load_torch_file`); a DataParallel ``module.`` prefix is dropped."""
-    from cocos.safeload import load_torch_file
 
     obj = load_torch_file(path, what="CNN weights file")
     if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):  # {'state_dict': ..., 'epoch': ...}

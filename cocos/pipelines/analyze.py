@@ -8,6 +8,7 @@ and direction, and put the counts next to the retrieval scores they explain.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import zipfile
@@ -20,8 +21,8 @@ from cocos.data.precomp import data_fingerprint
 from cocos.defaults import DEFAULT_EPS
 from cocos.embed import FrozenModel, save_embeddings
 from cocos.errors import CocosError
-from cocos.objectives import OBJECTIVES, counter_params, names
-from cocos.objectives.spec import Objective
+from cocos.objectives import OBJECTIVES, counter_params, names, paper_names, resolve
+from cocos.objectives.spec import Objective, format_value
 from cocos.presentation import LAST, Presentation, TableNote
 from cocos.results import (
     MODEL_NAMES,
@@ -146,7 +147,6 @@ def analyze_checkpoint(
     from a matching feature cache when there is one (``image_options``: ``features`` folders,
     ``resize``, ``crop_size``, ``workers``, ``log``; :mod:`cocos.embed.images`).
     """
-    from cocos.objectives import paper_names
 
     clock = time.perf_counter()
     timings = {}
@@ -202,7 +202,6 @@ def ltd_label(ltd: dict | None) -> str:
     """How a model trained with LTD is named in reports (its own rows): ``VSE++ + LTD η=0.2``, ``+ LTD dual β=1``."""
     if not ltd:
         return ""
-    from cocos.objectives.spec import format_value
 
     if ltd.get("mode") == "dual":
         return f" + LTD dual β={format_value(ltd.get('beta'))}"
@@ -210,7 +209,6 @@ def ltd_label(ltd: dict | None) -> str:
 
 
 def _check_batch_size(batch_size: int, split, losses) -> None:
-    from cocos.objectives import resolve
 
     if batch_size < 1:
         raise CocosError(f"batch size must be positive, got {batch_size}")
@@ -222,7 +220,6 @@ def _check_batch_size(batch_size: int, split, losses) -> None:
 
 def _dataset_name(folder: Path) -> str:
     """The dataset's name: ``name`` in a ``synth.json``/``dataset.json`` if present, else the folder name."""
-    import json
 
     for meta in ("dataset.json", "synth.json"):
         path = folder / meta

@@ -20,8 +20,10 @@ import pandas as pd
 from cocos import __version__
 from cocos.counting.engine import DEFAULT_SWEEP, CountRun, EmbeddingSet
 from cocos.data.layout import DIRECTIONS
+from cocos.device import resolve_device
 from cocos.errors import CocosError
 from cocos.io import load_npz
+from cocos.pipelines.analyze import counting_info, presentations, run_counts
 from cocos.report.tables import fmt
 from cocos.results import DataInfo, ModelInfo, Results, Source, records
 
@@ -77,8 +79,6 @@ def count_file(
     keep_per_query: bool = True,
 ) -> Counted:
     """Count an embeddings file; returns the results record, the tidy run and the embeddings."""
-    from cocos.device import resolve_device
-    from cocos.pipelines.analyze import counting_info, presentations, run_counts
 
     path = Path(path)
     emb = read_embeddings(path, device=str(resolve_device(device)))

@@ -19,6 +19,15 @@ import numpy as np
 
 from cocos.counting.engine import CountRun, EmbeddingSet
 from cocos.defaults import DEFAULT_EPS, DEFAULT_MARGIN, DEFAULT_TAU_NTXENT
+from cocos.io import atomic_dir
+from cocos.objectives import OBJECTIVES
+from cocos.objectives.spec import format_value
+from cocos.pipelines.triplets import triplet_points
+from cocos.report.diagram import DIRECTION_STYLE, plot_triplet_diagram
+from cocos.report.figures import plot_count_distributions, plot_eps_sweep, plot_query_distributions
+from cocos.report.merge import build_tables, group_results, loss_label, mode_name
+from cocos.report.tables import to_latex, to_markdown
+from cocos.report.training import write_logs
 from cocos.results import Results, lookup
 
 CSV_FLOAT = "%.10g"
@@ -43,7 +52,6 @@ def describe(results: Results) -> list[str]:
 
 
 def _params(params: dict) -> str:
-    from cocos.objectives.spec import format_value
 
     return "(" + ", ".join(f"{k} {format_value(v)}" for k, v in params.items()) + ")"
 
@@ -51,8 +59,6 @@ def _params(params: dict) -> str:
 def folder_tables(results: Results, latex_width: str = "column") -> tuple[str, str]:
     """The contents of the folder's ``tables.md`` (with :func:`describe`'s header) and ``tables.tex``: the one table
     builder of :mod:`cocos.report.merge` over a group of one, every counter."""
-    from cocos.report.merge import build_tables, group_results
-    from cocos.report.tables import to_latex, to_markdown
 
     groups, _ = group_results([results])
     tables = build_tables(groups, counters="all")
@@ -83,8 +89,6 @@ def write_results_folder(
     draw several models on one square, as the demo does. ``logs`` (:class:`~cocos.report.training.TrainingLogs`)
     adds the run's ``train_log.csv`` and ``cocos_track.csv`` with their figures.
     """
-    from cocos.io import atomic_dir
-    from cocos.report.figures import plot_count_distributions, plot_eps_sweep
 
     md, tex = folder_tables(results, latex_width)
     shown = "compat" if results.counting.compat else "corrected"
@@ -113,8 +117,6 @@ def write_results_folder(
         if embeddings is not None:
             _diagram(results, embeddings, tmp / "triplet_diagram", diagram_extent, triplets)
         if logs:
-            from cocos.report.merge import loss_label
-            from cocos.report.training import write_logs
 
             trained = f" trained with {loss_label(results.training.loss, results)}" if results.training else ""
             write_logs(logs, tmp, title=f"{results.model.label}{trained} on {results.data.name}, "
@@ -125,7 +127,6 @@ def write_results_folder(
 
 def diagram_points(results: Results, embeddings: EmbeddingSet) -> dict:
     """The run's (s+, hardest s-) training triplets, from the same seeded pair batches as the counts."""
-    from cocos.pipelines.triplets import triplet_points
 
     c = results.counting
     return triplet_points(embeddings, batch_size=c.batch_size, seed=c.seed, compat=c.compat)
@@ -133,8 +134,6 @@ def diagram_points(results: Results, embeddings: EmbeddingSet) -> dict:
 
 def _distributions(results: Results, run: CountRun, mode: str, folder: Path, name: str) -> None:
     """``<loss>_distributions.png``: the per-query statistics a family's spec asks to see (GOAL's T, P+, P-)."""
-    from cocos.objectives import OBJECTIVES
-    from cocos.report.figures import plot_query_distributions
 
     q = run.to_frame("query")
     for loss in run.losses:
@@ -150,9 +149,6 @@ def _distributions(results: Results, run: CountRun, mode: str, folder: Path, nam
 def _diagram(results: Results, embeddings: EmbeddingSet, stem: Path, extent=None, triplets=None) -> None:
     """The triplet diagram with the run's training triplets: the model's own weights when its loss has a diagram
     (GOAL: its T and T*P+-), else T_con and T_nca (the paper's Figure 2)."""
-    from cocos.objectives import OBJECTIVES
-    from cocos.report.diagram import DIRECTION_STYLE, plot_triplet_diagram
-    from cocos.report.merge import loss_label, mode_name
 
     c = results.counting
     trained = results.training.params if results.training else {}
@@ -175,7 +171,6 @@ def _diagram(results: Results, embeddings: EmbeddingSet, stem: Path, extent=None
 
 def summary_lines(results: Results) -> list[str]:
     """The terminal summary: the evaluation line (if any) and each counter's paper statistics."""
-    from cocos.objectives import OBJECTIVES
 
     lines = []
     if results.evaluation is not None:

@@ -30,10 +30,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 
 from cocos.defaults import DEFAULT_MARGIN
 from cocos.errors import CocosError
 from cocos.losses.goal import PAIR_WEIGHTS, parse_weight, triplet_part, weight_grid, weight_params
+from cocos.report import style
 
 ACTIVE_THRESHOLD = 0.5
 DEFAULT_EXTENT = (0.0, 1.0)
@@ -231,10 +234,7 @@ def plot_triplet_diagram(
     for n in names:
         result.active[n] = {key: active_share(n, sp, sn, **params) for key, (sp, sn) in pts.items()}
 
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
 
-    from cocos.report import style
 
     with style.paper_style():
         ncols = min(MAX_PANELS_PER_ROW, len(names))
@@ -292,7 +292,6 @@ def plot_triplet_diagram(
 def _draw_points(ax, pts: dict, extent, color: str, active: dict) -> None:
     """Density contours of each direction's triplets (i2t solid, t2i dashed) and, on a T panel, the share of them
     in its active region (a T·P panel's region is that of its T: said once)."""
-    from cocos.report import style
 
     for i, (key, (sp, sn)) in enumerate(pts.items()):
         if sp.size < 2:
@@ -344,7 +343,6 @@ def plot_pair_weights(
     st = torch.from_numpy(s)
     positive = {n: weight_grid(f"{n}+", st, st, **params).numpy().copy() for n in canon}
     negative = {n: weight_grid(f"{n}-", st, st, **params).numpy().copy() for n in canon}
-    from cocos.report import style
 
     with style.paper_style():
         fig = style.figure(2.2)

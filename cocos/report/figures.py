@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import seaborn as sns
+from matplotlib.lines import Line2D
+from matplotlib.ticker import FuncFormatter
 
 from cocos.defaults import DEFAULT_EPS
 from cocos.presentation import ranked
@@ -57,7 +60,6 @@ def plot_count_distributions(queries, path_stem: str | os.PathLike, looks: Mappi
     the panels. ``data[(loss, direction)]`` holds the bar heights (numbers of queries),
     bin edges, whether y is logarithmic and the lines' positions, read back from the axes.
     """
-    import seaborn as sns
 
     losses = ranked(dict.fromkeys(queries["loss"]), looks or {})
     data: dict = {}
@@ -100,7 +102,6 @@ def plot_count_distributions(queries, path_stem: str | os.PathLike, looks: Mappi
                 data[(loss, d)] = entry
         if not losses:
             axes[0][0].text(0.5, 0.5, "no per-query counts", ha="center", va="center")
-        from matplotlib.lines import Line2D
 
         handles = [Line2D([], [], color="black", linestyle="--", linewidth=1, label="mean over all queries"),
                    Line2D([], [], color="black", linestyle=":", linewidth=1,
@@ -119,7 +120,6 @@ def plot_query_distributions(queries, stats, path_stem: str | os.PathLike, title
     ``queries``: rows of the tidy per-query frame of one loss and mode. ``data[(stat, direction)]``
     holds the bar heights (numbers of queries) and bin edges read back from the axes.
     """
-    import seaborn as sns
 
     data: dict = {}
     with style.paper_style():
@@ -151,7 +151,6 @@ def plot_query_distributions(queries, stats, path_stem: str | os.PathLike, title
 
 
 def _share_formatter():
-    from matplotlib.ticker import FuncFormatter
 
     def share(value, _pos):
         return f"{100 * value:.3g}%"
@@ -197,7 +196,6 @@ def plot_eps_sweep(sweep, path_stem: str | os.PathLike, looks: Mapping | None = 
                          transform=axes[0].transAxes)
         if title:
             style.caption(fig, title)
-        from matplotlib.lines import Line2D
 
         handles = [Line2D([], [], color="0.3", linestyle=style.DIRECTION_DASHES[d]) for d in DIRECTIONS]
         handles.append(Line2D([], [], color="0.4", linestyle=":"))
@@ -221,7 +219,6 @@ def plot_cocos_vs_rsum(rows, path_stem: str | os.PathLike, title: str | None = N
     rsum)`` read back from the markers in row order, ``data["labels"]`` their labels, ``data["panels"]``
     the statistics, ``data["legend"]`` the legend's entries.
     """
-    from matplotlib.lines import Line2D
 
     stats = list(dict.fromkeys(rows["stat"]))
     models = list(dict.fromkeys(rows["model"] if "model" in rows else ["model"] * len(rows)))

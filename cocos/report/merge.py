@@ -17,7 +17,9 @@ import numpy as np
 import pandas as pd
 
 from cocos.errors import CocosError
+from cocos.io import atomic_dir
 from cocos.presentation import Presentation, ranked
+from cocos.report.figures import plot_cocos_vs_rsum
 from cocos.report.groups import (  # noqa: F401  (the report's public names, in one place)
     Group,
     dataset_name,
@@ -33,8 +35,12 @@ from cocos.report.paper_tables import build_tables, cocos_tables, retrieval_tabl
 from cocos.report.tables import (
     DIRECTIONS,
     mode_name,
+    to_latex,
+    to_markdown,
 )
+from cocos.report.training import plot_by_epoch, plot_track, plot_training
 from cocos.results import Results
+from cocos.training.logs import read_logs
 
 
 def main_stat_seeds(groups: Sequence[Group], counters: dict, compat: bool | None = None) -> dict:
@@ -134,7 +140,6 @@ def report_title(report: Report) -> str:
 
 def render_report(report: Report, latex_width: str = "column") -> tuple[str, str]:
     """The contents of ``tables.md`` and ``tables.tex`` (LaTeX set to fit ``latex_width``: column or page)."""
-    from cocos.report.tables import to_latex, to_markdown
 
     md = ["# COCOS report", "", "Results files:", ""]
     md += [f"- `{s}`" for s in report.sources]
@@ -152,8 +157,6 @@ def render_report(report: Report, latex_width: str = "column") -> tuple[str, str
 def write_report(report: Report, out: str | os.PathLike, readme: str | None = None,
                  overwrite: bool = False, latex_width: str = "column") -> list[Path]:
     """Write tables.md, tables.tex and cocos_vs_rsum.{png,pdf} (and README.md) as one atomic folder."""
-    from cocos.io import atomic_dir
-    from cocos.report.figures import plot_cocos_vs_rsum
 
     md, tex = render_report(report, latex_width)
     out = Path(out)
@@ -184,7 +187,6 @@ def training_logs(results: Sequence[Results]):
     Results next to a ``cocos_track.csv``/``train_log.csv`` (written by ``cocos analyze``) count; of
     several checkpoints of one run the latest epoch's copy is used. Either frame is ``None`` if absent.
     """
-    from cocos.training.logs import read_logs
 
     latest: dict[str, Results] = {}
     for r in results:
@@ -220,7 +222,6 @@ def epoch_rows(groups: Sequence[Group], compat: bool | None = None) -> pd.DataFr
 
 
 def _training_figures(report: Report, folder: Path) -> None:
-    from cocos.report.training import plot_by_epoch, plot_track, plot_training
 
     track, steps = training_logs(report.results)
     if track is not None and len(track):

@@ -16,7 +16,14 @@ import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+import matplotlib
+import seaborn as sns
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from cocos.io import atomic_path
 from cocos.presentation import GREY, Presentation  # noqa: F401  (GREY: style.GREY for the figures)
+from cocos.report.tables import STAT_HEADERS
 
 DPI = 300  # PNGs at print resolution (the figures are drawn at their printed size)
 # Print sizes: an LNCS text column is 12.2 cm wide; a figure* spans the same width in llncs.
@@ -33,7 +40,6 @@ DIRECTION_DASHES = {"i2t": "-", "t2i": "--"}
 
 def rc() -> dict:
     """The rc parameters of cocos figures: seaborn's paper context and ticks style, at the print font sizes."""
-    import seaborn as sns
 
     params = dict(sns.axes_style("ticks"))
     params.update(sns.plotting_context("paper"))
@@ -48,7 +54,6 @@ def rc() -> dict:
 
 @contextlib.contextmanager
 def paper_style() -> Iterator[None]:
-    import matplotlib
 
     with matplotlib.rc_context(rc()):
         yield
@@ -57,8 +62,6 @@ def paper_style() -> Iterator[None]:
 def figure(height: float, width: str = "column"):
     """A new figure of the print ``width`` ("column" or "page": 12.2 cm in LNCS) and ``height`` inches
     (constrained layout, Agg canvas); call inside :func:`paper_style`."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
 
     fig = Figure(figsize=(WIDTHS_IN[width], height), layout="constrained")
     FigureCanvasAgg(fig)
@@ -72,7 +75,6 @@ def caption(fig, text: str | None) -> None:
 
 def save(fig, path_stem: str | os.PathLike) -> list[Path]:
     """Write ``fig`` as ``<stem>.png`` and ``<stem>.pdf`` atomically; return both paths."""
-    from cocos.io import atomic_path
 
     stem = Path(path_stem)
     paths = []
@@ -95,6 +97,5 @@ def loss_style(loss: str, looks: Mapping[str, Presentation] | None = None) -> tu
 
 def stat_math(stat: str) -> str:
     """A statistic's symbol in math, as the LaTeX tables write it."""
-    from cocos.report.tables import STAT_HEADERS
 
     return STAT_HEADERS.get(stat, (stat, stat))[1]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import re
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -185,7 +186,6 @@ def _check_latex_ascii(text: str) -> str:
 
 def _ascii(ch: str) -> str:
     """A character without a LaTeX form: its ASCII base letter (é -> e), else '?'."""
-    import unicodedata
 
     base = "".join(c for c in unicodedata.normalize("NFKD", ch) if not unicodedata.combining(c))
     return base if base.isascii() and base else "?"

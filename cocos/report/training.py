@@ -16,8 +16,12 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import seaborn as sns
+from matplotlib.lines import Line2D
+from matplotlib.ticker import MaxNLocator
 
 from cocos.report import style
+from cocos.report.figures import FigureOutput
 from cocos.training.logs import LTD_COLUMNS, TrainingLogs, read_logs, write_log_csvs
 
 # tracked statistics drawn, in this order (the threshold-free companions and W_low stay in the CSV)
@@ -63,7 +67,6 @@ def _smooth(values: pd.Series, n_points: int) -> pd.Series:
 
 def _colours(frame: pd.DataFrame, key: str, looks: Mapping | None) -> dict:
     """A colour per series: its loss's colour where that is unique, seaborn's palette otherwise."""
-    import seaborn as sns
 
     series = list(dict.fromkeys(frame[key]))
     by_loss = {s: style.loss_style(frame.loc[frame[key] == s, "loss"].iloc[0], looks)[1] for s in series}
@@ -95,9 +98,7 @@ def plot_track(track: pd.DataFrame, path_stem: str | os.PathLike, title: str | N
     A ``rsum`` statistic gets its own panel (direction ``both``). Returns a
     :class:`~cocos.report.figures.FigureOutput` with the ``panels`` and ``series`` drawn.
     """
-    from matplotlib.lines import Line2D
 
-    from cocos.report.figures import FigureOutput
 
     track = track[track["stat"].isin(TRACK_STATS)].copy()
     if series not in track:
@@ -124,7 +125,6 @@ def plot_track(track: pd.DataFrame, path_stem: str | os.PathLike, title: str | N
             ax.set_xlabel("training step" if x == "step" else x)
             ax.tick_params(labelbottom=True)  # shared x, but every panel keeps its numbers
             if x == "epoch":
-                from matplotlib.ticker import MaxNLocator
 
                 ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         for ax in axes[len(stats):]:
@@ -142,7 +142,6 @@ def plot_track(track: pd.DataFrame, path_stem: str | os.PathLike, title: str | N
 def plot_training(steps: pd.DataFrame, path_stem: str | os.PathLike, title: str | None = None,
                   series: str = "label", color: str | None = None) -> list[Path]:
     """Per-step training curves: ``L_con`` and, with LTD, ``λ`` and ``L_rec/η`` (the bound at 1), per series."""
-    from matplotlib.lines import Line2D
 
     steps = steps.copy()
     if series not in steps:
@@ -152,7 +151,6 @@ def plot_training(steps: pd.DataFrame, path_stem: str | os.PathLike, title: str 
         panels += [("lambda", r"multiplier $\lambda$"), ("L_rec/eta", r"$\mathcal{L}_{rec}/\eta$")]
     names = list(dict.fromkeys(steps[series]))
     legend = len(names) > 1 or names != ["run"]  # a report names its runs; one run's own folder needs no legend
-    import seaborn as sns
 
     colours = dict(zip(names, [color] if color and len(names) == 1 else sns.color_palette("colorblind", len(names)),
                        strict=True))
@@ -192,10 +190,7 @@ def plot_by_epoch(rows: pd.DataFrame, path_stem: str | os.PathLike, title: str |
     value). Returns a :class:`~cocos.report.figures.FigureOutput` whose ``panels`` are the counters (and ``rsum``)
     and whose ``lines[(run, counter, direction)]`` are the ``(epoch, value)`` arrays drawn.
     """
-    from matplotlib.lines import Line2D
-    from matplotlib.ticker import MaxNLocator
 
-    from cocos.report.figures import FigureOutput
 
     panels = [c for c in dict.fromkeys(rows["loss"]) if c != "rsum"] + (["rsum"] if "rsum" in set(rows["loss"]) else [])
     runs = list(dict.fromkeys(rows["label"]))

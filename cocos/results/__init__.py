@@ -28,6 +28,7 @@ import pandas as pd
 
 from cocos import typed
 from cocos.errors import CocosError
+from cocos.io import write_json
 from cocos.presentation import Presentation
 
 FORMAT = "cocos-results"
@@ -197,7 +198,6 @@ class Results:
         return _clean(out)
 
     def write(self, path: str | os.PathLike) -> None:
-        from cocos.io import write_json
 
         write_json(path, self.to_dict())
 

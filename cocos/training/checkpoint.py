@@ -45,8 +45,12 @@ from pathlib import Path
 import torch
 
 from cocos import __version__, typed
+from cocos.data.text import Vocabulary
 from cocos.errors import CocosError
 from cocos.io import write_bytes
+from cocos.losses.ltd import LAMBDA_RANGE, MODES, TargetDecoder
+from cocos.models import MODELS
+from cocos.objectives import OBJECTIVES, get_objective
 from cocos.safeload import first_line, load_torch_file
 
 FORMAT = "cocos-checkpoint"
@@ -392,8 +396,6 @@ def validate_model(ckpt: dict, where="checkpoint") -> torch.nn.Module:
     Also the check :func:`cocos.training.trainer.build_from_checkpoint` makes on a dict built in memory
     (e.g. a converted checkpoint of the original code).
     """
-    from cocos.data.text import Vocabulary
-    from cocos.models import MODELS
 
     check = _Checker(where)
     check.dict(ckpt, "checkpoint")
@@ -509,7 +511,6 @@ def _check_train(check: _Checker, train) -> dict:
 
 
 def _check_loss(check: _Checker, loss) -> None:
-    from cocos.objectives import OBJECTIVES, get_objective
 
     loss = _entry(check, LossEntry, loss, "loss")
     name = check.str(loss["name"], "loss.name", nonempty=True)
@@ -567,7 +568,6 @@ def _check_progress(check: _Checker, ckpt: dict) -> None:
 
 
 def _check_ltd(check: _Checker, ltd, embed_size) -> torch.nn.Module:
-    from cocos.losses.ltd import LAMBDA_RANGE, MODES, TargetDecoder
 
     ltd = check.dict(ltd, "ltd")
     mode = check.key(ltd, "mode", "ltd")

@@ -11,13 +11,16 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from cocos.data.images import ImageSplit
 from cocos.data.precomp import PrecompSplit
 from cocos.data.text import Vocabulary, pad_batch
 from cocos.data.transforms import CROP_SIZE
+from cocos.distributed import aligned_block, current, gather_blocks
 from cocos.errors import CocosError
 from cocos.io import check_interrupt
 from cocos.progress import progress_bar
 from cocos.training.metrics import evaluate_embeddings
+from cocos.training.pixels import batch_loader, encode_pixels, image_transform
 
 
 def tokenize_split(split: PrecompSplit, vocab: Vocabulary) -> list[list[int]]:
@@ -27,7 +30,6 @@ def tokenize_split(split: PrecompSplit, vocab: Vocabulary) -> list[list[int]]:
 
 def is_image_split(split) -> bool:
     """Whether ``split`` holds raw images (an :class:`~cocos.data.images.ImageSplit`), not features."""
-    from cocos.data.images import ImageSplit
 
     return isinstance(split, ImageSplit)
 
@@ -78,7 +80,6 @@ def encode_split(
     contiguous block of the images and of the captions, and every rank gets the
     whole split back in order (:mod:`cocos.distributed`).
     """
-    from cocos.distributed import aligned_block, current, gather_blocks
 
     group = current() if group is None else group
     check_compatible(model, split)
@@ -120,7 +121,6 @@ def _image_inputs(split, rows: range, batch_size: int, workers: int, crop_size: 
         for start in range(rows.start, rows.stop, batch_size):
             yield split.features_for(np.arange(start, min(start + batch_size, rows.stop)))
         return
-    from cocos.training.pixels import batch_loader, image_transform
 
     plan = [(chunk, chunk) for chunk in (np.arange(s, min(s + batch_size, rows.stop))
                                          for s in range(rows.start, rows.stop, batch_size))]
@@ -129,7 +129,6 @@ def _image_inputs(split, rows: range, batch_size: int, workers: int, crop_size: 
 
 def _encode_images(model, inputs: torch.Tensor, device) -> torch.Tensor:
     if hasattr(model, "pooled"):
-        from cocos.training.pixels import encode_pixels
 
         return encode_pixels(model, inputs, device)
     return model.encode_images(inputs.to(device))

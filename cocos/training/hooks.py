@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from cocos.errors import CocosError
+from cocos.io import write_csv
 
 
 @dataclass
@@ -124,6 +125,5 @@ class TrackHook(Hook):
             self.tracker.restore(logs.track)
 
     def write_logs(self, out: Path) -> None:
-        from cocos.io import write_csv
 
         write_csv(out / self.log_name, self.tracker.frame(), float_format="%.10g")

@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from cocos.errors import CocosError
+from cocos.io import write_csv
 
 TRAIN_LOG = "train_log.csv"
 TRACK_LOG = "cocos_track.csv"
@@ -109,7 +110,6 @@ def check_resumable(logs: TrainingLogs, folder, steps: int) -> None:
 
 def write_log_csvs(logs: TrainingLogs, folder: str | os.PathLike) -> None:
     """Both CSVs (those there are) into ``folder``, atomically."""
-    from cocos.io import write_csv
 
     for frame, name in ((logs.steps, TRAIN_LOG), (logs.track, TRACK_LOG)):
         if frame is not None:

@@ -27,7 +27,9 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
+from cocos.counting import count_queries
 from cocos.errors import CocosError
+from cocos.objectives import counter_params, get_objective, order, paper_names
 
 COLUMNS = ["step", "epoch", "loss", "direction", "stat", "value"]
 
@@ -36,7 +38,6 @@ class CocosTracker:
     """Counts the training batch every ``every`` steps; :meth:`frame` gives the tidy table."""
 
     def __init__(self, every: int, loss: str, loss_params: dict, batch_layout: str, compat: bool = False) -> None:
-        from cocos.objectives import counter_params, get_objective, order, paper_names
 
         if every < 1:
             raise CocosError(f"--track-cocos must be at least 1 (count every N steps), got {every}")
@@ -56,8 +57,6 @@ class CocosTracker:
     def observe(self, step: int, epoch: int, images: torch.Tensor, captions: torch.Tensor, caption_image=None,
                 image_ids=None) -> None:
         """Count one batch (the step's own embeddings; detached here) and keep its rows."""
-        from cocos.counting import count_queries
-        from cocos.objectives import get_objective
 
         images, captions = images.detach(), captions.detach()
         pair_view = None

@@ -33,21 +33,39 @@ import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
+import pandas as pd
 import torch
 
+from cocos.data.images import is_image_dataset, load_image_split
 from cocos.data.precomp import PrecompSplit, data_fingerprint
 from cocos.data.samplers import pair_batches, ranking_batches
+from cocos.data.targets import read_targets, sentence_targets
 from cocos.data.text import Vocabulary, pad_batch
 from cocos.device import resolve_device
+from cocos.distributed import all_gather_with_grad, average_gradients, barrier, block, broadcast_buffers, current
 from cocos.errors import CocosError, check_params
-from cocos.io import check_interrupt
-from cocos.models import MODELS, build_model
-from cocos.objectives import get_loss, get_objective
-from cocos.training.checkpoint import RESUME_KEYS, SEED_LIMIT, Checkpoint, load_checkpoint, peek_epoch, save_checkpoint
+from cocos.io import check_interrupt, is_own_temporary, make_dirs, remove_created, remove_stale_temporaries, write_csv
+from cocos.losses.ltd import LatentTargetDecoding, LTDConfig
+from cocos.models import CNN_TYPES, MODELS, build_model
+from cocos.objectives import OBJECTIVES, get_loss, get_objective
+from cocos.progress import progress_bar
+from cocos.training.checkpoint import (
+    RESUME_KEYS,
+    SEED_LIMIT,
+    Checkpoint,
+    load_checkpoint,
+    peek_epoch,
+    save_checkpoint,
+    validate_model,
+)
 from cocos.training.evaluate import evaluate_model, tokenize_split
 from cocos.training.hooks import Hook, LTDHook, StepBatch, TrackHook, WarmUp
+from cocos.training.logs import check_resumable, read_logs
+from cocos.training.pixels import batch_loader, encode_pixels, image_transform, prepare_model
+from cocos.training.track import CocosTracker
 
 TRAIN_LOG = "train_log.csv"
 TRACK_LOG = "cocos_track.csv"
@@ -109,7 +127,6 @@ class TrainConfig:
 
     def images(self) -> bool:
         """Whether ``data`` is a raw-image dataset (looked up on disk; nothing is read)."""
-        from cocos.data.images import is_image_dataset
 
         return is_image_dataset(self.data)
 
@@ -118,7 +135,6 @@ class TrainConfig:
 
         On raw-image data ``model`` ``vsepp`` becomes ``vsepp_full`` and ``cnn`` defaults to resnet50.
         """
-        from cocos.objectives import OBJECTIVES, get_objective
 
         get_objective(self.loss)  # unknown names: one line listing the registered losses
         self._validate_images()
@@ -158,7 +174,6 @@ class TrainConfig:
                 raise CocosError(f"{', '.join(changed)} only apply with --ltd")
 
     def _validate_images(self) -> None:
-        from cocos.models import CNN_TYPES
 
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 0:
             raise CocosError(f"--workers must be an integer >= 0, got {self.workers}")
@@ -185,7 +200,6 @@ class TrainConfig:
                              f"{files}), or --finetune to train it from random initialisation")
 
     def ltd_config(self):
-        from cocos.losses.ltd import LTDConfig
 
         return LTDConfig(mode=self.ltd_mode, eta=self.ltd_eta, beta=self.ltd_beta, targets=self.ltd_targets)
 
@@ -213,7 +227,6 @@ def build_from_checkpoint(ckpt: dict, where="checkpoint") -> tuple[torch.nn.Modu
     ``vocab`` and ``state_dict`` are checked against each other first
     (:func:`~cocos.training.checkpoint.validate_model`), so a bad one is one CocosError line.
     """
-    from cocos.training.checkpoint import validate_model
 
     validate_model(ckpt, where)
     kind = ckpt["model"]["kind"]
@@ -231,7 +244,6 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False,
                  progress: bool = True, log=print):
-        from cocos.distributed import current
 
         cfg.validate()
         self.group = current()  # under torchrun: this rank; rank 0 alone prints and writes
@@ -290,7 +302,6 @@ class Trainer:
 
     def _open_images(self) -> None:
         """The raw-image splits (train with ``use_restval``; dev = Karpathy's val), k captions per image."""
-        from cocos.data.images import load_image_split
 
         cfg = self.cfg
         self.train_split = load_image_split(cfg.data, "train", use_restval=cfg.use_restval)
@@ -311,7 +322,6 @@ class Trainer:
         sizes = {"vocab_size": len(self.vocab), "word_dim": cfg.word_dim, "embed_size": cfg.embed_size}
         if not self.images:
             return build_model(cfg.model, img_dim=self.train_split.feature_dim, **sizes).to(self.device)
-        from cocos.training.pixels import prepare_model
 
         model = build_model(cfg.model, cnn_type=cfg.cnn, finetune=cfg.finetune, **sizes)
         if cfg.cnn_weights:
@@ -326,12 +336,10 @@ class Trainer:
             shared = {k: v for k, v in self.loss_fn.params().items() if k in warmup.defaults}
             hooks.append(WarmUp(cfg.warmup_epochs, get_loss(warmup.name, **shared, compat=cfg.compat)))
         if cfg.ltd:  # built after the model, so the model's initialisation is that of a run without LTD
-            from cocos.losses.ltd import LatentTargetDecoding
 
             ltd = LatentTargetDecoding(cfg.ltd_config(), cfg.embed_size, self.targets.shape[1]).to(self.device)
             hooks.append(LTDHook(ltd, self.targets, self.last_path))
         if cfg.track_cocos:
-            from cocos.training.track import CocosTracker
 
             tracker = CocosTracker(cfg.track_cocos, cfg.loss, self.loss_fn.params(), self.loss_fn.batch_layout,
                                    compat=cfg.compat)
@@ -388,7 +396,6 @@ class Trainer:
 
     def _foreign_entries(self) -> list[Path]:
         """What the out folder holds besides temporaries of this command's own outputs (a killed run's)."""
-        from cocos.io import is_own_temporary
 
         return [p for p in self.out.iterdir() if not is_own_temporary(p.name, OUTPUT_NAMES, OUTPUT_PATTERNS)]
 
@@ -401,8 +408,6 @@ class Trainer:
         return list(self.model.parameters()) + [p for h in self.hooks for p in h.parameters()]
 
     def _ltd_targets(self) -> torch.Tensor:
-        from cocos.data.targets import read_targets, sentence_targets
-        from cocos.distributed import barrier
 
         n = len(self.train_split.captions)
         if self.cfg.ltd_targets:
@@ -411,7 +416,6 @@ class Trainer:
             barrier(self.group)
         split = self.train_split
         if self.images:  # cached beside the image dataset (its folder, or the folder of its file)
-            from types import SimpleNamespace
 
             data = Path(self.cfg.data)
             split = SimpleNamespace(folder=data if data.is_dir() else data.parent, split=split.split,
@@ -423,7 +427,6 @@ class Trainer:
 
     def _restore_logs(self) -> None:
         """Keep the rows of the epochs the resumed checkpoint holds (a crash may have left later ones)."""
-        from cocos.training.logs import check_resumable, read_logs
 
         logs = read_logs(self.out, max_epoch=self.epoch)  # the checked reader: a damaged log is one line
         check_resumable(logs, self.out, self.step_count)
@@ -488,7 +491,6 @@ class Trainer:
 
         A batch with fewer items than processes is not split: every rank computes all of it.
         """
-        from cocos.distributed import block
 
         group = self.group
         # a model with BatchNorm (VSRN) needs two rows on every rank in training mode
@@ -532,12 +534,10 @@ class Trainer:
     def forward(self, batch: StepBatch, pixels: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, bool]:
         """The embeddings of the global batch; under torchrun this rank encodes its block and gathers the rest
         with their gradients (returns whether the batch was split)."""
-        from cocos.distributed import all_gather_with_grad
 
         local_img, local_cap, split = self._local_rows(batch.images, batch.captions)
         tokens, lengths = pad_batch([self.train_ids[c] for c in local_cap])
         if self.images:
-            from cocos.training.pixels import encode_pixels
 
             if pixels is None:  # a step called on its own (no loader): this rank's rows, decoded here
                 pixels = next(iter(self.pixel_batches(batch.epoch, [(batch.images, batch.captions)])))
@@ -552,7 +552,6 @@ class Trainer:
 
     def optimize(self, loss: torch.Tensor, split: bool) -> None:
         """Backward, gradient clipping at ``grad_clip``, Adam; under torchrun the gradients are averaged first."""
-        from cocos.distributed import average_gradients, broadcast_buffers
 
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -569,7 +568,6 @@ class Trainer:
         transformed in ``workers`` DataLoader workers; each row seeded by ``(seed, epoch, key)``, the key being
         the caption's row (pair batches: VSE++ transforms the image anew for each caption) or the image's
         (ranking batches)."""
-        from cocos.training.pixels import batch_loader, image_transform
 
         plan = []
         for img, cap, *_ in batches:
@@ -579,7 +577,6 @@ class Trainer:
                             epoch=epoch, workers=self.cfg.workers, device=self.device)
 
     def train_epoch(self, epoch: int) -> tuple[float, float]:
-        from cocos.progress import progress_bar
 
         self.model.train()
         batches = list(self.batches(epoch))
@@ -645,8 +642,6 @@ class Trainer:
         fails or is interrupted before it saved a checkpoint, the folder is removed again: a
         failed run leaves no partial output.
         """
-        from cocos.distributed import barrier
-        from cocos.io import is_own_temporary, make_dirs, remove_created, remove_stale_temporaries
 
         main = self.group.is_main
         existed = set(self.out.iterdir()) if main and self.out.is_dir() else set()
@@ -703,9 +698,7 @@ class Trainer:
 
     def write_logs(self) -> None:
         """``train_log.csv`` (every step) and ``cocos_track.csv`` (every N steps), rewritten atomically."""
-        import pandas as pd
 
-        from cocos.io import write_csv
 
         write_csv(self.out / TRAIN_LOG, pd.DataFrame(self.step_log), float_format="%.10g")
         for hook in self.hooks:
@@ -738,7 +731,6 @@ def open_split(ckpt: dict, data: str | Path, split: str):
     ``use_restval``), else the precomputed folder's split with the checkpoint's ``k``."""
     k = int(ckpt["data"]["k"])
     if ckpt["data"].get("input") == "images":
-        from cocos.data.images import load_image_split
 
         return load_image_split(data, split, use_restval=bool(ckpt["data"].get("use_restval", False)))
     return PrecompSplit(data, split, k=k, check_finite=True)
