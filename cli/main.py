@@ -1,4 +1,9 @@
-"""Entry point of the ``cocos`` console script: one typer app, one module per command."""
+"""Entry point of the ``cocos`` console script: one typer app, one module per command.
+
+Start-up (measured): the command modules import the library inside their commands, not at the top. The library
+pulls in torch, pandas and matplotlib (1.9 s on this 2-core machine), which ``cocos --help``, ``--version`` and a
+mistyped flag (0.13 s) should not wait for.
+"""
 
 from __future__ import annotations
 
