@@ -54,6 +54,18 @@ class Counter:
         """Counts as a function of the threshold ``eps`` (for counters that use one)."""
         raise CocosError(f"{type(self).__name__} has no threshold to sweep")
 
+    def count_sweep(self, view: QueryView, eps_values=()) -> tuple[Count, dict[float, dict[str, torch.Tensor]]]:
+        """:meth:`count` at the counter's own threshold and the batch values of :meth:`sweep` at each of
+        ``eps_values``, in one pass over the view where the counter can (the engine's entry point).
+
+        Equal to ``count(view)`` and ``{e: c.batch for e, c in sweep(view, eps_values).items()}``; this
+        default computes exactly that, counters override it to share the per-query weights between the
+        thresholds."""
+        main = self.count(view)
+        if not eps_values:
+            return main, {}
+        return main, {e: c.batch for e, c in self.sweep(view, eps_values).items()}
+
 
 def batch_counts(c_q: torch.Tensor) -> dict[str, torch.Tensor]:
     """``C^B``, ``C^0`` and ``C^q`` (mean over queries with a gradient) from per-query counts."""
@@ -85,6 +97,46 @@ def companions(weights: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str
     per_query = {k: torch.where(has, v.to(torch.float64), torch.nan) for k, v in per_query.items()}
     batch = {k: nanmean(v) for k, v in per_query.items()}
     return per_query, batch
+
+
+def counts_above(w: torch.Tensor, eps_values) -> list[torch.Tensor]:
+    """``#{entries of w > e}`` over the last axis of ``w`` (``(..., R)`` -> ``(...)`` int64) for every ``e``.
+
+    One comparison with the smallest threshold keeps the entries that can pass any of
+    them; each threshold then counts among those (exact integer counts, equal to
+    ``(w > e).sum(-1)`` for each ``e``, without one pass over ``w`` per threshold)."""
+    flat = w.reshape(-1, w.shape[-1])
+    rows, cols = (flat > min(eps_values)).nonzero(as_tuple=True)
+    values = flat[rows, cols]
+    return [torch.bincount(rows[values > e], minlength=flat.shape[0]).reshape(w.shape[:-1]) for e in eps_values]
+
+
+def thresholded_sums(p: torch.Tensor, mask: torch.Tensor, eps_values, above: bool) -> list[tuple]:
+    """Per row of ``p`` (``(..., K)`` float): the count and the sum of the masked entries ``> e`` (``above``) or
+    ``< e``, for every ``e``: ``(mask & (p > e)).sum(-1)`` and ``where(mask & (p > e), p, 0).sum(-1)``, bit for
+    bit.
+
+    A row whose masked entries all pass holds the same tensor as ``where(mask, p, 0)`` (its sum, computed
+    once, is that row's value) and a row where none passes sums zeros (0); only the other rows are summed
+    again, gathered (each row of a contiguous ``(n, K)`` reduction is summed the same way whatever ``n``)."""
+    k = p.shape[-1]
+    rows, m = p.reshape(-1, k), mask.reshape(-1, k)
+    total, n_in = torch.where(m, rows, 0.0).sum(-1), m.sum(-1)
+    inf = torch.tensor(float("inf"), dtype=p.dtype, device=p.device)
+    hi, lo = torch.where(m, rows, -inf).amax(-1), torch.where(m, rows, inf).amin(-1)
+    out = []
+    for e in eps_values:
+        every, none = (lo > e, hi <= e) if above else (hi < e, lo >= e)
+        count = torch.where(every, n_in, 0)
+        value = torch.where(every, total, 0.0)
+        part = (~every & ~none).nonzero().squeeze(-1)
+        if part.numel():
+            sub, sub_m = rows[part], m[part]
+            hit = sub_m & ((sub > e) if above else (sub < e))
+            count[part] = hit.sum(-1)
+            value[part] = torch.where(hit, sub, 0.0).sum(-1)
+        out.append((count.reshape(p.shape[:-1]), value.reshape(p.shape[:-1])))
+    return out
 
 
 def nanmean(x: torch.Tensor) -> torch.Tensor:
