@@ -27,12 +27,12 @@ MODES = ["corrected", "compat"]
 SWEEP = (*DEFAULT_SWEEP, 0.0, 0.03, 0.3)
 
 
-def _world(n=24, k=5, d=6, noise=1.0, seed=0, dup=True):
+def _world(n=24, k=5, d=6, noise=1.0, seed=0, dup=True, dtype=np.float32):
     g = np.random.default_rng(seed)
-    images = g.normal(size=(n, d))
+    images = g.normal(size=(n, d)).astype(dtype)
     if dup:  # two images with the same embedding: ties in the scores
         images[1] = images[0]
-    captions = np.repeat(images, k, 0) + noise * g.normal(size=(n * k, d))
+    captions = np.repeat(images, k, 0) + noise * g.normal(size=(n * k, d)).astype(dtype)
     return images, captions
 
 
@@ -67,9 +67,9 @@ def _compare(emb, losses, chunks=(None, 1, 3), **kw):
     return old
 
 
-@pytest.mark.parametrize("keep", [True, False])
-def test_every_paper_family_both_modes_and_the_sweep_equal_the_per_threshold_loop(keep):
-    emb = EmbeddingSet.from_arrays(*_world())
+@pytest.mark.parametrize(("keep", "dtype"), [(True, np.float32), (False, np.float64)])
+def test_every_paper_family_both_modes_and_the_sweep_equal_the_per_threshold_loop(keep, dtype):
+    emb = EmbeddingSet.from_arrays(*_world(dtype=dtype))
     old = _compare(emb, None, batch_size=8, seed=3, modes=MODES, sweep_eps=SWEEP, keep_per_query=keep)
     b = old.batches
     assert set(b["mode"]) == set(MODES) and b["eps"].nunique() == len(SWEEP)
@@ -83,8 +83,9 @@ def test_registered_families_goal_imc_generic_and_a_callable_on_irregular_captio
     images, _ = _world(n=20, seed=1)
     caption_image = np.sort(g.integers(0, 20, size=70))
     caption_image[:20] = np.arange(20)  # every image has a caption
-    captions = images[caption_image] + 0.8 * g.normal(size=(70, images.shape[1]))
+    captions = images[caption_image] + 0.8 * g.normal(size=(70, images.shape[1]))  # float64, images float32
     emb = EmbeddingSet.from_arrays(images, captions, caption_image)
+    assert emb.images.dtype == emb.captions.dtype == torch.float64
     losses = ["triplet", "triplet_sh", "ntxent", "imc", SQ, whole_batch]
     _compare(emb, losses, chunks=(None, 2), batch_size=8, seed=0, modes=MODES, sweep_eps=SWEEP)
 

@@ -119,8 +119,10 @@ class EmbeddingSet:
             raise CocosError(f"caption_image values must lie in [0, {n})")
         if images.shape[-1] != captions.shape[-1]:
             raise CocosError(f"images have dimension {images.shape[-1]} but captions have {captions.shape[-1]}")
-        return cls(images=normalised("images", images, device), captions=normalised("captions", captions, device),
-                   caption_image=caption_image.astype(np.int64))
+        images, captions = normalised("images", images, device), normalised("captions", captions, device)
+        if images.dtype != captions.dtype:  # float32 and float64: both float64 (each normalised in its own)
+            images, captions = images.double(), captions.double()
+        return cls(images=images, captions=captions, caption_image=caption_image.astype(np.int64))
 
     @property
     def n_images(self) -> int:
