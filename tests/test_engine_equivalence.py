@@ -113,10 +113,10 @@ def test_threshold_counts_and_sums_equal_one_comparison_per_threshold():
     mask = torch.rand(3, 7, 40, generator=g) > 0.2
     mask[1, 2] = False  # a row without entries
     eps = [0.0, 1e-3, 0.01, 0.1, 0.5, 0.9]
-    for above in (True, False):
-        for e, (count, value) in zip(eps, thresholded_sums(p, mask, eps, above), strict=True):
-            hit = mask & ((p > e) if above else (p < e))
-            assert torch.equal(count, hit.sum(-1))
-            assert torch.equal(value, torch.where(hit, p, 0.0).sum(-1))  # bit for bit
+    for e, (count, above, below) in zip(eps, thresholded_sums(p, mask, eps), strict=True):
+        hit = mask & (p > e)
+        assert torch.equal(count, hit.sum(-1))
+        assert torch.equal(above, torch.where(hit, p, 0.0).sum(-1))  # bit for bit
+        assert torch.equal(below, torch.where(mask & (p < e), p, 0.0).sum(-1))
     for e, count in zip(eps, counts_above(p, eps), strict=True):
         assert torch.equal(count, (p > e).sum(-1))

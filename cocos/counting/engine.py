@@ -425,8 +425,13 @@ def _setup(losses, batch_size, compat, modes, params, eps, sweep_eps):
     return objectives, counters, modes
 
 
+@dataclass(frozen=True)
 class _SharedView(QueryView):
-    """A view shared by every counter of a chunk: its candidate mask and excluded pairs are computed once."""
+    """A view shared by every counter of a chunk: its candidate mask and excluded pairs are computed once, and
+    its ``memo`` (one per chunk) holds what several counters or both modes compute alike
+    (:func:`cocos.losses.counts.per_view`)."""
+
+    memo: dict | None = field(default=None, compare=False, repr=False)
 
     @cached_property
     def candidates(self) -> torch.Tensor:
@@ -441,7 +446,7 @@ def _views(layout: BatchLayout, scores: torch.Tensor, modes, intra: dict) -> dic
     """``{(mode, direction): view}`` of a chunk's ``(nb, B, M)`` scores, as ``layout.view`` makes them, with the
     transposed (t2i) scores copied once for both modes."""
     oriented = {"i2t": scores, "t2i": scores.transpose(-1, -2).contiguous()}
-    out = {}
+    out, memo, made = {}, {}, defaultdict(list)
     for mode in modes:
         for d in DIRECTIONS:
             pos, neg = layout.masks(d, mode == "compat")
@@ -449,9 +454,14 @@ def _views(layout: BatchLayout, scores: torch.Tensor, modes, intra: dict) -> dic
             shape = torch.broadcast_shapes(s.shape, pos.shape)
             if pos.shape != shape:
                 pos, neg = pos.expand(shape).contiguous(), neg.expand(shape).contiguous()
+            for p, n in made[d]:  # equal masks of the other mode: the same tensors (per_view keys by identity)
+                if torch.equal(p, pos) and torch.equal(n, neg):
+                    pos, neg = p, n
+                    break
+            made[d].append((pos, neg))
             out[(mode, d)] = _SharedView(scores=s.expand(shape).contiguous(), pos=pos, neg=neg, direction=d,
                                          group_size=layout.group_size, compat=mode == "compat",
-                                         intra=intra.get(d))
+                                         intra=intra.get(d), memo=memo)
     return out
 
 

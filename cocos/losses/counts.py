@@ -99,6 +99,25 @@ def companions(weights: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str
     return per_query, batch
 
 
+def per_view(view: QueryView, key: tuple, make):
+    """``make()``, computed once for the views that share a memo (the engine's views of one chunk of batches).
+
+    ``key`` names what is computed and from what: the ``id`` of the view's tensors it reads and the
+    parameters (the engine keeps the tensors alive while the memo lives, and gives both counting modes
+    the same mask tensors where their masks are equal). Views without a memo compute it every time."""
+    memo = getattr(view, "memo", None)
+    if memo is None:
+        return make()
+    if key not in memo:  # the view's tensors stay referenced with the value: their ids are not reused meanwhile
+        memo[key] = (make(), view.scores, view.pos, view.neg)
+    return memo[key][0]
+
+
+def view_key(view: QueryView) -> tuple:
+    """The identity of a view's scores and masks, for :func:`per_view` keys."""
+    return (id(view.scores), id(view.pos), id(view.neg), view.direction)
+
+
 def counts_above(w: torch.Tensor, eps_values) -> list[torch.Tensor]:
     """``#{entries of w > e}`` over the last axis of ``w`` (``(..., R)`` -> ``(...)`` int64) for every ``e``.
 
@@ -111,10 +130,10 @@ def counts_above(w: torch.Tensor, eps_values) -> list[torch.Tensor]:
     return [torch.bincount(rows[values > e], minlength=flat.shape[0]).reshape(w.shape[:-1]) for e in eps_values]
 
 
-def thresholded_sums(p: torch.Tensor, mask: torch.Tensor, eps_values, above: bool) -> list[tuple]:
-    """Per row of ``p`` (``(..., K)`` float): the count and the sum of the masked entries ``> e`` (``above``) or
-    ``< e``, for every ``e``: ``(mask & (p > e)).sum(-1)`` and ``where(mask & (p > e), p, 0).sum(-1)``, bit for
-    bit.
+def thresholded_sums(p: torch.Tensor, mask: torch.Tensor, eps_values) -> list[tuple]:
+    """Per row of ``p`` (``(..., K)`` float) and threshold ``e``: ``(n_above, sum_above, sum_below)``, the count
+    and the sum of the masked entries ``> e`` and the sum of those ``< e``, bit for bit
+    ``(mask & (p > e)).sum(-1)``, ``where(mask & (p > e), p, 0).sum(-1)`` and ``where(mask & (p < e), p, 0).sum(-1)``.
 
     A row whose masked entries all pass holds the same tensor as ``where(mask, p, 0)`` (its sum, computed
     once, is that row's value) and a row where none passes sums zeros (0); only the other rows are summed
@@ -124,18 +143,25 @@ def thresholded_sums(p: torch.Tensor, mask: torch.Tensor, eps_values, above: boo
     total, n_in = torch.where(m, rows, 0.0).sum(-1), m.sum(-1)
     inf = torch.tensor(float("inf"), dtype=p.dtype, device=p.device)
     hi, lo = torch.where(m, rows, -inf).amax(-1), torch.where(m, rows, inf).amin(-1)
-    out = []
-    for e in eps_values:
-        every, none = (lo > e, hi <= e) if above else (hi < e, lo >= e)
-        count = torch.where(every, n_in, 0)
+
+    def side(e, every, none, above):
+        count = torch.where(every, n_in, 0) if above else None
         value = torch.where(every, total, 0.0)
         part = (~every & ~none).nonzero().squeeze(-1)
         if part.numel():
-            sub, sub_m = rows[part], m[part]
-            hit = sub_m & ((sub > e) if above else (sub < e))
-            count[part] = hit.sum(-1)
+            sub = rows[part]
+            hit = m[part] & ((sub > e) if above else (sub < e))
+            if above:
+                count[part] = hit.sum(-1)
             value[part] = torch.where(hit, sub, 0.0).sum(-1)
-        out.append((count.reshape(p.shape[:-1]), value.reshape(p.shape[:-1])))
+        return count, value
+
+    out = []
+    for e in eps_values:
+        count, w_above = side(e, lo > e, hi <= e, True)
+        _, w_below = side(e, hi < e, lo >= e, False)
+        shape = p.shape[:-1]
+        out.append((count.reshape(shape), w_above.reshape(shape), w_below.reshape(shape)))
     return out
 
 

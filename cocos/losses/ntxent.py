@@ -63,10 +63,8 @@ class NTXentCounter(Counter):
         main = self._count(p, view, self.eps)
         if not eps_values:
             return main, {}
-        above = thresholded_sums(p, view.neg, eps_values, above=True)
-        below = thresholded_sums(p, view.neg, eps_values, above=False)
         swept = {}
-        for e, (c_above, w_above), (_, w_below) in zip(eps_values, above, below, strict=True):
+        for e, (c_above, w_above, w_below) in zip(eps_values, thresholded_sums(p, view.neg, eps_values), strict=True):
             swept[float(e)] = {"C_qv-": c_above.to(torch.float64).mean(-1),
                                "W_qv-": w_above.to(torch.float64).mean(-1),
                                "W_qv+": main.batch["W_qv+"],

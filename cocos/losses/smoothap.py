@@ -21,7 +21,7 @@ import torch
 from cocos.data.layout import QueryView
 from cocos.defaults import DEFAULT_TAU_SMOOTHAP
 from cocos.errors import check_params
-from cocos.losses.counts import DEFAULT_EPS, Count, Counter, companions, counts_above
+from cocos.losses.counts import DEFAULT_EPS, Count, Counter, companions, counts_above, per_view, view_key
 from cocos.losses.functional import positive_index, smoothap_sigmoid
 
 
@@ -98,7 +98,11 @@ class SmoothAPCounter(Counter):
     def count_sweep(self, view: QueryView, eps_values=()) -> tuple[Count, dict[float, dict[str, torch.Tensor]]]:
         """The pair weights once for the count and every threshold; the thresholds' counts in one pass
         (:func:`~cocos.losses.counts.counts_above`). Equal to ``count`` and ``sweep``."""
-        w, divisor = self.pair_weights(view)
+        # the published t2i anchors differ from the corrected ones; otherwise equal views (both modes of a
+        # ranking batch, which has no same-image pairs) share one computation
+        odd = view.compat and view.direction == "t2i"
+        w, divisor = per_view(view, ("smoothap_weights", self.tau, odd, *view_key(view)),
+                              lambda: self.pair_weights(view))
         main = self._count(w, divisor, view, self.eps)
         if not eps_values:
             return main, {}
