@@ -459,9 +459,9 @@ def _views(layout: BatchLayout, scores: torch.Tensor, modes, intra: dict) -> dic
                     pos, neg = p, n
                     break
             made[d].append((pos, neg))
-            out[(mode, d)] = _SharedView(scores=s if s.shape == shape else s.expand(shape).contiguous(), pos=pos, neg=neg, direction=d,
-                                         group_size=layout.group_size, compat=mode == "compat",
-                                         intra=intra.get(d), memo=memo)
+            s = s if s.shape == shape else s.expand(shape).contiguous()  # the same tensor for both modes
+            out[(mode, d)] = _SharedView(scores=s, pos=pos, neg=neg, direction=d, group_size=layout.group_size,
+                                         compat=mode == "compat", intra=intra.get(d), memo=memo)
     return out
 
 

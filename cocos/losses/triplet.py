@@ -37,7 +37,8 @@ class TripletCounter(Counter):
     def violations(self, view: QueryView) -> torch.Tensor:
         """``(..., Q, K)``: number of (positive, negative) triplets of each query that violate."""
         # (..., Q, A, K), once per view for Triplet and Triplet SH at the same margin
-        hinge = per_view(view, ("triplet_hinge", self.margin, *view_key(view)), lambda: triplet_hinge(view, self.margin))
+        key = ("triplet_hinge", self.margin, *view_key(view))
+        hinge = per_view(view, key, lambda: triplet_hinge(view, self.margin))
         if self.hardest:
             hardest = hinge.amax(-1, keepdim=True)
             first = hinge.argmax(-1, keepdim=True)
