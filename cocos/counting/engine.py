@@ -25,12 +25,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 import pandas as pd
 import torch
 
-from cocos.data.layout import DIRECTIONS, BatchLayout, _check_norms
+from cocos.data.layout import DIRECTIONS, BatchLayout, QueryView, _check_norms
 from cocos.data.samplers import pair_batches, ranking_batches
 from cocos.errors import CocosError, check_params
 from cocos.losses.base import intra_similarities
@@ -48,6 +49,11 @@ def mode_of(compat: bool) -> str:
     return "compat" if compat else "corrected"
 
 
+# Batches counted together. Not chosen by bytes: the float32 transcendental functions (exp, log, sigmoid) round
+# an element differently in the vectorised body of a loop and in its scalar tail, and which elements fall in the
+# tail depends on the size of the tensor (and on the number of threads), so the chunk size moves statistics by
+# about 1e-9. 32 keeps every statistic equal to the engine's before the one-pass rewrite.
+CHUNK = 32
 BLOCK_BYTES = 64 * 2**20  # rows normalised at a time: the working set of loading, whatever the input's size
 
 
@@ -117,8 +123,10 @@ class EmbeddingSet:
             raise CocosError(f"caption_image values must lie in [0, {n})")
         if images.shape[-1] != captions.shape[-1]:
             raise CocosError(f"images have dimension {images.shape[-1]} but captions have {captions.shape[-1]}")
-        return cls(images=normalised("images", images, device), captions=normalised("captions", captions, device),
-                   caption_image=caption_image.astype(np.int64))
+        images, captions = normalised("images", images, device), normalised("captions", captions, device)
+        if images.dtype != captions.dtype:  # float32 and float64: both float64 (each normalised in its own)
+            images, captions = images.double(), captions.double()
+        return cls(images=images, captions=captions, caption_image=caption_image.astype(np.int64))
 
     @property
     def n_images(self) -> int:
@@ -339,7 +347,7 @@ def count_embeddings(
     eps: float | None = None,
     sweep_eps=None,
     keep_per_query: bool = True,
-    chunk: int = 32,
+    chunk: int = CHUNK,
     progress: bool = False,
     group=None,
 ) -> CountRun:
@@ -352,6 +360,8 @@ def count_embeddings(
     that uses one (default 0.01). ``modes``: counting modes to run (``"corrected"``,
     ``"compat"``), default the one ``compat`` says. ``sweep_eps``: thresholds of the
     eps sweep. Returns a :class:`CountRun`.
+
+    ``chunk``: batches counted together (:data:`CHUNK`).
 
     Under torchrun (``group``, default the joined process group, see :mod:`cocos.distributed`)
     each rank counts its contiguous block of the seeded batch plan and the blocks are
@@ -367,13 +377,14 @@ def count_embeddings(
 
     group = current() if group is None else group
     collect = _Collector(keep_per_query)
-    mine = {layout: aligned_block(plan.n_batches, chunk, group) for layout, plan in plans.items()}  # whole chunks
+    steps = {layout: chunk for layout in plans}
+    mine = {layout: aligned_block(plan.n_batches, steps[layout], group) for layout, plan in plans.items()}  # whole
     total = sum(len(r) for r in mine.values())
     with progress_bar(total, "counting", enabled=progress and group.is_main) as advance:
         for layout_name, plan in plans.items():
-            own = mine[layout_name]
-            for start in range(own.start, own.stop, chunk):
-                stop = min(start + chunk, own.stop)
+            own, step = mine[layout_name], steps[layout_name]
+            for start in range(own.start, own.stop, step):
+                stop = min(start + step, own.stop)
                 _count_chunk(emb, plan.captions[start:stop], plan.images[start:stop], layout_name, batch_size,
                              [(o, counters[o.name]) for o in by_layout[layout_name]], modes, sweep_eps, collect)
                 advance(stop - start)
@@ -414,38 +425,82 @@ def _setup(losses, batch_size, compat, modes, params, eps, sweep_eps):
     return objectives, counters, modes
 
 
+@dataclass(frozen=True)
+class _SharedView(QueryView):
+    """A view shared by every counter of a chunk: its candidate mask and excluded pairs are computed once, and
+    its ``memo`` (one per chunk) holds what several counters or both modes compute alike
+    (:func:`cocos.losses.counts.per_view`)."""
+
+    memo: dict | None = field(default=None, compare=False, repr=False)
+
+    @cached_property
+    def candidates(self) -> torch.Tensor:
+        return self.pos | self.neg
+
+    @cached_property
+    def n_excluded(self) -> torch.Tensor:
+        return (~self.candidates).sum(dim=(-1, -2))
+
+
+def _views(layout: BatchLayout, scores: torch.Tensor, modes, intra: dict) -> dict[tuple[str, str], QueryView]:
+    """``{(mode, direction): view}`` of a chunk's ``(nb, B, M)`` scores, as ``layout.view`` makes them, with the
+    transposed (t2i) scores copied once for both modes."""
+    oriented = {"i2t": scores, "t2i": scores.transpose(-1, -2).contiguous()}
+    out, memo, made = {}, {}, defaultdict(list)
+    for mode in modes:
+        for d in DIRECTIONS:
+            pos, neg = layout.masks(d, mode == "compat")
+            s = oriented[d]
+            shape = torch.broadcast_shapes(s.shape, pos.shape)
+            if pos.shape != shape:
+                pos, neg = pos.expand(shape).contiguous(), neg.expand(shape).contiguous()
+            for p, n in made[d]:  # equal masks of the other mode: the same tensors (per_view keys by identity)
+                if torch.equal(p, pos) and torch.equal(n, neg):
+                    pos, neg = p, n
+                    break
+            made[d].append((pos, neg))
+            s = s if s.shape == shape else s.expand(shape).contiguous()  # the same tensor for both modes
+            out[(mode, d)] = _SharedView(scores=s, pos=pos, neg=neg, direction=d, group_size=layout.group_size,
+                                         compat=mode == "compat", intra=intra.get(d), memo=memo)
+    return out
+
+
 def _count_chunk(emb, cap, img, layout_name, batch_size, specs, modes, sweep_eps, collect) -> None:
     """Count a chunk of batches (dataset rows ``cap`` (nb, M), ``img`` (nb, B)) for every (spec, counter) of one
-    layout, both directions, every mode, into ``collect``; the similarity rows are computed once for all."""
+    layout, both directions, every mode, into ``collect``.
+
+    One pass: the similarity rows are computed once (one batched matmul) and oriented once per mode and
+    direction; every counter counts those views at its own threshold and at every threshold of the sweep
+    from the same per-query weights (:meth:`~cocos.losses.counts.Counter.count_sweep`). Rows are collected
+    in the order of the per-threshold loop this replaces (``tests/reference_engine.py``)."""
     device = emb.images.device
     c, i = torch.as_tensor(cap, device=device), torch.as_tensor(img, device=device)
-    scores = emb.images[i] @ emb.captions[c].transpose(-1, -2)  # (nb, B, M)
+    images, captions = emb.images[i], emb.captions[c]
+    scores = images @ captions.transpose(-1, -2)  # (nb, B, M)
     if layout_name == "pair":
         layout = BatchLayout.build(batch_size, batch_size, torch.arange(batch_size, device=device), image_ids=i)
     else:
         layout = BatchLayout.build(batch_size, c.shape[-1], device=device)
+    intra = {}
+    if any(getattr(counter, "needs_intra", False) for _, counter in specs):  # the queries' own similarities (IMC)
+        intra = intra_similarities(images, captions)
+    shared = _views(layout, scores, modes, intra)
     for o, counter in specs:
-        s = scores
-        if getattr(counter, "needs_embeddings", False):
-            s = counter.gradients(emb.images[i], emb.captions[c], layout.caption_image)
+        views = shared
+        if getattr(counter, "needs_embeddings", False):  # a whole-batch callable: views of its dL/dS
+            views = _views(layout, counter.gradients(images, captions, layout.caption_image), modes, intra)
         main_eps = counter.params().get("eps", np.nan) if o.uses_eps else np.nan
-        intra = {}
-        if getattr(counter, "needs_intra", False):  # the queries' intra-modal similarities (IMC)
-            intra = intra_similarities(emb.images[i], emb.captions[c])
+        swept = []
+        if sweep_eps is not None and o.uses_eps:
+            swept = [e for e in dict.fromkeys(float(x) for x in sweep_eps) if e != main_eps]
         for mode in modes:
             for d in DIRECTIONS:
-                view = layout.view(s, d, mode == "compat", intra=intra.get(d))
-                _collect_view(collect, o, counter, view, (o.name, d, mode), main_eps, sweep_eps, cap, img)
-
-
-def _collect_view(collect, o, counter, view, key, main_eps, sweep_eps, cap, img) -> None:
-    result = counter.count(view)
-    collect.add_batch((*key, main_eps), {**result.batch, "n_excluded": result.n_excluded})
-    if collect.keep_queries:
-        kind = result.item_kind or ("image" if key[1] == "i2t" else "caption")
-        # the dataset rows of the entries: images (i2t, or regrouped by image), else captions
-        collect.add_queries((*key, kind), result.per_query, img if kind == "image" else cap)
-    if sweep_eps is not None and o.uses_eps:
-        for e, res in counter.sweep(view, sweep_eps).items():
-            if e != main_eps:
-                collect.add_batch((*key, e), res.batch)
+                result, at_eps = counter.count_sweep(views[(mode, d)], swept)
+                key = (o.name, d, mode)
+                collect.add_batch((*key, main_eps), {**result.batch, "n_excluded": result.n_excluded})
+                if collect.keep_queries:
+                    kind = result.item_kind or ("image" if d == "i2t" else "caption")
+                    # the dataset rows of the entries: images (i2t, or regrouped by image), else captions
+                    collect.add_queries((*key, kind), result.per_query, img if kind == "image" else cap)
+                for e, batch in at_eps.items():
+                    collect.add_batch((*key, e), batch)

@@ -54,6 +54,18 @@ class Counter:
         """Counts as a function of the threshold ``eps`` (for counters that use one)."""
         raise CocosError(f"{type(self).__name__} has no threshold to sweep")
 
+    def count_sweep(self, view: QueryView, eps_values=()) -> tuple[Count, dict[float, dict[str, torch.Tensor]]]:
+        """:meth:`count` at the counter's own threshold and the batch values of :meth:`sweep` at each of
+        ``eps_values``, in one pass over the view where the counter can (the engine's entry point).
+
+        Equal to ``count(view)`` and ``{e: c.batch for e, c in sweep(view, eps_values).items()}``; this
+        default computes exactly that, counters override it to share the per-query weights between the
+        thresholds."""
+        main = self.count(view)
+        if not eps_values:
+            return main, {}
+        return main, {e: c.batch for e, c in self.sweep(view, eps_values).items()}
+
 
 def batch_counts(c_q: torch.Tensor) -> dict[str, torch.Tensor]:
     """``C^B``, ``C^0`` and ``C^q`` (mean over queries with a gradient) from per-query counts."""
@@ -85,6 +97,72 @@ def companions(weights: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str
     per_query = {k: torch.where(has, v.to(torch.float64), torch.nan) for k, v in per_query.items()}
     batch = {k: nanmean(v) for k, v in per_query.items()}
     return per_query, batch
+
+
+def per_view(view: QueryView, key: tuple, make):
+    """``make()``, computed once for the views that share a memo (the engine's views of one chunk of batches).
+
+    ``key`` names what is computed and from what: the ``id`` of the view's tensors it reads and the
+    parameters (the engine keeps the tensors alive while the memo lives, and gives both counting modes
+    the same mask tensors where their masks are equal). Views without a memo compute it every time."""
+    memo = getattr(view, "memo", None)
+    if memo is None:
+        return make()
+    if key not in memo:  # the view's tensors stay referenced with the value: their ids are not reused meanwhile
+        memo[key] = (make(), view.scores, view.pos, view.neg)
+    return memo[key][0]
+
+
+def view_key(view: QueryView) -> tuple:
+    """The identity of a view's scores and masks, for :func:`per_view` keys."""
+    return (id(view.scores), id(view.pos), id(view.neg), view.direction)
+
+
+def counts_above(w: torch.Tensor, eps_values) -> list[torch.Tensor]:
+    """``#{entries of w > e}`` over the last axis of ``w`` (``(..., R)`` -> ``(...)`` int64) for every ``e``.
+
+    One comparison with the smallest threshold keeps the entries that can pass any of
+    them; each threshold then counts among those (exact integer counts, equal to
+    ``(w > e).sum(-1)`` for each ``e``, without one pass over ``w`` per threshold)."""
+    flat = w.reshape(-1, w.shape[-1])
+    rows, cols = (flat > min(eps_values)).nonzero(as_tuple=True)
+    values = flat[rows, cols]
+    return [torch.bincount(rows[values > e], minlength=flat.shape[0]).reshape(w.shape[:-1]) for e in eps_values]
+
+
+def thresholded_sums(p: torch.Tensor, mask: torch.Tensor, eps_values) -> list[tuple]:
+    """Per row of ``p`` (``(..., K)`` float) and threshold ``e``: ``(n_above, sum_above, sum_below)``, the count
+    and the sum of the masked entries ``> e`` and the sum of those ``< e``, bit for bit
+    ``(mask & (p > e)).sum(-1)``, ``where(mask & (p > e), p, 0).sum(-1)`` and ``where(mask & (p < e), p, 0).sum(-1)``.
+
+    A row whose masked entries all pass holds the same tensor as ``where(mask, p, 0)`` (its sum, computed
+    once, is that row's value) and a row where none passes sums zeros (0); only the other rows are summed
+    again, gathered (each row of a contiguous ``(n, K)`` reduction is summed the same way whatever ``n``)."""
+    k = p.shape[-1]
+    rows, m = p.reshape(-1, k), mask.reshape(-1, k)
+    total, n_in = torch.where(m, rows, 0.0).sum(-1), m.sum(-1)
+    inf = torch.tensor(float("inf"), dtype=p.dtype, device=p.device)
+    hi, lo = torch.where(m, rows, -inf).amax(-1), torch.where(m, rows, inf).amin(-1)
+
+    def side(e, every, none, above):
+        count = torch.where(every, n_in, 0) if above else None
+        value = torch.where(every, total, 0.0)
+        part = (~every & ~none).nonzero().squeeze(-1)
+        if part.numel():
+            sub = rows[part]
+            hit = m[part] & ((sub > e) if above else (sub < e))
+            if above:
+                count[part] = hit.sum(-1)
+            value[part] = torch.where(hit, sub, 0.0).sum(-1)
+        return count, value
+
+    out = []
+    for e in eps_values:
+        count, w_above = side(e, lo > e, hi <= e, True)
+        _, w_below = side(e, hi < e, lo >= e, False)
+        shape = p.shape[:-1]
+        out.append((count.reshape(shape), w_above.reshape(shape), w_below.reshape(shape)))
+    return out
 
 
 def nanmean(x: torch.Tensor) -> torch.Tensor:

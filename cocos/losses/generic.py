@@ -98,6 +98,13 @@ class GenericCounter(Counter):
         g = self._gradients(view)
         return {float(e): count_from_gradients(g, view, float(e), self.relative, extras=False) for e in eps_values}
 
+    def count_sweep(self, view: QueryView, eps_values=()) -> tuple[Count, dict[float, dict[str, torch.Tensor]]]:
+        """The gradients once for the count and every threshold (equal to ``count`` and ``sweep``)."""
+        g = self._gradients(view)
+        main = count_from_gradients(g, view, self.eps, self.relative)
+        return main, {float(e): count_from_gradients(g, view, float(e), self.relative, extras=False).batch
+                      for e in eps_values}
+
 
 class BatchLossCounter(GenericCounter):
     """The generic count of a whole-batch callable: counts ``|dL/dS|`` of the whole loss (see the module docstring).

@@ -13,7 +13,7 @@ import torch
 from cocos.data.layout import QueryView
 from cocos.defaults import DEFAULT_TAU_NTXENT
 from cocos.errors import check_params
-from cocos.losses.counts import DEFAULT_EPS, Count, Counter, companions
+from cocos.losses.counts import DEFAULT_EPS, Count, Counter, companions, thresholded_sums
 from cocos.losses.functional import ntxent_log_probs
 
 
@@ -54,3 +54,19 @@ class NTXentCounter(Counter):
     def sweep(self, view: QueryView, eps_values) -> dict[float, Count]:
         p = self.probabilities(view)
         return {float(e): self._count(p, view, float(e), extras=False) for e in eps_values}
+
+    def count_sweep(self, view: QueryView, eps_values=()) -> tuple[Count, dict[float, dict[str, torch.Tensor]]]:
+        """One softmax for the count and every threshold; the thresholds' counts and weights by
+        :func:`~cocos.losses.counts.thresholded_sums` (only rows with negatives on both sides of a threshold
+        are summed again); ``W_qv+`` does not depend on ``eps``. Equal to ``count`` and ``sweep``."""
+        p = self.probabilities(view)
+        main = self._count(p, view, self.eps)
+        if not eps_values:
+            return main, {}
+        swept = {}
+        for e, (c_above, w_above, w_below) in zip(eps_values, thresholded_sums(p, view.neg, eps_values), strict=True):
+            swept[float(e)] = {"C_qv-": c_above.to(torch.float64).mean(-1),
+                               "W_qv-": w_above.to(torch.float64).mean(-1),
+                               "W_qv+": main.batch["W_qv+"],
+                               "W_low": w_below.to(torch.float64).mean(-1)}
+        return main, swept

@@ -21,7 +21,7 @@ import torch
 from cocos.data.layout import QueryView
 from cocos.defaults import DEFAULT_TAU_SMOOTHAP
 from cocos.errors import check_params
-from cocos.losses.counts import DEFAULT_EPS, Count, Counter, companions
+from cocos.losses.counts import DEFAULT_EPS, Count, Counter, companions, counts_above, per_view, view_key
 from cocos.losses.functional import positive_index, smoothap_sigmoid
 
 
@@ -64,23 +64,28 @@ class SmoothAPCounter(Counter):
         self, w: torch.Tensor, divisor: torch.Tensor, view: QueryView, eps: float, extras: bool = True
     ) -> Count:
         c_q = (w > eps).sum(-1).sum(-1).to(torch.float64) / divisor.to(torch.float64)
-        c_0 = (c_q == 0).sum(-1).to(torch.float64)
-        with_grad = c_q.shape[-1] - c_0
-        c_b = c_q.sum(-1)
-        # No query with a weight above eps: corrected mode has no C^q for the batch (NaN, left out of
-        # the mean and counted as skipped); the published counter returns 0 and averages it in.
-        empty = 0.0 if view.compat else torch.nan
-        batch = {
-            "C_q": torch.where(with_grad > 0, c_b / with_grad.clamp(min=1), empty),
-            "C_0": c_0,
-            "C_B": c_b,
-        }
+        batch = self._batch(c_q, view.compat)
         if not extras:
             return Count({"C_q": c_q}, batch, view.n_excluded)
         neg_w = torch.where(view.neg, w.sum(-2), 0.0)
         comp_q, comp_b = companions(neg_w)
         batch.update(comp_b)
         return Count({"C_q": c_q, **comp_q}, batch, view.n_excluded, weights=neg_w)
+
+    @staticmethod
+    def _batch(c_q: torch.Tensor, compat: bool) -> dict[str, torch.Tensor]:
+        """``C^q``, ``C^0`` and ``C^B`` of a batch from the per-query counts."""
+        c_0 = (c_q == 0).sum(-1).to(torch.float64)
+        with_grad = c_q.shape[-1] - c_0
+        c_b = c_q.sum(-1)
+        # No query with a weight above eps: corrected mode has no C^q for the batch (NaN, left out of
+        # the mean and counted as skipped); the published counter returns 0 and averages it in.
+        empty = 0.0 if compat else torch.nan
+        return {
+            "C_q": torch.where(with_grad > 0, c_b / with_grad.clamp(min=1), empty),
+            "C_0": c_0,
+            "C_B": c_b,
+        }
 
     def count(self, view: QueryView) -> Count:
         w, divisor = self.pair_weights(view)
@@ -89,3 +94,19 @@ class SmoothAPCounter(Counter):
     def sweep(self, view: QueryView, eps_values) -> dict[float, Count]:
         w, divisor = self.pair_weights(view)
         return {float(e): self._count(w, divisor, view, float(e), extras=False) for e in eps_values}
+
+    def count_sweep(self, view: QueryView, eps_values=()) -> tuple[Count, dict[float, dict[str, torch.Tensor]]]:
+        """The pair weights once for the count and every threshold; the thresholds' counts in one pass
+        (:func:`~cocos.losses.counts.counts_above`). Equal to ``count`` and ``sweep``."""
+        # the published t2i anchors differ from the corrected ones; otherwise equal views (both modes of a
+        # ranking batch, which has no same-image pairs) share one computation
+        odd = view.compat and view.direction == "t2i"
+        w, divisor = per_view(view, ("smoothap_weights", self.tau, odd, *view_key(view)),
+                              lambda: self.pair_weights(view))
+        main = self._count(w, divisor, view, self.eps)
+        if not eps_values:
+            return main, {}
+        counts = counts_above(w.reshape(*w.shape[:-2], -1), eps_values)
+        div = divisor.to(torch.float64)
+        return main, {float(e): self._batch(n.to(torch.float64) / div, view.compat)
+                      for e, n in zip(eps_values, counts, strict=True)}

@@ -13,7 +13,7 @@ import torch
 from cocos.data.layout import QueryView
 from cocos.defaults import DEFAULT_MARGIN
 from cocos.errors import check_params
-from cocos.losses.counts import Count, Counter, batch_counts, companions
+from cocos.losses.counts import Count, Counter, batch_counts, companions, per_view, view_key
 from cocos.losses.functional import triplet_hinge
 
 
@@ -36,7 +36,9 @@ class TripletCounter(Counter):
 
     def violations(self, view: QueryView) -> torch.Tensor:
         """``(..., Q, K)``: number of (positive, negative) triplets of each query that violate."""
-        hinge = triplet_hinge(view, self.margin)  # (..., Q, A, K)
+        # (..., Q, A, K), once per view for Triplet and Triplet SH at the same margin
+        key = ("triplet_hinge", self.margin, *view_key(view))
+        hinge = per_view(view, key, lambda: triplet_hinge(view, self.margin))
         if self.hardest:
             hardest = hinge.amax(-1, keepdim=True)
             first = hinge.argmax(-1, keepdim=True)

@@ -131,6 +131,12 @@ class GoalCounter(Counter):
         parts = self._weights(view)
         return {float(e): self._count(view, parts, float(e), extras=False) for e in eps_values}
 
+    def count_sweep(self, view: QueryView, eps_values=()) -> tuple[Count, dict[float, dict[str, torch.Tensor]]]:
+        """The designed weights once for the count and every threshold (equal to ``count`` and ``sweep``)."""
+        parts = self._weights(view)
+        main = self._count(view, parts, self.eps)
+        return main, {float(e): self._count(view, parts, float(e), extras=False).batch for e in eps_values}
+
 
 def diagram_weights(params: dict) -> list[str]:
     """The diagram of a GOAL model: its own triplet weight and the two gradient scalars T*P+ and T*P-."""

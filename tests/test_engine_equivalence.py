@@ -1,0 +1,122 @@
+"""The one-pass engine gives the statistics of the per-threshold loop it replaced, to 1e-12.
+
+The reference is a frozen copy of that loop (``tests/reference_engine.py``): every
+counter's ``count`` and ``sweep`` on views made anew per loss, mode and direction,
+in chunks of 32 batches. Both run on the same small random sets (regular and
+irregular captions per image, pair and ranking layouts, both modes, the eps sweep,
+every registered family with GOAL variants and IMC, a generic family and a
+whole-batch callable, per-query rows on and off, several chunk sizes), and the tidy
+frames and summaries must agree.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from cocos.counting.engine import DEFAULT_SWEEP, EmbeddingSet, count_embeddings
+from cocos.losses.counts import counts_above, thresholded_sums
+from cocos.losses.functional import triplet_direction
+from cocos.objectives import Objective
+from tests.reference_engine import reference_count_embeddings
+
+MODES = ["corrected", "compat"]
+# thresholds on both sides of the small sets' weights, so that rows with negatives on both sides of one occur
+SWEEP = (*DEFAULT_SWEEP, 0.0, 0.03, 0.3)
+
+
+def _world(n=24, k=5, d=6, noise=1.0, seed=0, dup=True, dtype=np.float32):
+    g = np.random.default_rng(seed)
+    images = g.normal(size=(n, d)).astype(dtype)
+    if dup:  # two images with the same embedding: ties in the scores
+        images[1] = images[0]
+    captions = np.repeat(images, k, 0) + noise * g.normal(size=(n * k, d)).astype(dtype)
+    return images, captions
+
+
+def _sq_hinge(view, margin=0.1):  # a family without a closed-form counter: the generic autograd counter
+    return torch.relu(triplet_direction(view, margin)) ** 2
+
+
+SQ = Objective(name="sqhinge_eq", label="squared hinge", direction_loss=_sq_hinge, defaults={"margin": 0.1})
+
+
+def whole_batch(images, captions, caption_image=None):  # a user's whole-batch callable
+    s = torch.nn.functional.normalize(images, dim=-1) @ torch.nn.functional.normalize(captions, dim=-1).T
+    return torch.logsumexp(s / 0.2, dim=-1).sum()
+
+
+def _same(new, old, what: str) -> None:
+    if old is None:
+        assert new is None, what
+        return
+    pd.testing.assert_frame_equal(new.reset_index(drop=True), old.reset_index(drop=True), check_exact=False,
+                                  rtol=0, atol=1e-12, obj=what)
+
+
+def _compare(emb, losses, chunks=(32, 1, 3), **kw):
+    """Both engines with the same chunks of batches (the chunk size moves float32 rounding, see engine.CHUNK)."""
+    for chunk in chunks:
+        old = reference_count_embeddings(emb, losses, chunk=chunk, **kw)
+        new = count_embeddings(emb, losses, **({} if chunk == 32 else {"chunk": chunk}), **kw)
+        _same(new.batches, old.batches, f"batches, chunk {chunk}")
+        _same(new.queries, old.queries, f"queries, chunk {chunk}")
+        _same(new.summary(), old.summary(), f"summary, chunk {chunk}")
+        assert new.params == old.params and new.n_batches == old.n_batches
+    return old
+
+
+@pytest.mark.parametrize(("keep", "dtype"), [(True, np.float32), (False, np.float64)])
+def test_every_paper_family_both_modes_and_the_sweep_equal_the_per_threshold_loop(keep, dtype):
+    emb = EmbeddingSet.from_arrays(*_world(dtype=dtype))
+    old = _compare(emb, None, batch_size=8, seed=3, modes=MODES, sweep_eps=SWEEP, keep_per_query=keep)
+    b = old.batches
+    assert set(b["mode"]) == set(MODES) and b["eps"].nunique() == len(SWEEP)
+    # the sweep is not degenerate: NT-Xent and SmoothAP counts change with the threshold
+    swept = b[(b.stat.isin(["C_qv-", "C_q"])) & b.loss.isin(["ntxent", "smoothap"])]
+    assert swept.groupby(["loss", "direction", "mode"])["value"].nunique().min() > 1
+
+
+def test_registered_families_goal_imc_generic_and_a_callable_on_irregular_captions():
+    g = np.random.default_rng(1)
+    images, _ = _world(n=20, seed=1)
+    caption_image = np.sort(g.integers(0, 20, size=70))
+    caption_image[:20] = np.arange(20)  # every image has a caption
+    captions = images[caption_image] + 0.8 * g.normal(size=(70, images.shape[1]))  # float64, images float32
+    emb = EmbeddingSet.from_arrays(images, captions, caption_image)
+    assert emb.images.dtype == emb.captions.dtype == torch.float64
+    losses = ["triplet", "triplet_sh", "ntxent", "imc", SQ, whole_batch]
+    _compare(emb, losses, chunks=(32, 2), batch_size=8, seed=0, modes=MODES, sweep_eps=SWEEP)
+
+
+@pytest.mark.parametrize("weights", [("con", "con"), ("nca", "sig_ms"), ("cir", "lin_ms"), ("nca", "lin")])
+def test_goal_variants_equal_the_per_threshold_loop(weights):
+    emb = EmbeddingSet.from_arrays(*_world(seed=2))
+    params = {"goal": {"triplet_weight": weights[0], "pair_weight": weights[1]}}
+    _compare(emb, ["goal"], chunks=(32, 2), batch_size=8, seed=1, modes=MODES, sweep_eps=SWEEP, params=params,
+             eps=0.05)
+
+
+def test_own_threshold_outside_the_sweep_and_no_sweep():
+    emb = EmbeddingSet.from_arrays(*_world(seed=4))
+    _compare(emb, ["ntxent", "smoothap"], chunks=(2,), batch_size=8, modes=MODES, sweep_eps=(0.02, 0.004),
+             eps=0.007, params={"ntxent": {"tau": 0.05}})
+    _compare(emb, ["ntxent", "smoothap"], chunks=(32,), batch_size=8, modes=["compat"])
+
+
+def test_threshold_counts_and_sums_equal_one_comparison_per_threshold():
+    g = torch.Generator().manual_seed(0)
+    p = torch.rand(3, 7, 40, generator=g) ** 4
+    p[0, 0] = 0.5  # every entry on one side of most thresholds
+    mask = torch.rand(3, 7, 40, generator=g) > 0.2
+    mask[1, 2] = False  # a row without entries
+    eps = [0.0, 1e-3, 0.01, 0.1, 0.5, 0.9]
+    for e, (count, above, below) in zip(eps, thresholded_sums(p, mask, eps), strict=True):
+        hit = mask & (p > e)
+        assert torch.equal(count, hit.sum(-1))
+        assert torch.equal(above, torch.where(hit, p, 0.0).sum(-1))  # bit for bit
+        assert torch.equal(below, torch.where(mask & (p < e), p, 0.0).sum(-1))
+    for e, count in zip(eps, counts_above(p, eps), strict=True):
+        assert torch.equal(count, (p > e).sum(-1))
