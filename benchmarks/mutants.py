@@ -31,7 +31,7 @@ MUTANTS = {
         "    mask = view.neg[..., None, :]",
         ["tests/test_oracle.py"]),
     "GOAL backward ignores the upstream gradient": (
-        "cocos/objectives/goal.py",
+        "cocos/losses/goal.py",
         "        return upstream * grad, None, None",
         "        return grad, None, None",
         ["tests/test_goal_objective.py"]),

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from cocos.objectives.spec import DEFAULT_EPS
+from cocos.losses.spec import DEFAULT_EPS
 
 from . import lossflags
 from .common import check_latex_width, handle_errors
@@ -49,8 +49,8 @@ def count(
 
     from cocos.data.layout import DIRECTIONS
     from cocos.io import check_output_dir, check_output_file
+    from cocos.losses.spec import format_value
     from cocos.objectives import parse_names
-    from cocos.objectives.spec import format_value
     from cocos.pipelines.count import count_file, count_rows
 
     check_latex_width(latex_width)

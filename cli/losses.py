@@ -12,8 +12,8 @@ from .main import app
 @handle_errors
 def losses() -> None:
     """List the registered losses: layout, parameters and defaults, counter, paper statistics and table."""
+    from cocos.losses.spec import format_value
     from cocos.objectives import OBJECTIVES
-    from cocos.objectives.spec import format_value
 
     for name, spec in OBJECTIVES.items():
         params = ", ".join(f"{k}={format_value(v)}" for k, v in spec.defaults.items()) or "none"

@@ -13,8 +13,8 @@ later one, checked over the real imports by ``tests/test_layers.py``):
    (the typed ``results.json``);
 2. ``data``: datasets, batch layouts, samplers;
 3. ``models``: the encoders;
-4. ``losses``: one module per loss family, its maths and its counter;
-5. ``objectives``: one spec per family and the registry (plugins included);
+4. ``losses``: one module per loss family: its maths, its counter and its spec;
+5. ``objectives``: the registry of the families' specs (plugins included);
 6. ``counting``: the engine that sweeps a training set;
 7. ``training``: the loop, its logs and checkpoints;
 8. ``legacy``: checkpoints of the original VSE++/VSRN code;

@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from cocos.counting import EmbeddingSet, count_batch, count_embeddings
 from cocos.errors import CocosError
+from cocos.losses.goal import PAIR, TRIPLET
 from cocos.objectives import get_loss
-from cocos.objectives.goal import PAIR, TRIPLET
 from cocos_cli.main import app
 
 runner = CliRunner()

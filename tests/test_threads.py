@@ -67,7 +67,7 @@ def test_every_command_has_threads():
 
 def test_threads_reach_torch_while_the_command_runs(monkeypatch, restore_threads):
     """``cocos losses`` records torch's thread count from inside the command: ``--threads`` and the default."""
-    from cocos.objectives import spec as spec_module
+    from cocos.losses import spec as spec_module
     from cocos_cli.main import app
 
     seen = []

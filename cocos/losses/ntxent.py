@@ -14,7 +14,8 @@ from cocos.data.layout import QueryView
 from cocos.defaults import DEFAULT_TAU_NTXENT
 from cocos.errors import check_params
 from cocos.losses.counts import DEFAULT_EPS, Count, Counter, companions, thresholded_sums
-from cocos.losses.functional import ntxent_log_probs
+from cocos.losses.functional import ntxent_direction, ntxent_log_probs
+from cocos.losses.spec import Note, Objective
 
 
 class NTXentCounter(Counter):
@@ -70,3 +71,20 @@ class NTXentCounter(Counter):
                                "W_qv+": main.batch["W_qv+"],
                                "W_low": w_below.to(torch.float64).mean(-1)}
         return main, swept
+
+
+# -- the family's spec: what the paper says about it -------------------------------------------------------------
+
+NTXENT_WEIGHTS = Note(
+    "Weights exclude the 1/τ factor of the gradient; W_low is the weight of the negatives under ε "
+    "(beyond the paper).",
+    r"Weights exclude the $1/\tau$ factor of the gradient; $W_{\mathrm{low}}$ is the weight of the "
+    r"negatives under $\varepsilon$ (beyond the paper).",
+)
+
+NTXENT = Objective(
+    name="ntxent", label="NT-Xent", layout="pair",
+    direction_loss=ntxent_direction, defaults={"tau": DEFAULT_TAU_NTXENT}, combine="mean",
+    counter=NTXentCounter, stats=("C_qv-", "W_qv-", "W_qv+", "W_low"), main_stat="C_qv-", table="3",
+    color="#2ca02c", marker="^", notes=(NTXENT_WEIGHTS,), description="softmax cross-entropy at temperature tau",
+)

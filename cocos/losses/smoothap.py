@@ -22,7 +22,8 @@ from cocos.data.layout import QueryView
 from cocos.defaults import DEFAULT_TAU_SMOOTHAP
 from cocos.errors import check_params
 from cocos.losses.counts import DEFAULT_EPS, Count, Counter, companions, counts_above, per_view, view_key
-from cocos.losses.functional import positive_index, smoothap_sigmoid
+from cocos.losses.functional import positive_index, smoothap_direction, smoothap_sigmoid
+from cocos.losses.spec import Note, Objective
 
 
 class SmoothAPCounter(Counter):
@@ -110,3 +111,29 @@ class SmoothAPCounter(Counter):
         div = divisor.to(torch.float64)
         return main, {float(e): self._batch(n.to(torch.float64) / div, view.compat)
                       for e, n in zip(eps_values, counts, strict=True)}
+
+
+# -- the family's spec: what the paper says about it -------------------------------------------------------------
+
+SMOOTHAP_ARTEFACT = Note(
+    "SmoothAP t2i in compat mode reproduces the published counter: for caption query q it takes the "
+    "rows k·q … k·q+k−1 of the image-by-image matrix (those < B) instead of the row of the caption's "
+    "own image, so for q ≥ B/k the slice is empty and nearly every caption query counts as "
+    "zero-gradient (the paper's Table 4 shows C^0 ≈ 637 of 640). The corrected counter uses the "
+    "caption's own image. In compat mode a batch where no query has a weight above ε counts as "
+    "C^q = 0, as published; the corrected mean leaves it out.",
+    r"SmoothAP t2i in compat mode reproduces the published counter: for caption query $q$ it takes "
+    r"the rows $kq \ldots kq+k-1$ of the image-by-image matrix (those $< B$) instead of the row of the "
+    r"caption's own image, so for $q \geq B/k$ the slice is empty and nearly every caption query "
+    r"counts as zero-gradient (the paper's Table 4 shows $C^{0} \approx 637$ of 640). The corrected "
+    r"counter uses the caption's own image. In compat mode a batch where no query has a weight above "
+    r"$\varepsilon$ counts as $C^{q} = 0$, as published; the corrected mean leaves it out.",
+    when="compat",
+)
+
+SMOOTHAP = Objective(
+    name="smoothap", label="SmoothAP", layout="ranking",
+    direction_loss=smoothap_direction, defaults={"tau": 0.01}, combine="mean",
+    counter=SmoothAPCounter, stats=("C_q", "C_0"), main_stat="C_q", table="4", color="#d62728", marker="D",
+    notes=(SMOOTHAP_ARTEFACT,), description="1 - smoothed average precision (ranking batches)",
+)

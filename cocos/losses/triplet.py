@@ -8,13 +8,16 @@ loss and its triplets are summed; in a pair batch there is one positive.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from cocos.data.layout import QueryView
 from cocos.defaults import DEFAULT_MARGIN
 from cocos.errors import check_params
 from cocos.losses.counts import Count, Counter, batch_counts, companions, per_view, view_key
-from cocos.losses.functional import triplet_hinge
+from cocos.losses.functional import triplet_direction, triplet_hinge
+from cocos.losses.spec import Note, Objective
 
 
 class TripletCounter(Counter):
@@ -77,3 +80,27 @@ class TripletSHCounter(TripletCounter):
     """
 
     hardest = True
+
+
+# -- the family's spec: what the paper says about it -------------------------------------------------------------
+
+TRIPLET_COMPAT = Note(
+    "Triplet t2i in compat mode groups the violations by negative image, as the published counter "
+    "does (C^B is unchanged; C^q and C^0 are over images).",
+    r"Triplet t2i in compat mode groups the violations by negative image, as the published counter "
+    r"does ($C^{\mathcal{B}}$ is unchanged; $C^{q}$ and $C^{0}$ are over images).",
+    when="compat",
+)
+
+TRIPLET = Objective(
+    name="triplet", label="Triplet loss", layout="pair",
+    direction_loss=partial(triplet_direction, hardest=False), defaults={"margin": DEFAULT_MARGIN}, combine="sum",
+    counter=TripletCounter, stats=("C_q", "C_B", "C_0"), main_stat="C_q", table="2", color="#1f77b4", marker="o",
+    notes=(TRIPLET_COMPAT,), description="hinge over all negatives (paper Eq. 3)",
+)
+TRIPLET_SH = Objective(
+    name="triplet_sh", label="Triplet loss SH", layout="pair",
+    direction_loss=partial(triplet_direction, hardest=True), defaults={"margin": DEFAULT_MARGIN}, combine="sum",
+    counter=TripletSHCounter, stats=("C_q", "C_B", "C_0"), main_stat="C_q", table="2", color="#ff7f0e", marker="s",
+    description="hinge on the hardest negative only (VSE++ max violation)", warmup_loss="triplet",
+)

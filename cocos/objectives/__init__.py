@@ -5,7 +5,8 @@
 signature ``(images, captions, caption_image=None) -> scalar``. ``register`` adds
 a family: it then appears in ``cocos.objectives.get_loss``, ``count_batch``, the
 engine, the CLI's ``--loss`` choices, the tables and the figures. The built-in
-families (Triplet, Triplet SH, NT-Xent, SmoothAP) register in :mod:`.builtin`.
+families (Triplet, Triplet SH, NT-Xent, SmoothAP, GOAL, IMC), each defined in its module of
+:mod:`cocos.losses`, register in :mod:`.builtin`.
 
 Plugins: a family in any installed package registers through the ``cocos.losses``
 entry-point group (``[project.entry-points."cocos.losses"] mytrip = "mypkg.losses:objective"``,
@@ -16,7 +17,7 @@ for modules on the path; both are loaded with the registry (:func:`load_plugins`
 from __future__ import annotations
 
 from cocos.errors import CocosError
-from cocos.objectives.spec import DEFAULT_EPS, Note, Objective, from_callable
+from cocos.losses.spec import DEFAULT_EPS, Note, Objective, from_callable
 
 _REGISTRY: dict[str, Objective] = {}
 _builtin_loaded = False

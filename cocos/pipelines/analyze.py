@@ -21,8 +21,8 @@ from cocos.data.precomp import data_fingerprint
 from cocos.defaults import DEFAULT_EPS
 from cocos.embed import FrozenModel, save_embeddings
 from cocos.errors import CocosError
+from cocos.losses.spec import Objective, format_value
 from cocos.objectives import OBJECTIVES, counter_params, names, paper_names, resolve
-from cocos.objectives.spec import Objective, format_value
 from cocos.presentation import LAST, Presentation, TableNote
 from cocos.results import (
     MODEL_NAMES,

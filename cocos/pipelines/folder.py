@@ -20,8 +20,8 @@ import numpy as np
 from cocos.counting.engine import CountRun, EmbeddingSet
 from cocos.defaults import DEFAULT_EPS, DEFAULT_MARGIN, DEFAULT_TAU_NTXENT
 from cocos.io import atomic_dir
+from cocos.losses.spec import format_value
 from cocos.objectives import OBJECTIVES
-from cocos.objectives.spec import format_value
 from cocos.pipelines.triplets import triplet_points
 from cocos.report.diagram import DIRECTION_STYLE, plot_triplet_diagram
 from cocos.report.figures import plot_count_distributions, plot_eps_sweep, plot_query_distributions

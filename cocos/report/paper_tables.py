@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from cocos.objectives.spec import format_value
+from cocos.losses.spec import format_value
 from cocos.presentation import Presentation, ranked
 from cocos.report.groups import (
     Group,

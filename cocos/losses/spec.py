@@ -6,7 +6,8 @@ one direction of its training loss (a function of a
 :class:`~cocos.data.layout.QueryView`, shared with its counter), how the two
 directions combine, its closed-form counter (or none: then the generic autograd
 counter counts it), the statistics the paper reports and the main one, the paper
-table it belongs to, its colour in figures and the notes its table needs.
+table it belongs to, its colour in figures and the notes its table needs. Each family
+defines its spec in its own module of :mod:`cocos.losses`, beside its maths and counter.
 
 The training losses (:func:`cocos.objectives.get_loss`), the counters, the engine,
 the CLI's choices and flags, the tables, the figures and the summaries all loop

@@ -24,8 +24,8 @@ from cocos.defaults import DEFAULT_MARGIN
 from cocos.errors import CocosError, check_params
 from cocos.losses.counts import Count, Counter, nanmean
 from cocos.losses.functional import triplet_direction
+from cocos.losses.spec import Objective
 from cocos.losses.triplet import TripletSHCounter
-from cocos.objectives.spec import Objective
 
 DEFAULTS = {"margin": DEFAULT_MARGIN, "lam": 1.0, "mu_down": 0.05, "mu_up": 0.5}
 
