@@ -404,9 +404,9 @@ def test_demo_refuses_a_foreign_data_or_report_folder_unless_overwrite(tmp_path,
     assert "rep: exists and was not written by cocos" in line
     assert snapshot(tmp_path) == before
     # --overwrite passes the checks (interrupted at the analysis, before the report: the old folder stays)
-    import cocos.pipelines.analyze
+    import cocos.pipelines.demo
 
-    monkeypatch.setattr(cocos.pipelines.analyze, "analyze_checkpoint",
+    monkeypatch.setattr(cocos.pipelines.demo, "analyze_checkpoint",
                         lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
     res = _demo(tmp_path, "--overwrite")
     assert res.exit_code == 130 and "training vsepp" in res.output, res.output
@@ -415,6 +415,7 @@ def test_demo_refuses_a_foreign_data_or_report_folder_unless_overwrite(tmp_path,
 
 def test_interrupted_demo_leaves_no_report_folder_and_exits_130(tmp_path, monkeypatch):
     import cocos.pipelines.analyze
+    import cocos.pipelines.demo
 
     real = cocos.pipelines.analyze.analyze_checkpoint
 
@@ -425,7 +426,7 @@ def test_interrupted_demo_leaves_no_report_folder_and_exits_130(tmp_path, monkey
             pass
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(cocos.pipelines.analyze, "analyze_checkpoint", swallowing)
+    monkeypatch.setattr(cocos.pipelines.demo, "analyze_checkpoint", swallowing)  # the name the demo calls
     res = _demo(tmp_path)
     assert res.exit_code == 130, res.output
     assert _last_line(res).startswith(f"interrupted: {tmp_path / 'rep'} was left as it was"), res.output
