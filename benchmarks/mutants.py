@@ -66,7 +66,7 @@ def run(name: str, file: str, original: str, mutated: str, tests: list[str]) -> 
             raise SystemExit(f"{name}: the line to mutate is not (exactly once) in {file}; update MUTANTS")
         target.write_text(text.replace(original, mutated), encoding="utf-8")
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(copy)}
-        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-n", "0", "-p", "no:cacheprovider", *tests],
                               cwd=copy, env=env, capture_output=True, text=True)
         return done.returncode != 0
 

@@ -288,3 +288,22 @@ def test_one_warning_per_caption_file():
         ids = tokenize_split(Split(), Vocabulary(WORDS))
     assert [len(x) for x in ids] == [4] * 3 + [512] * 50
     assert sum(issubclass(w.category, CaptionTruncatedWarning) for w in caught) == 1
+
+
+@pytest.mark.parametrize("reader", ["cocos.data.text:Vocabulary.from_pickle", "cocos.data.images:read_data_pickle"])
+def test_a_huge_memo_index_allocates_nothing(tmp_path, reader):
+    """12 bytes naming memo slot 10^8: CPython's C unpickler grew its memo table to it (1.7 GB, seconds)."""
+    import sys
+
+    path = tmp_path / "memo.p"
+    path.write_bytes(b"\x80\x02}r" + struct.pack("<I", 100_000_000) + b".")
+    module, _, attr = reader.partition(":")
+    code = ("import resource, sys, importlib\n"
+            f"obj = importlib.import_module({module!r})\n"
+            f"for part in {attr!r}.split('.'):\n    obj = getattr(obj, part)\n"
+            "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+            "try:\n    obj(__import__('pathlib').Path(sys.argv[1]))\nexcept Exception:\n    pass\n"
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)")
+    grown_kb = int(subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
+                                  check=True).stdout.split()[-1])
+    assert grown_kb < 100_000, f"unpickling 12 bytes grew the process by {grown_kb // 1024} MB"

@@ -315,8 +315,11 @@ def _latin1_bytes(text, encoding="latin1"):
     return text.encode("latin1")
 
 
-class _DataUnpickler(pickle.Unpickler):
+class _DataUnpickler(pickle._Unpickler):
     """Plain containers, strings, bytes and numbers only; ``defaultdict(dict)`` becomes a dict.
+
+    The pure-Python unpickler, as for vocabularies (:class:`cocos.data.text._VocabularyUnpickler`): a damaged
+    memo index cannot make it allocate more than the file holds.
 
     Protocols 0-2 store ``bytes`` as ``_codecs.encode(str, 'latin1')``: that one call is
     resolved to :func:`_latin1_bytes`, which does nothing else.

@@ -319,8 +319,13 @@ def _reconstructor(cls, base, state):
 _VOCAB_MODULES = ("vocab", "__main__", "vocabulary", "data", "utils")
 
 
-class _VocabularyUnpickler(pickle.Unpickler):
-    """Resolves only the Vocabulary class (to a plain stand-in) and what plain objects need."""
+class _VocabularyUnpickler(pickle._Unpickler):
+    """Resolves only the Vocabulary class (to a plain stand-in) and what plain objects need.
+
+    Built on the pure-Python unpickler: CPython's C unpickler grows its memo table to whatever index a
+    ``LONG_BINPUT`` names, so 12 bytes of damaged pickle could make it allocate gigabytes; the Python one
+    keeps the memo in a dict.
+    """
 
     def find_class(self, module: str, name: str):
         if name == "Vocabulary" and (module in _VOCAB_MODULES or module.endswith((".vocab", ".vocabulary"))):
