@@ -7,6 +7,7 @@ model is proved in tests/test_train_images.py (the demo trains it with the same 
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -42,6 +43,10 @@ def test_image_demo_writes_the_report_with_tables_and_figures(demo):
     assert readme.startswith("# cocos demo --images: COCOS on the synthetic image world")
     assert "Table 1" in readme and "Table 2" in readme and "ResNet-18" in readme and "RandomResizedCrop(16)" in readme
     assert "Resize(18) + CenterCrop(16)" in readme  # round(16 * 256 / 224) = 18
+    assert "warm-up" not in readme  # no Triplet SH model in this demo
+    figures = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", readme)
+    assert "triplet/triplet_diagram.png" in figures and "triplet/eps_sweep.png" in figures  # its only model's
+    assert all((rep / f).is_file() for f in figures), figures
     for name in ("summary/cocos_vs_rsum.png", "summary/tables.md", "triplet/counts.png", "triplet/triplet_diagram.png",
                  "triplet/eps_sweep.png", "triplet/batches.csv"):
         assert (rep / name).stat().st_size > 0, name
