@@ -108,3 +108,19 @@ def test_model_labels_name_the_cnn_and_whether_it_trained():
     assert model_label("vsepp_full", {"cnn_type": "resnet152", "finetune": False}) == "VSE++ (ResNet-152, frozen)"
     assert model_label("vsepp_full", {"cnn_type": "vgg19", "finetune": True}) == "VSE++ (VGG-19, fine-tuned)"
     assert cnn_name("resnet50") == "ResNet-50" and cnn_name("other") == "other"
+
+
+def test_image_demo_writes_only_where_git_ignores():
+    """Its default folders, like the feature demo's (tests/test_packaging.py), are ignored by git."""
+    import subprocess
+    from pathlib import Path
+
+    from cocos.pipelines.demo import image_demo_config
+
+    cfg, root = image_demo_config(), Path(__file__).resolve().parents[1]
+    paths = [cfg.out + "/x", cfg.data + "/x", cfg.checkpoints + "/x/last.pt"]
+    ignored = subprocess.run(["git", "check-ignore", *paths], cwd=root, capture_output=True, text=True)
+    if ignored.returncode == 128:
+        pytest.skip("not a git checkout")
+    assert ignored.stdout.split() == paths
+    assert cfg.images and (cfg.out, cfg.data) == ("reports/demo_images", "data/synth_images")
