@@ -236,6 +236,9 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True, log: Callable[[str], Non
         _validate(_train_config(cfg, loss), generate)  # bad flags fail here, before data or folders are made
     if cfg.images:
         _check_image_flags(cfg)
+    if generate and cfg.batch_size > cfg.n_train:  # counted in whole batches: caught here, not after training
+        raise CocosError(f"--batch-size {cfg.batch_size} is larger than the training split the demo would generate "
+                         f"(--n-train {cfg.n_train}): pass a smaller --batch-size or a larger --n-train")
     inputs = [cfg.data, cfg.checkpoints]
     out = check_output_dir(cfg.out, inputs=inputs, overwrite=cfg.overwrite)
     check_writable_dir(out.parent if out.exists() else out, "--out")  # the report is built beside it
