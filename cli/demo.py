@@ -13,23 +13,29 @@ from .main import app
 @app.command("demo")
 @handle_errors
 def demo(
-    out: Path = typer.Option(Path("reports/demo"), help="Report folder."),
-    data: Path = typer.Option(Path("data/synth"), help="Synthetic data folder (generated if absent)."),
-    checkpoints: Path = typer.Option(Path("checkpoints/demo"), help="Where the four models go."),
+    out: Path = typer.Option(None, help="Report folder [default: reports/demo; reports/demo_images with --images]."),
+    data: Path = typer.Option(None, help="Synthetic data folder, generated if absent [default: data/synth; "
+                                         "data/synth_images with --images]."),
+    checkpoints: Path = typer.Option(None, help="Where the four models go [default: checkpoints/demo; "
+                                                "checkpoints/demo_images with --images]."),
     loss: list[str] = typer.Option(["paper"], "--loss", "-l", metavar="NAMES",
                                    help="Losses to train and analyse: paper (the COCOS paper's four), all, or "
                                         "registered names."),
     all_losses: bool = typer.Option(False, "--all-losses",
                                     help="Also train GOAL (cir x sig_ms and con x con) and IMC models."),
     model: str = typer.Option("vsepp", help="vsepp or vsrn."),
-    epochs: int = typer.Option(8, help="Training epochs per model."),
+    epochs: int = typer.Option(None, help="Training epochs per model [default: 8; 4 with --images]."),
     lr: float = typer.Option(1e-3, help="Adam learning rate (the demo's shorter schedule)."),
-    lr_update: int = typer.Option(6, help="Epoch after which the learning rate drops x0.1."),
+    lr_update: int = typer.Option(None, help="Epoch after which the learning rate drops x0.1 [default: 6; 3 with "
+                                             "--images]."),
     warmup_epochs: int = typer.Option(1, help="Triplet SH: all-triplet epochs before max violation."),
     batch_size: int = typer.Option(128, help="Batch size of training and counting."),
     embed_size: int = typer.Option(256, help="Joint embedding size."),
     word_dim: int = typer.Option(128, help="Word embedding size."),
-    n_train: int = typer.Option(3000, help="Synthetic training scenes (when generating)."),
+    n_train: int = typer.Option(None, help="Synthetic training scenes, when generating [default: 3000; 1000 with "
+                                           "--images]."),
+    n_test: int = typer.Option(None, help="Synthetic dev and test scenes each, when generating [default: 500; 200 "
+                                          "with --images]."),
     seed: int = typer.Option(0, help="Seed of data, training and counting."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     retrain: bool = typer.Option(False, "--retrain", help="Train even if matching checkpoints exist."),
@@ -37,35 +43,56 @@ def demo(
                                                               "checkpoint folder) that cocos did not write."),
     track_cocos: int = typer.Option(10, metavar="N", help="Count COCOS on the training batches every N steps."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
+    images: bool = typer.Option(False, "--images", help="Raw images: render the image world (JPEGs) and fine-tune a "
+                                                        "small CNN end to end from random initialisation."),
+    cnn: str = typer.Option("resnet18", help="With --images: the CNN (resnet18|34|50|101|152, vgg19)."),
+    image_size: int = typer.Option(64, "--image-size", help="With --images: side of the rendered images in pixels."),
+    crop_size: int = typer.Option(32, "--crop-size", help="With --images: training crop (evaluation: resize "
+                                                          "crop x 256/224, centre crop)."),
+    workers: int = typer.Option(0, "--workers", min=0, help="With --images: DataLoader processes decoding images."),
 ) -> None:
-    """Synthetic data -> VSE++ with the four losses -> cocos analyze each -> combined report (reports/demo/)."""
-    from cocos.objectives import parse_names
-    from cocos.pipelines.demo import ALL_LOSSES_EXTRA, DemoConfig, paper_losses, run_demo
+    """Synthetic data -> VSE++ with the four losses -> cocos analyze each -> combined report (reports/demo/).
 
+    With --images: the rendered image world -> VSE++ on a fine-tuned CNN -> reports/demo_images/."""
+    from cocos.errors import CocosError
+    from cocos.objectives import parse_names
+    from cocos.pipelines.demo import ALL_LOSSES_EXTRA, IMAGE_DEFAULTS, DemoConfig, paper_losses, run_demo
+
+    given = {"out": out, "data": data, "checkpoints": checkpoints, "epochs": epochs, "lr_update": lr_update,
+             "n_train": n_train, "n_dev": n_test, "n_test": n_test}
+    if not images:
+        named = [f"--{n.replace('_', '-')}" for n, v, d in (("cnn", cnn, "resnet18"), ("image_size", image_size, 64),
+                                                             ("crop_size", crop_size, 32), ("workers", workers, 0))
+                 if v != d]
+        if named:
+            raise CocosError(f"{', '.join(named)} only apply to cocos demo --images")
+    defaults = IMAGE_DEFAULTS if images else {}
+    sizes = {k: defaults[k] for k in given if k in defaults}
+    sizes.update({k: (str(v) if isinstance(v, Path) else v) for k, v in given.items() if v is not None})
     cfg = DemoConfig(
-        out=str(out),
-        data=str(data),
-        checkpoints=str(checkpoints),
+        **sizes,
         losses=(paper_losses() if loss == ["paper"] else parse_names(loss))
         + (list(ALL_LOSSES_EXTRA) if all_losses else []),
         model=model,
-        epochs=epochs,
         lr=lr,
-        lr_update=lr_update,
         warmup_epochs=warmup_epochs,
         batch_size=batch_size,
         embed_size=embed_size,
         word_dim=word_dim,
-        n_train=n_train,
         seed=seed,
         device=device,
         retrain=retrain,
         overwrite=overwrite,
         track_cocos=track_cocos,
+        images=images,
+        cnn=cnn,
+        image_size=image_size,
+        crop_size=crop_size,
+        workers=workers,
     )
     try:
         run_demo(cfg, progress=progress, log=typer.echo)
     except KeyboardInterrupt:
-        typer.echo(f"interrupted: {out} was left as it was; models finished in {checkpoints} are reused by the "
+        typer.echo(f"interrupted: {cfg.out} was left as it was; models finished in {cfg.checkpoints} are reused by the "
                    "next cocos demo", err=True)
         raise typer.Exit(code=130) from None

@@ -25,7 +25,6 @@ from cocos.losses.spec import Objective, format_value
 from cocos.objectives import OBJECTIVES, counter_params, names, paper_names, resolve
 from cocos.presentation import LAST, Presentation, TableNote
 from cocos.results import (
-    MODEL_NAMES,
     CountingInfo,
     DataInfo,
     Evaluation,
@@ -34,6 +33,7 @@ from cocos.results import (
     Source,
     TrainingInfo,
     lookup,
+    model_label,
     records,
 )
 from cocos.training.logs import TrainingLogs, read_logs
@@ -183,7 +183,8 @@ def analyze_checkpoint(
         data=DataInfo(name=_dataset_name(frozen.data_folder), path=str(frozen.data_folder),
                       fingerprint=ckpt["data"]["fingerprint"], n_images=train.n_images,
                       n_captions=train.n_captions, k=frozen.k, split_counted="train"),
-        model=ModelInfo(label=MODEL_NAMES.get(kind, kind) + ltd_label(ltd) + (f" ({label})" if label else ""),
+        model=ModelInfo(label=model_label(kind, ckpt["model"]["hparams"]) + ltd_label(ltd)
+                        + (f" ({label})" if label else ""),
                         kind=kind, hparams=ckpt["model"]["hparams"]),
         training=TrainingInfo(loss=trained, params=ckpt["loss"].get("params", {}),
                               seed=int(lookup(ckpt, "train", "seed") or 0), ltd=ltd),

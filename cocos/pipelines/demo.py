@@ -8,6 +8,11 @@ report with the paper's Tables 1-4, figures and a README.md that shows them.
 The demo schedule is shorter than the paper's (a few epochs, a higher learning
 rate, a smaller model) so that it runs in minutes on 2 CPU cores; every setting
 is a flag. Checkpoints that already match the requested settings are reused.
+
+``images=True`` (``cocos demo --images``) does the same on raw images: the rendered image world
+(:mod:`cocos.data.synth_images`, JPEG files in the VSE++ layout) in its own folders, and VSE++'s
+full-image encoder (``vsepp_full``) with a small CNN fine-tuned end to end from random
+initialisation (no weights file: nothing is downloaded) on small crops.
 """
 
 from __future__ import annotations
@@ -15,11 +20,13 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from cocos.data.images import is_image_dataset, load_image_split
 from cocos.data.precomp import data_fingerprint
 from cocos.data.synth import make_synthetic
+from cocos.data.synth_images import make_synthetic_images
 from cocos.errors import CocosError
 from cocos.io import MARKER, atomic_dir, check_interrupt, check_output_dir, check_writable_dir, is_own_temporary
 from cocos.objectives import get_objective, paper_names
@@ -28,8 +35,9 @@ from cocos.pipelines.folder import diagram_points, write_results_folder
 from cocos.report.diagram import common_extent
 from cocos.report.merge import build_report, write_report
 from cocos.report.tables import to_markdown
+from cocos.results import cnn_name
 from cocos.training.checkpoint import load_checkpoint
-from cocos.training.trainer import OUTPUT_NAMES, OUTPUT_PATTERNS, TrainConfig, Trainer
+from cocos.training.trainer import IMAGE_FLAGS, OUTPUT_NAMES, OUTPUT_PATTERNS, TrainConfig, Trainer
 
 # `cocos demo --all-losses` adds these runs: GOAL at its best reported setting and at con x con (= Triplet SH), IMC.
 ALL_LOSSES_EXTRA = ("goal:triplet_weight=cir,pair_weight=sig_ms", "goal:triplet_weight=con,pair_weight=con", "imc")
@@ -91,17 +99,36 @@ class DemoConfig:
     retrain: bool = False
     overwrite: bool = False  # replace an --out or --data folder that cocos did not write
     track_cocos: int | None = 10  # count COCOS on the training batches every N steps (None: off)
+    # raw images (cocos demo --images): the rendered world, a CNN fine-tuned from random initialisation
+    images: bool = False
+    cnn: str = "resnet18"
+    image_size: int = 64  # side of the rendered JPEGs
+    crop_size: int = 32  # training RandomResizedCrop; evaluation Resize(crop * 256/224) + CenterCrop(crop)
+    workers: int = 0  # DataLoader workers decoding images (does not change the result)
+
+
+# cocos demo --images: where its folders go and its schedule, where it differs from the feature demo's
+IMAGE_DEFAULTS = {"out": "reports/demo_images", "data": "data/synth_images", "checkpoints": "checkpoints/demo_images",
+                  "n_train": 1000, "n_dev": 200, "n_test": 200, "epochs": 4, "lr_update": 3, "lr": 1e-3,
+                  "batch_size": 128, "embed_size": 256, "word_dim": 128}
+
+
+def image_demo_config(**kw) -> DemoConfig:
+    """The ``cocos demo --images`` configuration: :data:`IMAGE_DEFAULTS` overridden by ``kw``."""
+    return DemoConfig(**{**IMAGE_DEFAULTS, **kw, "images": True})
 
 
 def _train_config(cfg: DemoConfig, loss: str):
 
     run = parse_run(loss)
     loss = run.loss
-    return TrainConfig(data=cfg.data, model=cfg.model, loss=loss, out=str(Path(cfg.checkpoints) / run.name),
+    images = {"model": "vsepp_full", "cnn": cfg.cnn, "finetune": True, "crop_size": cfg.crop_size,
+              "workers": cfg.workers} if cfg.images else {"model": cfg.model}
+    return TrainConfig(data=cfg.data, loss=loss, out=str(Path(cfg.checkpoints) / run.name),
                        params=dict(run.params) or None,
                        epochs=cfg.epochs, lr=cfg.lr, lr_update=cfg.lr_update, batch_size=cfg.batch_size,
                        embed_size=cfg.embed_size, word_dim=cfg.word_dim, seed=cfg.seed, device=cfg.device,
-                       track_cocos=cfg.track_cocos,
+                       track_cocos=cfg.track_cocos, **images,
                        warmup_epochs=min(cfg.warmup_epochs, cfg.epochs - 1) if get_objective(loss).warmup_loss else 0)
 
 
@@ -117,15 +144,27 @@ def _reusable(train_cfg, fingerprint: str) -> bool:
     except CocosError:
         return False
     wanted = asdict(train_cfg)
+    wanted.pop("workers")  # decoding processes do not change the run
     return (ckpt["data"]["fingerprint"] == fingerprint and ckpt["epoch"] == train_cfg.epochs
             and {k: ckpt["train"].get(k) for k in wanted} == wanted)
 
 
-def _check_data_folder(data: Path, overwrite: bool) -> None:
-    """The synthetic world is generated into ``data`` only if that replaces nothing cocos did not write."""
+def _has_world(data: Path, images: bool) -> bool:
+    """``data`` already holds a dataset of the demo's kind (precomputed features, or raw images)."""
+
+    return is_image_dataset(data) if images else (data / "train_ims.npy").exists()
+
+
+def _check_data_folder(data: Path, overwrite: bool, images: bool = False) -> None:
+    """The synthetic world is generated into ``data`` only if that replaces nothing cocos did not write,
+    and never over a dataset of the other kind (the feature world is not an image world, nor the reverse)."""
 
     if data.exists() and not data.is_dir():
         raise CocosError(f"{data}: exists and is not a folder; choose another --data")
+    if _has_world(data, not images):
+        raise CocosError(f"{data}: holds {'precomputed features' if images else 'raw images'}, not the "
+                         f"{'image' if images else 'feature'} world of cocos demo{' --images' if images else ''}: "
+                         "choose another --data")
     if data.is_dir() and any(data.iterdir()) and not (data / MARKER).exists() and not overwrite:
         raise CocosError(f"{data}: exists, holds no train_ims.npy and was not written by cocos; the demo would "
                          "replace it with the synthetic world: choose another --data or pass --overwrite")
@@ -142,6 +181,30 @@ def _check_run_folder(folder: Path, overwrite: bool) -> None:
     if any(not is_own_temporary(p.name, OUTPUT_NAMES, OUTPUT_PATTERNS) for p in folder.iterdir()):
         raise CocosError(f"{folder}: exists and was not written by cocos train; choose another --checkpoints or "
                          "pass --overwrite")
+
+
+def _validate(train_cfg: TrainConfig, generate: bool) -> None:
+    """``TrainConfig.validate`` before the data exists: an image world not yet rendered is checked as
+    if it were there (the raw-image flags alone are checked by :func:`_check_image_flags`)."""
+
+    if not (generate and train_cfg.model == "vsepp_full"):
+        train_cfg.validate()
+        return
+    replace(train_cfg, model="vsepp", **{name: default for name, default in IMAGE_FLAGS.items()}, workers=0).validate()
+
+
+def _check_image_flags(cfg: DemoConfig) -> None:
+    """The image demo's own flags: a known CNN, crop and image sizes, workers."""
+    from cocos.models import CNN_TYPES
+
+    if cfg.cnn not in CNN_TYPES:
+        raise CocosError(f"unknown CNN '{cfg.cnn}' (choose from {', '.join(CNN_TYPES)})")
+    for name, low in (("crop_size", 8), ("image_size", 8), ("workers", 0)):
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise CocosError(f"--{name.replace('_', '-')} must be an integer of at least {low}, got {value}")
+    if cfg.image_size > 1024:
+        raise CocosError(f"--image-size must be at most 1024, got {cfg.image_size}")
 
 
 def _fix_report_paths(folder: Path, tmp: Path, out: Path) -> None:
@@ -167,15 +230,20 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True, log: Callable[[str], Non
     """
     runs = {text: parse_run(text) for text in cfg.losses}  # unknown losses and parameters fail here
 
+    data = Path(cfg.data)
+    generate = not _has_world(data, cfg.images)
     for loss in cfg.losses:
-        _train_config(cfg, loss).validate()  # bad flags fail here, before data or folders are made
+        _validate(_train_config(cfg, loss), generate)  # bad flags fail here, before data or folders are made
+    if cfg.images:
+        _check_image_flags(cfg)
+    if generate and cfg.batch_size > cfg.n_train:  # counted in whole batches: caught here, not after training
+        raise CocosError(f"--batch-size {cfg.batch_size} is larger than the training split the demo would generate "
+                         f"(--n-train {cfg.n_train}): pass a smaller --batch-size or a larger --n-train")
     inputs = [cfg.data, cfg.checkpoints]
     out = check_output_dir(cfg.out, inputs=inputs, overwrite=cfg.overwrite)
     check_writable_dir(out.parent if out.exists() else out, "--out")  # the report is built beside it
-    data = Path(cfg.data)
-    generate = not (data / "train_ims.npy").exists()
     if generate:
-        _check_data_folder(data, cfg.overwrite)
+        _check_data_folder(data, cfg.overwrite, cfg.images)
         check_writable_dir(data, "--data")
     check_writable_dir(cfg.checkpoints, "--checkpoints")
     folders = [Path(_train_config(cfg, text).out) for text in runs]
@@ -197,10 +265,14 @@ def _run(cfg: DemoConfig, runs: dict, out: Path, inputs: list, data: Path, gener
 
     start = time.perf_counter()
     if generate:
-        log(f"generating the synthetic world in {data} ...")
-        make_synthetic(data, n_train=cfg.n_train, n_dev=cfg.n_dev, n_test=cfg.n_test, seed=cfg.seed,
-                       overwrite=True)  # checked above: absent, empty, cocos's, or --overwrite
-    fingerprint = data_fingerprint(data)
+        log(f"generating the synthetic {'image ' if cfg.images else ''}world in {data} ...")
+        sizes = {"n_train": cfg.n_train, "n_dev": cfg.n_dev, "n_test": cfg.n_test, "seed": cfg.seed,
+                 "overwrite": True}  # checked above: absent, empty, cocos's, or --overwrite
+        if cfg.images:
+            make_synthetic_images(data, image_size=cfg.image_size, progress=progress, **sizes)
+        else:
+            make_synthetic(data, **sizes)
+    fingerprint = load_image_split(data, "train").fingerprint() if cfg.images else data_fingerprint(data)
     results_paths, timings, reused, analyses = [], {}, [], {}
     for text, run in runs.items():
         check_interrupt()  # a Ctrl-C that something swallowed: stop here, not after every model
@@ -211,12 +283,13 @@ def _run(cfg: DemoConfig, runs: dict, out: Path, inputs: list, data: Path, gener
             reused.append(loss)
             log(f"[{loss}] reusing {train_cfg.out}/model_best.pt")
         else:
-            log(f"[{loss}] training {cfg.model} for {cfg.epochs} epochs")
+            log(f"[{loss}] training {train_cfg.model} for {cfg.epochs} epochs")
             Trainer(train_cfg, overwrite=True, progress=progress, log=lambda s, _l=loss: log(f"[{_l}] {s}")).fit()
         t1 = time.perf_counter()
         check_interrupt()
         analyses[loss] = analyze_checkpoint(Path(train_cfg.out) / "model_best.pt", data, batch_size=cfg.batch_size,
-                                            seed=cfg.seed, device=cfg.device, label=run.label, progress=False)
+                                            seed=cfg.seed, device=cfg.device, label=run.label, progress=False,
+                                            image_options={"workers": cfg.workers} if cfg.images else None)
         timings[loss] = (t1 - t0, time.perf_counter() - t1)
         log(f"[{loss}] test rsum {analyses[loss].results.evaluation.metrics['rsum']:.1f}; "
             f"analysis in {timings[loss][1]:.1f} s")
@@ -241,20 +314,40 @@ def _run(cfg: DemoConfig, runs: dict, out: Path, inputs: list, data: Path, gener
     return out
 
 
+def report_name(run_name: str) -> str:
+    """A demo model as the README names it: its loss's display name (``Triplet SH``), or the run's name."""
+    names = {"triplet": "Triplet", "triplet_sh": "Triplet SH", "ntxent": "NT-Xent", "smoothap": "SmoothAP"}
+    return names.get(run_name, run_name)
+
+
+def _model_sentence(cfg: DemoConfig) -> str:
+    if not cfg.images:
+        return ("Generated by `cocos demo`. VSE++ trained on the embedded synthetic world "
+                f"({cfg.n_train} training scenes, k = 5 captions each)")
+    return ("Generated by `cocos demo --images`. VSE++'s full-image encoder (definitions file, section 17: "
+            f"{cnn_name(cfg.cnn)} → average pool → l2norm → fc → l2norm), the CNN fine-tuned end to end from "
+            f"random initialisation, trained on the rendered image world ({cfg.n_train} training JPEGs of "
+            f"{cfg.image_size} × {cfg.image_size} px, k = 5 captions each; training crops "
+            f"RandomResizedCrop({cfg.crop_size}) + flip, evaluation Resize({round(cfg.crop_size * 256 / 224)}) + "
+            f"CenterCrop({cfg.crop_size}))")
+
+
 def demo_readme(cfg: DemoConfig, report, timings: dict, total: float, reused=()) -> str:
     """The demo's README.md: the settings, Tables 1-4 and the figures."""
 
     lines = [
-        "# cocos demo: COCOS on the synthetic world",
+        f"# cocos demo{' --images' if cfg.images else ''}: COCOS on the synthetic "
+        f"{'image ' if cfg.images else ''}world",
         "",
-        "Generated by `cocos demo`. VSE++ trained on the embedded synthetic world "
-        f"({cfg.n_train} training scenes, k = 5 captions each) with each loss, "
+        _model_sentence(cfg) + " with each loss, "
         "then analysed with `cocos analyze` (frozen model, the whole training split in random batches of "
         f"{cfg.batch_size}, both counting modes, the corrected one shown) and merged with `cocos report`.",
         "",
         f"Demo schedule: {cfg.epochs} epochs, Adam lr {cfg.lr:g} dropped x0.1 after {cfg.lr_update}, "
         f"batch {cfg.batch_size}, embed {cfg.embed_size}, word {cfg.word_dim}, seed {cfg.seed}"
-        + (f", Triplet SH warm-up {cfg.warmup_epochs} epoch(s) of summed violations" if cfg.warmup_epochs else "")
+        + (f", {cnn_name(cfg.cnn)} on {cfg.crop_size}-px crops of {cfg.image_size}-px images" if cfg.images else "")
+        + (f", Triplet SH warm-up {cfg.warmup_epochs} epoch(s) of summed violations"
+           if "triplet_sh" in timings and _train_config(cfg, "triplet_sh").warmup_epochs else "")
         + f". Wall time {total:.0f} s"
         + (f" (reusing the trained checkpoints of {', '.join(reused)})" if reused else
            f": training {sum(t for t, _ in timings.values()):.0f} s, "
@@ -278,23 +371,27 @@ def demo_readme(cfg: DemoConfig, report, timings: dict, total: float, reused=())
             "![COCOS during training](summary/cocos_track.png)",
             "",
         ]
+    # the figures of the Triplet SH and NT-Xent models where the demo trained them, else of its first model
+    first = next(iter(timings), "triplet_sh")
+    shown = {name: (name if name in timings else first) for name in ("triplet_sh", "ntxent")}
+    names = {name: report_name(folder) for name, folder in shown.items()}
     lines += [
         "COCOS of each model's own loss against its retrieval score:",
         "",
         "![COCOS vs rsum](summary/cocos_vs_rsum.png)",
         "",
-        "Where the training triplets of the Triplet SH model lie on the GOAL triplet-weight diagram:",
+        f"Where the training triplets of the {names['triplet_sh']} model lie on the GOAL triplet-weight diagram:",
         "",
-        "![triplet diagram](triplet_sh/triplet_diagram.png)",
+        f"![triplet diagram]({shown['triplet_sh']}/triplet_diagram.png)",
         "",
-        "Per-query counts of every counter on the Triplet SH model (bars are shares of queries; a log axis "
-        "where a long tail would be invisible):",
+        f"Per-query counts of every counter on the {names['triplet_sh']} model (bars are shares of queries; a log "
+        "axis where a long tail would be invisible):",
         "",
-        "![counts](triplet_sh/counts.png)",
+        f"![counts]({shown['triplet_sh']}/counts.png)",
         "",
-        "How the NT-Xent and SmoothAP counts depend on the threshold ε, on the NT-Xent model:",
+        f"How the NT-Xent and SmoothAP counts depend on the threshold ε, on the {names['ntxent']} model:",
         "",
-        "![eps sweep](ntxent/eps_sweep.png)",
+        f"![eps sweep]({shown['ntxent']}/eps_sweep.png)",
         "",
         "The triplet diagrams of all models share one square (chosen from the triplets of all of them), so they "
         "can be put side by side. The LaTeX tables (`summary/tables.tex`, `*/tables.tex`) need only booktabs and "

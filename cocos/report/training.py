@@ -87,6 +87,16 @@ def _log_axis(ax, values: np.ndarray) -> None:
             ax.set_yscale("log")
 
 
+def _common_model(names: list[str]) -> tuple[str, list[str]]:
+    """``("VSE++", ["Triplet loss", "NT-Xent"])`` for ``["VSE++, Triplet loss", "VSE++, NT-Xent"]``: the model
+    that every series name starts with (``MODEL, LOSS``), and the names without it; ``("", names)`` otherwise."""
+    heads = {n.rpartition(", ")[0] for n in names}
+    if len(names) < 2 or len(heads) != 1 or "" in heads:
+        return "", names
+    head = heads.pop()
+    return head, [n[len(head) + 2:] for n in names]
+
+
 def plot_track(track: pd.DataFrame, path_stem: str | os.PathLike, title: str | None = None,
                series: str = "label", x: str = "step", markers: bool = False, looks: Mapping | None = None):
     """COCOS over training: one panel per statistic, a colour per series, i2t solid and t2i dashed.
@@ -134,8 +144,14 @@ def plot_track(track: pd.DataFrame, path_stem: str | os.PathLike, title: str | N
             axes[0].text(0.5, 0.5, "nothing tracked", ha="center", va="center", transform=axes[0].transAxes)
         handles = [Line2D([], [], color=c, linewidth=1.6) for c in colours.values()]
         handles += [Line2D([], [], color="0.3", linestyle=style.DIRECTION_DASHES[d]) for d in ("i2t", "t2i")]
-        fig.legend(handles, [*colours, "i2t", "t2i"], loc="outside lower center", ncols=min(4, len(colours) + 2))
-        style.caption(fig, title or "COCOS of the training batches during training")
+        # runs of one model ("VSE++ (ResNet-18, fine-tuned), Triplet loss", ...): the model once, in the caption,
+        # and the losses in the legend, which otherwise runs off both edges of the figure
+        model, names = _common_model([str(n) for n in colours])
+        labels = [*names, "i2t", "t2i"]
+        ncols = max(1, min(4, len(labels), 110 // (max(len(n) for n in labels) + 6)))
+        fig.legend(handles, labels, loc="outside lower center", ncols=ncols, title=model or None)
+        caption = title or "COCOS of the training batches during training"
+        style.caption(fig, f"{caption}: {model}" if model else caption)
         return FigureOutput(style.save(fig, path_stem), {"panels": stats, "series": list(colours)})
 
 

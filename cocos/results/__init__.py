@@ -38,11 +38,29 @@ FORMAT_VERSION = 4
 # Presentations of the built-in families as cocos 0.1 showed them: for files of versions 1 and 2, which lack them.
 BUILTIN_PRESENTATION = Path(__file__).with_name("builtin_presentation.json")
 KINDS = ("analyze", "count")
-MODEL_NAMES = {"vsepp": "VSE++", "vsrn": "VSRN"}
+MODEL_NAMES = {"vsepp": "VSE++", "vsrn": "VSRN", "vsepp_full": "VSE++"}
 MODES = ("corrected", "compat")
 STAT_KEYS = ("loss", "direction", "mode", "eps", "stat")  # one record per key
 STAT_COLUMNS = (*STAT_KEYS, "mean", "std", "n", "n_skipped")
 _DTYPE = {"loss": object, "direction": object, "mode": object, "stat": object, "n": np.int64, "n_skipped": np.int64}
+
+
+def cnn_name(cnn_type: str) -> str:
+    """``resnet18`` -> ``ResNet-18``, ``vgg19`` -> ``VGG-19`` (other names as they are)."""
+    for prefix, shown in (("resnet", "ResNet-"), ("vgg", "VGG-")):
+        if cnn_type.startswith(prefix) and cnn_type[len(prefix):].isdigit():
+            return shown + cnn_type[len(prefix):]
+    return cnn_type
+
+
+def model_label(kind: str, hparams: dict | None = None) -> str:
+    """How reports name a model: ``VSE++``, ``VSRN``; a raw-image VSE++ with its CNN and whether it was
+    trained, e.g. ``VSE++ (ResNet-18, fine-tuned)`` or ``VSE++ (ResNet-50, frozen)``."""
+    name = MODEL_NAMES.get(kind, kind)
+    hparams = hparams or {}
+    if kind == "vsepp_full" and hparams.get("cnn_type"):
+        name += f" ({cnn_name(str(hparams['cnn_type']))}, {'fine-tuned' if hparams.get('finetune') else 'frozen'})"
+    return name
 
 
 def mode_of(compat: bool) -> str:
