@@ -98,7 +98,7 @@ def test_image_demo_refuses_a_feature_world_and_image_flags_without_images(tmp_p
     assert not (tmp_path / "r").exists() and not (tmp_path / "c").exists()
     res = runner.invoke(app, ["demo", "--out", str(tmp_path / "r"), "--crop-size", "16"])
     assert res.exit_code == 2 and "--crop-size only apply to cocos demo --images" in one_error_line(res)
-    res = runner.invoke(app, _args(tmp_path, "--n-train", "8"))  # batches of 10 from 8 images: before training
+    res = runner.invoke(app, _args(tmp_path, "--n-train", "1"))  # pair batches of 10 from 5 captions: before training
     assert "--batch-size 10 is larger than the training split" in one_error_line(res)
     res = runner.invoke(app, _args(tmp_path, "--cnn", "alexnet"))
     assert res.exit_code == 2 and "unknown CNN 'alexnet'" in one_error_line(res)

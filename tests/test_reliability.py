@@ -296,7 +296,7 @@ def test_demo_refuses_a_read_only_folder_before_any_work(world, mount, tmp_path,
     paths[where] = ro / "x"
     before = snapshot(tmp_path)
     line = one_error_line(runner.invoke(app, ["demo", *[a for k, v in paths.items() for a in (k, str(v))],
-                                              "--epochs", "1", "--n-train", "40", "--no-progress"]))
+                                              "--epochs", "1", "--n-train", "40", "--batch-size", "16", "--no-progress"]))
     assert "read-only" in line, line
     assert snapshot(tmp_path) == before
 

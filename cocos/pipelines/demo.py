@@ -53,6 +53,9 @@ class Run:
     label: str | None = None
 
 
+DEMO_K = 5  # captions per scene of the generated worlds (cocos.data.synth's default k)
+
+
 def parse_run(text: str) -> Run:
     """``loss`` or ``loss:name=value,...`` (e.g. ``goal:triplet_weight=cir,pair_weight=sig_ms``)."""
 
@@ -236,9 +239,13 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True, log: Callable[[str], Non
         _validate(_train_config(cfg, loss), generate)  # bad flags fail here, before data or folders are made
     if cfg.images:
         _check_image_flags(cfg)
-    if generate and cfg.batch_size > cfg.n_train:  # counted in whole batches: caught here, not after training
-        raise CocosError(f"--batch-size {cfg.batch_size} is larger than the training split the demo would generate "
-                         f"(--n-train {cfg.n_train}): pass a smaller --batch-size or a larger --n-train")
+    if generate:  # counted in whole batches (analyze's rule): caught here, not after training
+        ranking = any(get_objective(run.loss).layout == "ranking" for run in runs.values())
+        items, what = (cfg.n_train, "images") if ranking else (cfg.n_train * DEMO_K, "captions")
+        if cfg.batch_size > items:
+            raise CocosError(f"--batch-size {cfg.batch_size} is larger than the training split the demo would "
+                             f"generate ({items} {what} for --n-train {cfg.n_train}): pass a smaller --batch-size or "
+                             "a larger --n-train")
     inputs = [cfg.data, cfg.checkpoints]
     out = check_output_dir(cfg.out, inputs=inputs, overwrite=cfg.overwrite)
     check_writable_dir(out.parent if out.exists() else out, "--out")  # the report is built beside it
