@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from cocos.losses.spec import DEFAULT_EPS
+from cocos.defaults import DEFAULT_EPS
 
 from . import lossflags
 from .common import check_latex_width, handle_errors

@@ -1,5 +1,7 @@
 """One exception type for bad input: the CLI turns it into one line and exit code 2."""
 
+import math
+
 
 class CocosError(ValueError):
     """Bad input from the user (missing or corrupt files, wrong shapes, NaN, unknown names).
@@ -14,8 +16,6 @@ def check_params(**params) -> None:
 
     ``margin`` finite; ``tau`` finite and > 0; ``eps`` finite and >= 0; ``lr`` finite and > 0.
     """
-    import math
-
     for name, value in params.items():
         if value is None:
             continue

@@ -19,14 +19,16 @@ from __future__ import annotations
 
 import torch
 
+from cocos.counting import engine
 from cocos.data.layout import DIRECTIONS, batch_similarity
+from cocos.losses.base import intra_similarities
 from cocos.losses.counts import COMPANIONS, DEFAULT_EPS, Count, Counter
 from cocos.losses.generic import count_generic
+from cocos.objectives import resolve
 
 
 def get_counter(loss, **params) -> Counter:
     """The counter of a loss (name, ``Objective`` or callable); ``None`` parameters take the defaults."""
-    from cocos.objectives import resolve
 
     return resolve(loss).make_counter(**params)
 
@@ -44,7 +46,6 @@ def count_queries(
         scores = counter.gradients(images, captions, caption_image)
     intra = {}
     if getattr(counter, "needs_intra", False):  # e.g. IMC: the queries' intra-modal similarities
-        from cocos.losses.base import intra_similarities
 
         intra = intra_similarities(torch.as_tensor(images).to(scores.dtype), torch.as_tensor(captions).to(scores.dtype))
     return {d: counter.count(layout.view(scores, d, compat, intra=intra.get(d))) for d in DIRECTIONS}
@@ -76,7 +77,6 @@ def count_batch(
 
 def __getattr__(name):  # the engine's names, imported on first use (it needs pandas)
     if name in ("EmbeddingSet", "CountRun", "count_embeddings"):
-        from cocos.counting import engine
 
         return getattr(engine, name)
     raise AttributeError(name)

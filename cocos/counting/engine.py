@@ -23,6 +23,7 @@ The result, :class:`CountRun`, holds long tables (pandas DataFrames):
 
 from __future__ import annotations
 
+import mmap
 from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -33,8 +34,10 @@ import torch
 
 from cocos.data.layout import DIRECTIONS, BatchLayout, QueryView, _check_norms
 from cocos.data.samplers import pair_batches, ranking_batches
+from cocos.distributed import aligned_block, current, gather_blocks
 from cocos.errors import CocosError, check_params
 from cocos.losses.base import intra_similarities
+from cocos.objectives import OBJECTIVES, paper_names, resolve
 from cocos.progress import progress_bar
 
 DEFAULT_SWEEP = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
@@ -62,7 +65,6 @@ def normalised(name: str, x, device="cpu") -> torch.Tensor:
     written block by block into one tensor on ``device``: the result plus one block of memory, never a full-size
     temporary. Every row is checked (NaN, Inf, zero vectors; one line naming the row). The pages of a memory map
     are released after each block, so the input does not stay resident beside the result."""
-    import mmap
 
     if x.ndim != 2 or x.shape[0] == 0 or x.shape[1] == 0:
         raise CocosError(f"{name} must be a non-empty (n, d) matrix, got shape {tuple(x.shape)}")
@@ -373,7 +375,6 @@ def count_embeddings(
     for o in objectives:
         by_layout[o.layout].append(o)
     plans = {layout: make_plan(emb, layout, batch_size, seed) for layout in ("pair", "ranking") if by_layout[layout]}
-    from cocos.distributed import aligned_block, current, gather_blocks
 
     group = current() if group is None else group
     collect = _Collector(keep_per_query)
@@ -400,7 +401,6 @@ def count_embeddings(
 
 def _setup(losses, batch_size, compat, modes, params, eps, sweep_eps):
     """The specs, their counters and the counting modes of :func:`count_embeddings`, every argument checked."""
-    from cocos.objectives import OBJECTIVES, paper_names, resolve
 
     objectives = [resolve(x) for x in (paper_names() if losses is None else list(losses))]
     seen = [o.name for o in objectives]

@@ -643,8 +643,6 @@ class DesignedGradient(torch.autograd.Function):
 
 def goal_direction(view: QueryView, **params) -> torch.Tensor:
     """One direction of the GOAL objective: Triplet SH value forward, ``−T·P+`` / ``+T·P−`` backward."""
-    from cocos.losses.goal import direction_score_gradient
-
     t_name, p_name, rest = _weights({**DEFAULTS, **params})
     detached = replace(view, scores=view.scores.detach())
     with torch.no_grad():

@@ -18,14 +18,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cocos.defaults import DEFAULT_EPS  # noqa: F401  (re-exported)
 from cocos.errors import CocosError, check_params
-
-if TYPE_CHECKING:  # pragma: no cover
-    from cocos.losses.base import ContrastiveLoss
-    from cocos.losses.counts import Counter
+from cocos.losses.base import ContrastiveLoss
+from cocos.losses.counts import Counter
+from cocos.losses.generic import BatchLossCounter, GenericCounter
 
 LAYOUTS = ("pair", "ranking")
 COMBINES = ("sum", "mean")
@@ -120,7 +119,6 @@ class Objective:
 
     def loss(self, compat: bool = False, **params) -> ContrastiveLoss:
         """The training loss as a module ``(images, captions, caption_image=None, image_ids=None) -> scalar``."""
-        from cocos.losses.base import ContrastiveLoss
 
         return ContrastiveLoss(self, compat=compat, **params)
 
@@ -129,7 +127,6 @@ class Objective:
         full = self.counter_params(eps, **params)
         if self.counter is not None:
             return self.counter(**full)
-        from cocos.losses.generic import BatchLossCounter, GenericCounter
 
         return GenericCounter(self, **full) if self.direction_loss is not None else BatchLossCounter(self, **full)
 

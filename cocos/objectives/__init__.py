@@ -16,6 +16,10 @@ for modules on the path; both are loaded with the registry (:func:`load_plugins`
 
 from __future__ import annotations
 
+import importlib
+import os
+from importlib.metadata import entry_points
+
 from cocos.errors import CocosError
 from cocos.losses.spec import DEFAULT_EPS, Note, Objective, from_callable
 
@@ -28,12 +32,12 @@ PLUGINS_ENV = "COCOS_PLUGINS"  # comma-separated modules on the path that define
 
 
 def _registry() -> dict[str, Objective]:
-    """The registry, with the built-in families and then the plugins loaded on first use (they import torch; the
-    spec does not)."""
+    """The registry, with the built-in families and then the plugins loaded on first use (``builtin`` and the
+    plugins call :func:`register` of this module, so they are imported once it exists, not at its top)."""
     global _builtin_loaded
     if not _builtin_loaded:
         _builtin_loaded = True
-        from cocos.objectives import builtin  # noqa: F401  (registers the built-in families)
+        from cocos.objectives import builtin  # noqa: F401  (registers the built-in families; see the docstring)
 
         load_plugins()
     return _REGISTRY
@@ -53,9 +57,6 @@ def load_plugins() -> None:
     :class:`Objective` (registered under its ``name``), and every module in ``COCOS_PLUGINS`` is imported and its
     ``objective`` (or ``objectives``) registered, if it did not register them itself. A plugin that fails to load
     is one error line naming it."""
-    import importlib
-    import os
-    from importlib.metadata import entry_points
 
     for point in entry_points(group=ENTRY_POINT_GROUP):
         try:

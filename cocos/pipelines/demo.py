@@ -29,6 +29,7 @@ from cocos.data.synth import make_synthetic
 from cocos.data.synth_images import make_synthetic_images
 from cocos.errors import CocosError
 from cocos.io import MARKER, atomic_dir, check_interrupt, check_output_dir, check_writable_dir, is_own_temporary
+from cocos.models import CNN_TYPES
 from cocos.objectives import get_objective, paper_names
 from cocos.pipelines.analyze import analyze_checkpoint
 from cocos.pipelines.folder import diagram_points, write_results_folder
@@ -198,7 +199,6 @@ def _validate(train_cfg: TrainConfig, generate: bool) -> None:
 
 def _check_image_flags(cfg: DemoConfig) -> None:
     """The image demo's own flags: a known CNN, crop and image sizes, workers."""
-    from cocos.models import CNN_TYPES
 
     if cfg.cnn not in CNN_TYPES:
         raise CocosError(f"unknown CNN '{cfg.cnn}' (choose from {', '.join(CNN_TYPES)})")

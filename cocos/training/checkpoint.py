@@ -496,7 +496,7 @@ _TRAIN_USED = {"batch_size": 1, "k": 1, "seed": 0}
 
 
 def _check_train(check: _Checker, train) -> dict:
-    from cocos.training.trainer import TrainConfig
+    from cocos.training.trainer import TrainConfig  # here: the trainer imports this module (a cycle at the top)
 
     train = check.dict(train, "train")
     for name, minimum in _TRAIN_USED.items():
