@@ -8,6 +8,7 @@ damages a file that was there before.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -474,3 +475,12 @@ def check_interrupt() -> None:
     e.g. a finaliser running when the signal arrived); long loops call this between steps."""
     if _INTERRUPT["pending"]:
         raise KeyboardInterrupt
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """The SHA-256 hex digest of a file, read in 1 MB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

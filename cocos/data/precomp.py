@@ -158,7 +158,51 @@ def read_karpathy_captions(path: str | os.PathLike, split: str, k: int = 5) -> l
     return captions
 
 
-class PrecompSplit:
+class FeatureRows:
+    """Shapes and index maps of a split held as image feature rows ``features`` (N, ...) with ``k`` captions per
+    image, image-major (caption ``c`` belongs to image ``c // k``): :class:`PrecompSplit`, and the pooled CNN
+    features of a raw-image split (:class:`cocos.embed.images.PooledSplit`)."""
+
+    features: np.ndarray
+    captions: list[str]
+    k: int
+
+    @property
+    def n_images(self) -> int:
+        return int(self.features.shape[0])
+
+    @property
+    def n_captions(self) -> int:
+        return len(self.captions)
+
+    @property
+    def feature_shape(self) -> tuple[int, ...]:
+        """Shape of one image's features: ``(D,)`` or ``(R, D)``."""
+        return tuple(int(d) for d in self.features.shape[1:])
+
+    @property
+    def feature_dim(self) -> int:
+        return int(self.features.shape[-1])
+
+    @property
+    def is_regions(self) -> bool:
+        return self.features.ndim == 3
+
+    @property
+    def caption_image(self) -> np.ndarray:
+        """``(k N,)`` image index of every caption: ``c // k``."""
+        return np.arange(self.n_captions) // self.k
+
+    @property
+    def image_captions(self) -> np.ndarray:
+        """``(N, k)`` caption indices of every image."""
+        return regular_image_captions(self.n_images, self.k)
+
+    def __len__(self) -> int:
+        return self.n_captions
+
+
+class PrecompSplit(FeatureRows):
     """One split of a precomputed-feature folder (see the module docstring for the layout).
 
     ``features`` is the read-only ``np.memmap``; ``captions`` the list of ``k * N``
@@ -208,42 +252,6 @@ class PrecompSplit:
         if karpathy is None:
             raise CocosError(f"{caps}: no such caption file (and no dataset_*.json in the folder)")
         return read_karpathy_captions(karpathy, self.split, self.k), karpathy
-
-    # -- shapes and index maps ---------------------------------------------------------
-
-    @property
-    def n_images(self) -> int:
-        return int(self.features.shape[0])
-
-    @property
-    def n_captions(self) -> int:
-        return len(self.captions)
-
-    @property
-    def feature_shape(self) -> tuple[int, ...]:
-        """Shape of one image's features: ``(D,)`` or ``(R, D)``."""
-        return tuple(int(d) for d in self.features.shape[1:])
-
-    @property
-    def feature_dim(self) -> int:
-        return int(self.features.shape[-1])
-
-    @property
-    def is_regions(self) -> bool:
-        return self.features.ndim == 3
-
-    @property
-    def caption_image(self) -> np.ndarray:
-        """``(k N,)`` image index of every caption: ``c // k``."""
-        return np.arange(self.n_captions) // self.k
-
-    @property
-    def image_captions(self) -> np.ndarray:
-        """``(N, k)`` caption indices of every image."""
-        return regular_image_captions(self.n_images, self.k)
-
-    def __len__(self) -> int:
-        return self.n_captions
 
     def __repr__(self) -> str:
         return (

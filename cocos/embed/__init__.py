@@ -9,7 +9,6 @@ cache (:class:`cocos.counting.engine.EmbeddingSet`). The cache is written in the
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,7 @@ from cocos.data.text import Vocabulary
 from cocos.device import resolve_device
 from cocos.embed.images import ImageSource, PooledModel, PooledSplit, image_source_of
 from cocos.errors import CocosError
-from cocos.io import write_npz
+from cocos.io import sha256_file, write_npz
 from cocos.legacy import (
     UnsafeCheckpointError,
     checkpoint_from_raw,
@@ -129,11 +128,7 @@ class FrozenModel:
                               progress=progress)
 
     def sha256(self) -> str:
-        h = hashlib.sha256()
-        with open(self.path, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                h.update(block)
-        return h.hexdigest()
+        return sha256_file(self.path)
 
 
 def _image_data(ckpt: dict, data, checkpoint) -> Path:

@@ -54,7 +54,7 @@ from cocos.data.images import ImageSplit, load_image_split
 from cocos.data.precomp import SPLITS, PrecompSplit, _normalise_split
 from cocos.data.transforms import CROP_SIZE, RESIZE, eval_transform
 from cocos.errors import CocosError
-from cocos.io import MARKER, check_interrupt, check_output_dir, interrupt_pending, write_json, write_text
+from cocos.io import MARKER, check_interrupt, check_output_dir, interrupt_pending, sha256_file, write_json, write_text
 from cocos.legacy import is_cocos_checkpoint, is_legacy_checkpoint, map_full_image, opt_dict, read_checkpoint_file
 from cocos.models.cnn import build_cnn, load_cnn_weights, strip_classifier
 from cocos.progress import progress_bar
@@ -82,14 +82,6 @@ def cnn_state_hash(cnn: torch.nn.Module, length: int = 16) -> str:
         if t.numel():
             h.update(memoryview(t.view(torch.uint8).numpy()))
     return h.hexdigest()[:length]
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def cache_key(fingerprint: str, cnn_type: str, cnn_hash: str, resize: int, crop_size: int) -> dict:
@@ -309,7 +301,7 @@ def write_feature_cache(data: str | os.PathLike, out: str | os.PathLike, cnn: to
 def _manifest(plan: dict, opened: list[ImageSplit], weights_file) -> dict:
     weights = None
     if weights_file is not None:
-        weights = {"name": Path(weights_file).name, "sha256": file_sha256(weights_file)}
+        weights = {"name": Path(weights_file).name, "sha256": sha256_file(weights_file)}
     return {"format": FORMAT, "cocos_version": __version__, "cnn_type": plan["cnn_type"], "cnn_hash": plan["cnn_hash"],
             "weights_file": weights, "resize": plan["resize"], "crop_size": plan["crop_size"], "dim": plan["dim"],
             "use_restval": plan["use_restval"], "transform": "eval: Resize(resize) + CenterCrop(crop_size)",

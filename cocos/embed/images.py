@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from cocos.data.images import ImageSplit, load_image_split
-from cocos.data.samplers import regular_image_captions
+from cocos.data.precomp import FeatureRows
 from cocos.data.transforms import CROP_SIZE, RESIZE
 from cocos.embed.features import (
     cache_key,
@@ -36,7 +36,7 @@ from cocos.errors import CocosError
 from cocos.training.pixels import eval_resize
 
 
-class PooledSplit:
+class PooledSplit(FeatureRows):
     """An image split as pooled CNN features: the surface of :class:`cocos.data.precomp.PrecompSplit` that
     encoding and evaluation use (captions image-major: caption ``c`` belongs to image ``c // k``)."""
 
@@ -50,37 +50,6 @@ class PooledSplit:
         self.features = features
         self.features_path = Path(source)  # what messages name
         self.folder = Path(split.source)
-
-    @property
-    def n_images(self) -> int:
-        return int(self.features.shape[0])
-
-    @property
-    def n_captions(self) -> int:
-        return len(self.captions)
-
-    @property
-    def feature_dim(self) -> int:
-        return int(self.features.shape[1])
-
-    @property
-    def feature_shape(self) -> tuple[int, ...]:
-        return tuple(self.features.shape[1:])
-
-    @property
-    def is_regions(self) -> bool:
-        return False
-
-    @property
-    def caption_image(self) -> np.ndarray:
-        return np.arange(self.n_captions) // self.k
-
-    @property
-    def image_captions(self) -> np.ndarray:
-        return regular_image_captions(self.n_images, self.k)
-
-    def __len__(self) -> int:
-        return self.n_captions
 
     def features_for(self, image_idx) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(self.features[np.asarray(image_idx)], dtype=np.float32))

@@ -9,7 +9,6 @@ dataset is ``name`` (default: the file name) and whose model is ``label``.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ from cocos.counting.engine import DEFAULT_SWEEP, CountRun, EmbeddingSet
 from cocos.data.layout import DIRECTIONS
 from cocos.device import resolve_device
 from cocos.errors import CocosError
-from cocos.io import load_npz
+from cocos.io import load_npz, sha256_file
 from cocos.pipelines.analyze import counting_info, presentations, run_counts
 from cocos.report.tables import fmt
 from cocos.results import DataInfo, ModelInfo, Results, Source, records
@@ -37,14 +36,6 @@ class Counted:
     results: Results
     run: CountRun
     embeddings: EmbeddingSet
-
-
-def sha256_file(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def read_embeddings(path: str | os.PathLike, device: str = "cpu") -> EmbeddingSet:

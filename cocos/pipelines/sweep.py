@@ -35,7 +35,6 @@ epoch with the same settings) continues only with ``--resume``; without it it st
 
 from __future__ import annotations
 
-import hashlib
 import json
 import multiprocessing as mp
 import os
@@ -52,7 +51,7 @@ import torch
 from cocos.data.precomp import data_fingerprint
 from cocos.defaults import DEFAULT_EPS
 from cocos.errors import CocosError
-from cocos.io import MARKER, check_output_dir
+from cocos.io import MARKER, check_output_dir, sha256_file
 from cocos.objectives import get_objective
 from cocos.pipelines.analyze import analyze_checkpoint
 from cocos.pipelines.folder import write_results_folder
@@ -199,15 +198,6 @@ def load_grid(path: str | os.PathLike, reports: str | None = None, checkpoints: 
 # -- one run: train (unless reusable), analyse (unless up to date) ------------------------------
 
 
-def _sha256(path: Path) -> str:
-
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def train_state(run: SweepRun, fingerprint: str) -> str:
     """``done`` (finished with these settings on this data), ``partial`` (same settings, earlier epoch) or ``new``."""
 
@@ -236,7 +226,7 @@ def analysis_current(run: SweepRun) -> bool:
     try:
         r = json.loads(results.read_text(encoding="utf-8"))
         a = run.analyze
-        return (r["source"]["sha256"] == _sha256(best) and r["evaluation"]["split"] == a["split"]
+        return (r["source"]["sha256"] == sha256_file(best) and r["evaluation"]["split"] == a["split"]
                 and bool(r["counting"]["compat"]) == bool(a["compat"])
                 and r["counting"]["seed"] == run.train["seed"]
                 and (a["batch_size"] is None or r["counting"]["batch_size"] == a["batch_size"]))
