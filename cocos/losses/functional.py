@@ -15,6 +15,38 @@ from cocos.data.layout import QueryView
 from cocos.defaults import DEFAULT_MARGIN, DEFAULT_TAU_NTXENT, DEFAULT_TAU_SMOOTHAP
 
 SIGMOID_CLAMP = 50.0  # SmoothAP: the sigmoid's exponent is clamped to [-50, 50]
+VECTOR_ALIGN = 64  # elements: a multiple of every CPU vector loop's step (2 x 16 float32 lanes with AVX-512)
+GRAIN = 32768  # torch's internal GRAIN_SIZE: elementwise loops of fewer elements run on one thread
+
+
+def vectorised_whole(numel: int) -> bool:
+    """Whether torch computes every element of a contiguous ``numel``-element CPU tensor in the vectorised body
+    of its elementwise loop (no scalar tail).
+
+    torch's float32 ``sigmoid`` rounds some elements differently in the body (SIMD) and in the scalar tail of a
+    loop, and each thread's range ``[t * ceil(n / parts), ...)`` has its own tail (``parts``: the threads used,
+    ``min(threads, ceil(n / GRAIN))``, 1 below ``GRAIN``). Where every part is a multiple of
+    :data:`VECTOR_ALIGN`, every element takes the body, and the same element of a differently sized tensor that
+    is also tail-free gets the same bits. (``exp``, ``log_softmax``, sums over the last axis and the basic
+    arithmetic give the same bits either way; measured.)"""
+    threads = torch.get_num_threads()
+    parts = 1 if numel < GRAIN or threads == 1 else min(threads, -(-numel // GRAIN))
+    return numel % VECTOR_ALIGN == 0 and (-(-numel // parts)) % VECTOR_ALIGN == 0
+
+
+def sigmoid_vectorised(x: torch.Tensor) -> torch.Tensor:
+    """``torch.sigmoid(x)`` with every element computed in the vectorised body of the loop (see
+    :func:`vectorised_whole`): ``x`` is padded to a tail-free size. On CPU equal bit for bit to the elements of
+    any tail-free tensor's ``sigmoid``; elsewhere plain ``sigmoid``."""
+    if x.device.type != "cpu":
+        return torch.sigmoid(x)
+    n = x.numel()
+    size = -(-max(n, 1) // VECTOR_ALIGN) * VECTOR_ALIGN
+    while not vectorised_whole(size):
+        size += VECTOR_ALIGN
+    flat = x.new_zeros(size)
+    flat[:n] = x.reshape(-1)
+    return flat.sigmoid_()[:n].view(x.shape)
 
 
 def positive_index(pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,6 +135,34 @@ def smoothap_sigmoid(
     if complement:
         return g, torch.sigmoid(-x), anchor_valid
     return g, anchor_valid
+
+
+def smoothap_pair_weights(
+    scores: torch.Tensor,
+    anchors: torch.Tensor,
+    anchor_valid: torch.Tensor,
+    candidates: torch.Tensor,
+    tau: float,
+    vectorised: bool = False,
+) -> torch.Tensor:
+    """The SmoothAP counter's pair weights ``w(a, b) = G (1 - G) / R(a)^2`` (``(..., Q, A, K)``), no gradient.
+
+    The same operations as :func:`smoothap_sigmoid` followed by ``g * (1 - g) / (rank * rank)``, in place
+    (two full-size tensors instead of six), so bit for bit the same values. ``vectorised``: both sigmoids by
+    :func:`sigmoid_vectorised` (for a part of a tensor whose whole would be tail-free, see
+    :func:`vectorised_whole`)."""
+    s_a = torch.gather(scores, -1, anchors)  # (..., Q, A)
+    x = scores[..., None, :] - s_a[..., :, None]
+    x.div_(tau).clamp_(-SIGMOID_CLAMP, SIGMOID_CLAMP)
+    g = sigmoid_vectorised(x) if vectorised else torch.sigmoid(x)
+    g.scatter_(-1, anchors[..., None], 0.0)  # G(a, a) = 0
+    if not bool(candidates.all()):
+        g.mul_(candidates[..., None, :])
+    if not bool(anchor_valid.all()):
+        g.mul_(anchor_valid[..., None])
+    one_minus_g = sigmoid_vectorised(x.neg_()) if vectorised else x.neg_().sigmoid_()  # sigmoid(-x)
+    rank = 1.0 + g.sum(-1, keepdim=True)
+    return g.mul_(one_minus_g).div_(rank * rank)
 
 
 def smoothap_direction(view: QueryView, tau: float = DEFAULT_TAU_SMOOTHAP) -> torch.Tensor:

@@ -21,8 +21,13 @@ import torch
 from cocos.data.layout import QueryView
 from cocos.defaults import DEFAULT_TAU_SMOOTHAP
 from cocos.errors import check_params
-from cocos.losses.counts import DEFAULT_EPS, Count, Counter, companions, counts_above, per_view, view_key
-from cocos.losses.functional import positive_index, smoothap_direction, smoothap_sigmoid
+from cocos.losses.counts import DEFAULT_EPS, Count, Counter, companions, counts_above, nanmean, per_view, view_key
+from cocos.losses.functional import (
+    positive_index,
+    smoothap_direction,
+    smoothap_pair_weights,
+    vectorised_whole,
+)
 from cocos.losses.spec import Note, Objective
 
 
@@ -56,10 +61,27 @@ class SmoothAPCounter(Counter):
 
     def pair_weights(self, view: QueryView):
         """``w(a, b)`` of shape ``(..., Q, A, K)`` and the per-query divisor."""
+        w, divisor, n = self._weights(view)
+        return _pad_queries(w, view.scores.shape[-2], 0.0, dim=-3), divisor
+
+    def _weights(self, view: QueryView) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """``(w, divisor, n)``: the pair weights of the first ``n`` queries; every other query's are 0.
+
+        ``n`` is ``Q`` except in the published t2i layout, where only the first ``ceil(K / k)`` caption queries
+        have an anchor row ``< K`` (26 of 640 at batch 128): only those are computed, with every sigmoid in the
+        vectorised loop, bit for bit what the whole tensor gives where it is tail-free
+        (:func:`~cocos.losses.functional.vectorised_whole`; otherwise the whole tensor is computed)."""
         rows, valid, divisor = self.anchors(view)
-        g, one_minus_g, _ = smoothap_sigmoid(view, self.tau, rows, valid, complement=True)
-        rank = 1.0 + g.sum(-1, keepdim=True)
-        return g * one_minus_g / (rank * rank), divisor  # g is 0 wherever b is not a candidate
+        scores, candidates = view.scores, view.candidates
+        q, n = scores.shape[-2], scores.shape[-2]
+        if view.compat and view.direction == "t2i":
+            first = min(q, -(-scores.shape[-1] // view.group_size))
+            whole = rows.numel() * scores.shape[-1]
+            if first < q and (scores.device.type != "cpu" or vectorised_whole(whole)):
+                n = first
+                scores, candidates, rows, valid = (x[..., :n, :] for x in (scores, candidates, rows, valid))
+        w = smoothap_pair_weights(scores, rows, valid, candidates, self.tau, vectorised=n < q)
+        return w, divisor, n
 
     def _count(
         self, w: torch.Tensor, divisor: torch.Tensor, view: QueryView, eps: float, extras: bool = True
@@ -96,21 +118,47 @@ class SmoothAPCounter(Counter):
         w, divisor = self.pair_weights(view)
         return {float(e): self._count(w, divisor, view, float(e), extras=False) for e in eps_values}
 
+    def _per_query(self, view: QueryView, eps_values) -> tuple:
+        """Everything of :meth:`count_sweep` that does not depend on the mode: ``(C_q, companions per query,
+        their batch values, weights on the negatives, counts above each of eps_values, divisor)``."""
+        w, divisor, n = self._weights(view)
+        q = view.scores.shape[-2]
+        div = divisor.to(torch.float64)
+        counts = counts_above(w.reshape(*w.shape[:-2], -1), [self.eps, *eps_values])
+        c_q, *swept = (_pad_queries(c.to(torch.float64), q, 0.0) for c in counts)
+        c_q = c_q / div  # as _count: (w > eps) summed over anchors and candidates, over the divisor
+        neg_w = torch.where(view.neg[..., :n, :], w.sum(-2), 0.0)
+        comp_q, _ = companions(neg_w)
+        comp_q = {k: _pad_queries(v, q, torch.nan) for k, v in comp_q.items()}
+        comp_b = {k: nanmean(v) for k, v in comp_q.items()}
+        return c_q, comp_q, comp_b, _pad_queries(neg_w, q, 0.0, dim=-2), swept, div
+
     def count_sweep(self, view: QueryView, eps_values=()) -> tuple[Count, dict[float, dict[str, torch.Tensor]]]:
         """The pair weights once for the count and every threshold; the thresholds' counts in one pass
         (:func:`~cocos.losses.counts.counts_above`). Equal to ``count`` and ``sweep``."""
         # the published t2i anchors differ from the corrected ones; otherwise equal views (both modes of a
-        # ranking batch, which has no same-image pairs) share one computation
+        # ranking batch, which has no same-image pairs) share one computation, the modes differing only in
+        # the batch value of an empty batch (_batch)
         odd = view.compat and view.direction == "t2i"
-        w, divisor = per_view(view, ("smoothap_weights", self.tau, odd, *view_key(view)),
-                              lambda: self.pair_weights(view))
-        main = self._count(w, divisor, view, self.eps)
-        if not eps_values:
-            return main, {}
-        counts = counts_above(w.reshape(*w.shape[:-2], -1), eps_values)
-        div = divisor.to(torch.float64)
-        return main, {float(e): self._batch(n.to(torch.float64) / div, view.compat)
-                      for e, n in zip(eps_values, counts, strict=True)}
+        eps_values = [float(e) for e in eps_values]
+        c_q, comp_q, comp_b, neg_w, swept, div = per_view(
+            view, ("smoothap", self.tau, self.eps, tuple(eps_values), odd, *view_key(view)),
+            lambda: self._per_query(view, eps_values))
+        batch = {**self._batch(c_q, view.compat), **comp_b}
+        main = Count({"C_q": c_q, **comp_q}, batch, view.n_excluded, weights=neg_w)
+        return main, {e: self._batch(n / div, view.compat) for e, n in zip(eps_values, swept, strict=True)}
+
+
+def _pad_queries(x: torch.Tensor, q: int, fill: float, dim: int = -1) -> torch.Tensor:
+    """``x`` holding the first ``n`` of ``q`` queries along ``dim``, with the other queries set to ``fill``."""
+    n = x.shape[dim]
+    if n == q:
+        return x
+    shape = list(x.shape)
+    shape[dim] = q
+    out = x.new_full(shape, fill)
+    out.narrow(dim, 0, n).copy_(x)
+    return out
 
 
 # -- the family's spec: what the paper says about it -------------------------------------------------------------
