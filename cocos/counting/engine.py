@@ -37,6 +37,7 @@ from cocos.data.samplers import pair_batches, ranking_batches
 from cocos.distributed import aligned_block, current, gather_blocks
 from cocos.errors import CocosError, check_params
 from cocos.losses.base import intra_similarities
+from cocos.losses.counts import Count, per_view, view_key
 from cocos.objectives import OBJECTIVES, paper_names, resolve
 from cocos.progress import progress_bar
 
@@ -378,7 +379,7 @@ def count_embeddings(
 
     group = current() if group is None else group
     collect = _Collector(keep_per_query)
-    steps = {layout: chunk for layout in plans}
+    steps = {layout: (8 if layout == "ranking" else chunk) for layout in plans}
     mine = {layout: aligned_block(plan.n_batches, steps[layout], group) for layout, plan in plans.items()}  # whole
     total = sum(len(r) for r in mine.values())
     with progress_bar(total, "counting", enabled=progress and group.is_main) as advance:
@@ -485,6 +486,7 @@ def _count_chunk(emb, cap, img, layout_name, batch_size, specs, modes, sweep_eps
     if any(getattr(counter, "needs_intra", False) for _, counter in specs):  # the queries' own similarities (IMC)
         intra = intra_similarities(images, captions)
     shared = _views(layout, scores, modes, intra)
+    dirty = _dirty_batches(layout, modes)
     for o, counter in specs:
         views = shared
         if getattr(counter, "needs_embeddings", False):  # a whole-batch callable: views of its dL/dS
@@ -493,9 +495,17 @@ def _count_chunk(emb, cap, img, layout_name, batch_size, specs, modes, sweep_eps
         swept = []
         if sweep_eps is not None and o.uses_eps:
             swept = [e for e in dict.fromkeys(float(x) for x in sweep_eps) if e != main_eps]
+        done = {}
+        for mode in sorted(modes, key=MODES.index):  # corrected first: compat may take its values
+            for d in DIRECTIONS:
+                if mode == "compat" and dirty is not None and views is shared and counter.compat_is_masks(d):
+                    done[(mode, d)] = _compat_from_corrected(counter, done[("corrected", d)], shared[(mode, d)],
+                                                             dirty, swept)
+                else:
+                    done[(mode, d)] = counter.count_sweep(views[(mode, d)], swept)
         for mode in modes:
             for d in DIRECTIONS:
-                result, at_eps = counter.count_sweep(views[(mode, d)], swept)
+                result, at_eps = done[(mode, d)]
                 key = (o.name, d, mode)
                 collect.add_batch((*key, main_eps), {**result.batch, "n_excluded": result.n_excluded})
                 if collect.keep_queries:
@@ -504,3 +514,39 @@ def _count_chunk(emb, cap, img, layout_name, batch_size, specs, modes, sweep_eps
                     collect.add_queries((*key, kind), result.per_query, img if kind == "image" else cap)
                 for e, batch in at_eps.items():
                     collect.add_batch((*key, e), batch)
+
+
+def _dirty_batches(layout: BatchLayout, modes) -> torch.Tensor | None:
+    """The batches of a chunk whose compat masks differ from the corrected ones (those holding a same-image
+    pair), when both modes are counted on pair batches; else ``None``."""
+    if layout.image_ids is None or not {"corrected", "compat"} <= set(modes):
+        return None
+    return layout.same_image().flatten(-2).any(-1).nonzero().squeeze(-1)
+
+
+def _compat_from_corrected(counter, corrected, view: QueryView, dirty: torch.Tensor, swept):
+    """The compat count of a counter whose compat differs only in the masks (``compat_is_masks``): the corrected
+    values, with the batches whose masks differ (``dirty``) counted again on their compat view. Every statistic
+    is computed batch by batch (reductions over queries and candidates only; the operations give the same bits
+    for any number of batches), so this equals counting compat on the whole chunk."""
+    main, at_eps = corrected
+    if not len(dirty):
+        return main, at_eps
+    key = ("dirty", *view_key(view))
+    part = per_view(view, key, lambda: _SharedView(
+        scores=view.scores[dirty], pos=view.pos[dirty], neg=view.neg[dirty], direction=view.direction,
+        group_size=view.group_size, compat=True, intra=None if view.intra is None else view.intra[dirty],
+        memo=view.memo))
+    sub, sub_eps = counter.count_sweep(part, swept)
+
+    def put(full: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        out = full.clone()
+        out[dirty] = values
+        return out
+
+    def merged(a: dict, b: dict) -> dict:
+        return {k: put(v, b[k]) for k, v in a.items()}
+
+    count = Count(per_query=merged(main.per_query, sub.per_query), batch=merged(main.batch, sub.batch),
+                  n_excluded=put(main.n_excluded, sub.n_excluded), item_kind=main.item_kind)
+    return count, {e: merged(at_eps[e], sub_eps[e]) for e in at_eps}

@@ -47,6 +47,12 @@ class Counter:
     def params(self) -> dict:
         return {}
 
+    def compat_is_masks(self, direction: str) -> bool:
+        """Whether this counter's compat count of a view is its corrected count of the same scores with the
+        compat masks (compat changes nothing but the masks), batch by batch. The engine then counts compat only
+        on the batches whose masks differ and takes the corrected values of the others. Default: no."""
+        return False
+
     def count(self, view: QueryView) -> Count:
         raise NotImplementedError
 
@@ -82,19 +88,33 @@ def companions(weights: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str
     With ``u_n = w_n / sum w``: effective number of negatives ``exp(H(u))``, inverse
     Simpson ``1 / sum u_n^2`` and the largest share ``max u_n``. Queries whose
     negatives carry no weight get NaN; the batch value is the mean over the others.
+
+    Computed on the queries with weight only (every operation is row by row, the same bits for any number of
+    rows), with two full-size temporaries.
     """
     w = weights if weights.is_floating_point() else weights.to(torch.float64)  # counts: exact sums
     total = w.sum(-1, keepdim=True)
     has = total.squeeze(-1) > 0
+    shape = has.shape
+    nan = torch.full(shape, torch.nan, dtype=torch.float64, device=w.device)
+    rows = has.reshape(-1).nonzero().squeeze(-1)
+    if len(rows) < has.numel():  # only the queries with weight
+        w, total = w.reshape(-1, w.shape[-1])[rows], total.reshape(-1, 1)[rows]
     tiny = torch.finfo(w.dtype).tiny
     u = w / total.clamp(min=tiny)
-    entropy = -(u * torch.log(u.clamp(min=tiny))).sum(-1)  # u log u -> 0 as u -> 0
-    per_query = {
+    work = u.clamp(min=tiny).log_().mul_(u)  # u log u -> 0 as u -> 0
+    entropy = -work.sum(-1)
+    simpson = torch.mul(u, u, out=work).sum(-1)
+    values = {
         "N_eff": torch.exp(entropy),
-        "N_invsimpson": 1.0 / (u * u).sum(-1).clamp(min=tiny),
+        "N_invsimpson": 1.0 / simpson.clamp(min=tiny),
         "top1_share": u.amax(-1),
     }
-    per_query = {k: torch.where(has, v.to(torch.float64), torch.nan) for k, v in per_query.items()}
+    per_query = {}
+    for k, v in values.items():
+        v = v.to(torch.float64)
+        per_query[k] = v.reshape(shape) if len(rows) == has.numel() else nan.clone().reshape(-1).index_copy_(
+            0, rows, v).reshape(shape)
     batch = {k: nanmean(v) for k, v in per_query.items()}
     return per_query, batch
 
@@ -122,12 +142,26 @@ def counts_above(w: torch.Tensor, eps_values) -> list[torch.Tensor]:
     """``#{entries of w > e}`` over the last axis of ``w`` (``(..., R)`` -> ``(...)`` int64) for every ``e``.
 
     One comparison with the smallest threshold keeps the entries that can pass any of
-    them; each threshold then counts among those (exact integer counts, equal to
-    ``(w > e).sum(-1)`` for each ``e``, without one pass over ``w`` per threshold)."""
+    them; one ``bucketize`` sorts those between the thresholds, and one ``bincount``
+    per (row, bucket) gives every count (exact integer counts, equal to
+    ``(w > e).sum(-1)`` for each ``e``, without one pass over ``w`` per threshold).
+    The thresholds are compared in ``w``'s dtype, as ``w > e`` compares them."""
+    eps_values = [float(e) for e in eps_values]
+    if not eps_values:
+        return []
     flat = w.reshape(-1, w.shape[-1])
-    rows, cols = (flat > min(eps_values)).nonzero(as_tuple=True)
-    values = flat[rows, cols]
-    return [torch.bincount(rows[values > e], minlength=flat.shape[0]).reshape(w.shape[:-1]) for e in eps_values]
+    n_rows = flat.shape[0]
+    at = (flat > min(eps_values)).reshape(-1).nonzero().squeeze(-1)
+    rows, values = at // flat.shape[1], flat.reshape(-1)[at]
+    order = sorted(range(len(eps_values)), key=lambda j: eps_values[j])
+    bounds = torch.tensor([eps_values[j] for j in order], dtype=w.dtype, device=w.device)
+    bucket = torch.bucketize(values, bounds)  # number of thresholds strictly below each value
+    hist = torch.bincount(rows * (len(order) + 1) + bucket, minlength=n_rows * (len(order) + 1))
+    above = hist.reshape(n_rows, len(order) + 1).flip(-1).cumsum(-1).flip(-1)  # above[:, j]: bucket >= j
+    out = [None] * len(eps_values)
+    for rank, j in enumerate(order):
+        out[j] = above[:, rank + 1].reshape(w.shape[:-1])
+    return out
 
 
 def thresholded_sums(p: torch.Tensor, mask: torch.Tensor, eps_values) -> list[tuple]:
@@ -136,33 +170,33 @@ def thresholded_sums(p: torch.Tensor, mask: torch.Tensor, eps_values) -> list[tu
     ``(mask & (p > e)).sum(-1)``, ``where(mask & (p > e), p, 0).sum(-1)`` and ``where(mask & (p < e), p, 0).sum(-1)``.
 
     A row whose masked entries all pass holds the same tensor as ``where(mask, p, 0)`` (its sum, computed
-    once, is that row's value) and a row where none passes sums zeros (0); only the other rows are summed
-    again, gathered (each row of a contiguous ``(n, K)`` reduction is summed the same way whatever ``n``)."""
+    once, is that row's value) and a row where none passes sums zeros (0); only the other (row, threshold)
+    pairs are summed again, all thresholds in one gather (each row of a contiguous ``(n, K)`` reduction is
+    summed the same way whatever ``n``). Thresholds are compared in ``p``'s dtype, as ``p > e`` compares them."""
     k = p.shape[-1]
     rows, m = p.reshape(-1, k), mask.reshape(-1, k)
     total, n_in = torch.where(m, rows, 0.0).sum(-1), m.sum(-1)
     inf = torch.tensor(float("inf"), dtype=p.dtype, device=p.device)
     hi, lo = torch.where(m, rows, -inf).amax(-1), torch.where(m, rows, inf).amin(-1)
+    eps = torch.tensor([float(e) for e in eps_values], dtype=p.dtype, device=p.device)[:, None]  # (E, 1)
 
-    def side(e, every, none, above):
+    def side(every, none, above):
         count = torch.where(every, n_in, 0) if above else None
         value = torch.where(every, total, 0.0)
-        part = (~every & ~none).nonzero().squeeze(-1)
-        if part.numel():
-            sub = rows[part]
-            hit = m[part] & ((sub > e) if above else (sub < e))
+        e_idx, r_idx = (~every & ~none).nonzero(as_tuple=True)
+        if len(r_idx):
+            sub = rows[r_idx]
+            hit = m[r_idx] & ((sub > eps[e_idx]) if above else (sub < eps[e_idx]))
             if above:
-                count[part] = hit.sum(-1)
-            value[part] = torch.where(hit, sub, 0.0).sum(-1)
+                count[e_idx, r_idx] = hit.sum(-1)
+            value[e_idx, r_idx] = torch.where(hit, sub, 0.0).sum(-1)
         return count, value
 
-    out = []
-    for e in eps_values:
-        count, w_above = side(e, lo > e, hi <= e, True)
-        _, w_below = side(e, hi < e, lo >= e, False)
-        shape = p.shape[:-1]
-        out.append((count.reshape(shape), w_above.reshape(shape), w_below.reshape(shape)))
-    return out
+    count, w_above = side(lo > eps, hi <= eps, True)  # (E, rows)
+    _, w_below = side(hi < eps, lo >= eps, False)
+    shape = p.shape[:-1]
+    return [(count[j].reshape(shape), w_above[j].reshape(shape), w_below[j].reshape(shape))
+            for j in range(len(eps_values))]
 
 
 def nanmean(x: torch.Tensor) -> torch.Tensor:

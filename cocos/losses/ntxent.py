@@ -29,6 +29,9 @@ class NTXentCounter(Counter):
     def params(self) -> dict:
         return {"tau": self.tau, "eps": self.eps}
 
+    def compat_is_masks(self, direction: str) -> bool:
+        return True
+
     def probabilities(self, view: QueryView) -> torch.Tensor:
         return ntxent_log_probs(view, self.tau).exp()
 
@@ -57,19 +60,25 @@ class NTXentCounter(Counter):
         return {float(e): self._count(p, view, float(e), extras=False) for e in eps_values}
 
     def count_sweep(self, view: QueryView, eps_values=()) -> tuple[Count, dict[float, dict[str, torch.Tensor]]]:
-        """One softmax for the count and every threshold; the thresholds' counts and weights by
-        :func:`~cocos.losses.counts.thresholded_sums` (only rows with negatives on both sides of a threshold
-        are summed again); ``W_qv+`` does not depend on ``eps``. Equal to ``count`` and ``sweep``."""
+        """One softmax for the count and every threshold; the counts and weights at the counter's own threshold
+        and every other by :func:`~cocos.losses.counts.thresholded_sums` (only rows with negatives on both sides
+        of a threshold are summed again, bit for bit the sums of :meth:`count`); ``W_qv+`` does not depend on
+        ``eps``. Equal to ``count`` and ``sweep``."""
         p = self.probabilities(view)
-        main = self._count(p, view, self.eps)
-        if not eps_values:
-            return main, {}
+        thresholds = [self.eps, *(float(e) for e in eps_values)]
+        at = [{"C_qv-": c_above.to(torch.float64), "W_qv-": w_above.to(torch.float64),
+               "W_low": w_below.to(torch.float64)}
+              for c_above, w_above, w_below in thresholded_sums(p, view.neg, thresholds)]
+        w_pos = 1.0 - torch.where(view.pos, p, 0.0).sum(-1).to(torch.float64)
+        per_query = {"C_qv-": at[0]["C_qv-"], "W_qv-": at[0]["W_qv-"], "W_qv+": w_pos, "W_low": at[0]["W_low"]}
+        batch = {k: v.mean(-1) for k, v in per_query.items()}
+        neg_p = torch.where(view.neg, p, 0.0)
+        comp_q, comp_b = companions(neg_p)
+        main = Count({**per_query, **comp_q}, {**batch, **comp_b}, view.n_excluded, weights=neg_p)
         swept = {}
-        for e, (c_above, w_above, w_below) in zip(eps_values, thresholded_sums(p, view.neg, eps_values), strict=True):
-            swept[float(e)] = {"C_qv-": c_above.to(torch.float64).mean(-1),
-                               "W_qv-": w_above.to(torch.float64).mean(-1),
-                               "W_qv+": main.batch["W_qv+"],
-                               "W_low": w_below.to(torch.float64).mean(-1)}
+        for e, values in zip(eps_values, at[1:], strict=True):
+            swept[float(e)] = {"C_qv-": values["C_qv-"].mean(-1), "W_qv-": values["W_qv-"].mean(-1),
+                               "W_qv+": batch["W_qv+"], "W_low": values["W_low"].mean(-1)}
         return main, swept
 
 

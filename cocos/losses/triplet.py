@@ -37,19 +37,24 @@ class TripletCounter(Counter):
     def params(self) -> dict:
         return {"margin": self.margin}
 
+    def compat_is_masks(self, direction: str) -> bool:
+        """Except the published Triplet t2i counter, which groups by negative image (:meth:`count`)."""
+        return self.hardest or direction == "i2t"
+
     def violations(self, view: QueryView) -> torch.Tensor:
         """``(..., Q, K)``: number of (positive, negative) triplets of each query that violate."""
         # (..., Q, A, K), once per view for Triplet and Triplet SH at the same margin
         key = ("triplet_hinge", self.margin, *view_key(view))
         hinge = per_view(view, key, lambda: triplet_hinge(view, self.margin))
-        if self.hardest:
-            hardest = hinge.amax(-1, keepdim=True)
+        if self.hardest:  # the first hardest negative of each (query, positive), where it violates
             first = hinge.argmax(-1, keepdim=True)
-            onehot = torch.zeros_like(hinge, dtype=torch.bool).scatter_(-1, first, True)
-            hit = onehot & (hardest > 0)
-        else:
-            hit = hinge > 0
-        return hit.sum(-2)
+            hit = torch.gather(hinge, -1, first) > 0
+            if hinge.shape[-2] == 1:  # one positive (pair batches): the one-hot row is the count
+                v = torch.zeros(hinge.shape[:-2] + hinge.shape[-1:], dtype=torch.int64, device=hinge.device)
+                return v.scatter_(-1, first[..., 0, :], hit[..., 0, :].to(torch.int64))
+            return torch.zeros_like(hinge, dtype=torch.bool).scatter_(-1, first, hit).sum(-2)
+        hit = hinge > 0
+        return hit[..., 0, :].to(torch.int64) if hinge.shape[-2] == 1 else hit.sum(-2)
 
     def count(self, view: QueryView) -> Count:
         v = self.violations(view)
