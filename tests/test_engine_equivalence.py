@@ -120,3 +120,32 @@ def test_threshold_counts_and_sums_equal_one_comparison_per_threshold():
         assert torch.equal(below, torch.where(mask & (p < e), p, 0.0).sum(-1))
     for e, count in zip(eps, counts_above(p, eps), strict=True):
         assert torch.equal(count, (p > e).sum(-1))
+
+
+def test_ranking_batches_in_smaller_chunks_and_the_published_t2i_rows_give_the_same_bits():
+    """25 ranking batches: the reference counts them in one chunk of 25, the engine 8 at a time
+    (``engine.RANKING_CHUNK``), and the published SmoothAP t2i layout only on its first ceil(B / k) caption
+    queries; where every chunk is tail-free both give the same bits (``vectorised_whole``)."""
+    from cocos.counting.engine import RANKING_CHUNK, _step, make_plan
+    from cocos.losses import smoothap
+
+    emb = EmbeddingSet.from_arrays(*_world(n=200, seed=5, dup=False))
+    plan = make_plan(emb, "ranking", 8, 0)
+    assert plan.n_batches == 25 and _step(plan, 32, "cpu", True) == RANKING_CHUNK
+    assert _step(plan, 32, "cpu", False) == 32  # a counter that is not chunk-invariant keeps the chunk
+    seen = []
+    weights = smoothap.SmoothAPCounter._weights
+
+    def spy(self, view):
+        out = weights(self, view)
+        seen.append((view.compat, view.direction, out[2], view.scores.shape[-2]))
+        return out
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(smoothap.SmoothAPCounter, "_weights", spy)
+        old = reference_count_embeddings(emb, ["smoothap", "ntxent"], batch_size=8, modes=MODES, sweep_eps=SWEEP)
+        seen.clear()
+        new = count_embeddings(emb, ["smoothap", "ntxent"], batch_size=8, modes=MODES, sweep_eps=SWEEP)
+    assert (True, "t2i", 2, 40) in seen  # the published t2i layout: 2 of 40 caption queries computed
+    _same(new.batches, old.batches, "batches")
+    _same(new.queries, old.queries, "queries")

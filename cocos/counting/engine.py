@@ -38,6 +38,7 @@ from cocos.distributed import aligned_block, current, gather_blocks
 from cocos.errors import CocosError, check_params
 from cocos.losses.base import intra_similarities
 from cocos.losses.counts import Count, per_view, view_key
+from cocos.losses.functional import vectorised_whole
 from cocos.objectives import OBJECTIVES, paper_names, resolve
 from cocos.progress import progress_bar
 
@@ -58,6 +59,9 @@ def mode_of(compat: bool) -> str:
 # tail depends on the size of the tensor (and on the number of threads), so the chunk size moves statistics by
 # about 1e-9. 32 keeps every statistic equal to the engine's before the one-pass rewrite.
 CHUNK = 32
+# Ranking batches hold every caption of their images: at batch 128 a chunk of 32 has weights of (32, 128, 5, 640),
+# 52 MB a tensor, so they are counted 8 at a time where that gives the same bits (see _step).
+RANKING_CHUNK = 8
 BLOCK_BYTES = 64 * 2**20  # rows normalised at a time: the working set of loading, whatever the input's size
 
 
@@ -379,7 +383,9 @@ def count_embeddings(
 
     group = current() if group is None else group
     collect = _Collector(keep_per_query)
-    steps = {layout: (8 if layout == "ranking" else chunk) for layout in plans}
+    steps = {layout: _step(plan, chunk, emb.images.device,
+                           all(counters[o.name].chunk_invariant for o in by_layout[layout]))
+             for layout, plan in plans.items()}
     mine = {layout: aligned_block(plan.n_batches, steps[layout], group) for layout, plan in plans.items()}  # whole
     total = sum(len(r) for r in mine.values())
     with progress_bar(total, "counting", enabled=progress and group.is_main) as advance:
@@ -514,6 +520,20 @@ def _count_chunk(emb, cap, img, layout_name, batch_size, specs, modes, sweep_eps
                     collect.add_queries((*key, kind), result.per_query, img if kind == "image" else cap)
                 for e, batch in at_eps.items():
                     collect.add_batch((*key, e), batch)
+
+
+def _step(plan: BatchPlan, chunk: int, device, invariant: bool) -> int:
+    """Batches counted together: ``chunk``, or for ranking batches on the CPU :data:`RANKING_CHUNK` where every
+    counter is ``chunk_invariant`` and every chunk of either size is tail-free for the SmoothAP sigmoids (``(n, B, k, kB)`` and ``(n, kB, 1, B)``,
+    :func:`~cocos.losses.functional.vectorised_whole`), so that both give the same bits."""
+    small = min(chunk, RANKING_CHUNK)
+    if not invariant or plan.layout != "ranking" or small == chunk or torch.device(device).type != "cpu":
+        return chunk
+    b = plan.images.shape[-1]
+    k = plan.captions.shape[-1] // b
+    sizes = {n for step in (chunk, small) for n in (min(step, plan.n_batches), plan.n_batches % step) if n}
+    whole = all(vectorised_whole(n * per) for n in sizes for per in (b * k * k * b, k * b * b))
+    return small if whole else chunk
 
 
 def _dirty_batches(layout: BatchLayout, modes) -> torch.Tensor | None:

@@ -43,6 +43,9 @@ class Counter:
     """
 
     uses_eps: ClassVar[bool] = False  # whether the count depends on the threshold eps
+    # whether counting fewer batches at a time gives the same bits where the chunks are tail-free
+    # (cocos.losses.functional.vectorised_whole); the engine then counts ranking batches in smaller chunks
+    chunk_invariant: ClassVar[bool] = False
 
     def params(self) -> dict:
         return {}

@@ -29,6 +29,7 @@ class TripletCounter(Counter):
     """
 
     hardest = False
+    chunk_invariant = True
 
     def __init__(self, margin: float = DEFAULT_MARGIN) -> None:
         check_params(margin=margin)
