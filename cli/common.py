@@ -183,10 +183,9 @@ def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(func)
     def wrapper(*args: Any, threads: int | None = None, **kwargs: Any) -> Any:
-        from cocos.device import bound_heap, set_threads
+        from cocos.device import set_threads
         from cocos.io import interrupt_pending
 
-        bound_heap()  # peak memory bounded by what is in use (see cocos.device.bound_heap)
         with _interrupt_handling(), _library_warnings():
             try:
                 set_threads(threads)

@@ -24,6 +24,7 @@ The result, :class:`CountRun`, holds long tables (pandas DataFrames):
 from __future__ import annotations
 
 import mmap
+import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -59,9 +60,9 @@ def mode_of(compat: bool) -> str:
 # tail depends on the size of the tensor (and on the number of threads), so the chunk size moves statistics by
 # about 1e-9. 32 keeps every statistic equal to the engine's before the one-pass rewrite.
 CHUNK = 32
-# Ranking batches hold every caption of their images: at batch 128 a chunk of 32 has weights of (32, 128, 5, 640),
-# 52 MB a tensor, so they are counted 8 at a time where that gives the same bits (see _step).
-RANKING_CHUNK = 8
+# Batches counted together on the CPU where that gives the same bits (see _step): ranking batches hold every
+# caption of their images (at batch 128 a chunk of 32 has weights of (32, 128, 5, 640), 52 MB a tensor).
+SMALL_CHUNK = {"pair": 32, "ranking": 8}
 BLOCK_BYTES = 64 * 2**20  # rows normalised at a time: the working set of loading, whatever the input's size
 
 
@@ -80,11 +81,15 @@ def normalised(name: str, x, device="cpu") -> torch.Tensor:
     held = getattr(x, "_mmap", None)
     for a in range(0, x.shape[0], rows):
         block = x[a:a + rows]
-        block = (block if torch.is_tensor(block) else torch.from_numpy(np.array(block))).to(device=device,
-                                                                                              dtype=dtype)
+        if not torch.is_tensor(block):
+            with warnings.catch_warnings():  # read-only pages of the map: only read here, never written
+                warnings.simplefilter("ignore", UserWarning)
+                block = torch.from_numpy(np.asarray(block))
+        block = block.to(device=device, dtype=dtype)
         norms = torch.linalg.vector_norm(block, dim=-1, keepdim=True)
         _check_norms(name, norms, block, offset=a)
-        out[a:a + rows] = torch.nn.functional.normalize(block, dim=-1)
+        # torch.nn.functional.normalize(block, dim=-1), written straight into the result: the same bits
+        torch.div(block, norms.clamp_min(1e-12), out=out[a:a + rows])
         if held is not None and hasattr(held, "madvise"):
             held.madvise(mmap.MADV_DONTNEED)  # read pages of the map leave this process (they stay in the page cache)
     return out
@@ -523,16 +528,17 @@ def _count_chunk(emb, cap, img, layout_name, batch_size, specs, modes, sweep_eps
 
 
 def _step(plan: BatchPlan, chunk: int, device, invariant: bool) -> int:
-    """Batches counted together: ``chunk``, or for ranking batches on the CPU :data:`RANKING_CHUNK` where every
-    counter is ``chunk_invariant`` and every chunk of either size is tail-free for the SmoothAP sigmoids (``(n, B, k, kB)`` and ``(n, kB, 1, B)``,
-    :func:`~cocos.losses.functional.vectorised_whole`), so that both give the same bits."""
-    small = min(chunk, RANKING_CHUNK)
-    if not invariant or plan.layout != "ranking" or small == chunk or torch.device(device).type != "cpu":
+    """Batches counted together: ``chunk``, or on the CPU :data:`SMALL_CHUNK` where every counter is
+    ``chunk_invariant`` and every chunk of either size is tail-free (:func:`~cocos.losses.functional.vectorised_whole`)
+    for the elementwise loops of a batch (``(n, B, M)``, and SmoothAP's ``(n, B, k, kB)`` and ``(n, kB, 1, B)``), so
+    that both give the same bits."""
+    small = min(chunk, SMALL_CHUNK[plan.layout])
+    if not invariant or small == chunk or torch.device(device).type != "cpu":
         return chunk
-    b = plan.images.shape[-1]
-    k = plan.captions.shape[-1] // b
+    b, m = plan.images.shape[-1], plan.captions.shape[-1]
+    per_batch = (b * m,) if plan.layout == "pair" else (b * m, b * (m // b) * m)
     sizes = {n for step in (chunk, small) for n in (min(step, plan.n_batches), plan.n_batches % step) if n}
-    whole = all(vectorised_whole(n * per) for n in sizes for per in (b * k * k * b, k * b * b))
+    whole = all(vectorised_whole(n * per) for n in sizes for per in per_batch)
     return small if whole else chunk
 
 
@@ -556,7 +562,7 @@ def _compat_from_corrected(counter, corrected, view: QueryView, dirty: torch.Ten
     part = per_view(view, key, lambda: _SharedView(
         scores=view.scores[dirty], pos=view.pos[dirty], neg=view.neg[dirty], direction=view.direction,
         group_size=view.group_size, compat=True, intra=None if view.intra is None else view.intra[dirty],
-        memo=view.memo))
+        memo={}))  # its own memo: one in the chunk's memo would make a reference cycle (freed only by gc)
     sub, sub_eps = counter.count_sweep(part, swept)
 
     def put(full: torch.Tensor, values: torch.Tensor) -> torch.Tensor:

@@ -186,8 +186,15 @@ def thresholded_sums(p: torch.Tensor, mask: torch.Tensor, eps_values) -> list[tu
     def side(every, none, above):
         count = torch.where(every, n_in, 0) if above else None
         value = torch.where(every, total, 0.0)
-        e_idx, r_idx = (~every & ~none).nonzero(as_tuple=True)
-        if len(r_idx):
+        partial = ~every & ~none
+        whole = partial.sum(-1) * 2 > partial.shape[-1]  # thresholds where most rows are partial: every row
+        for j in whole.nonzero().squeeze(-1).tolist():
+            hit = m & ((rows > eps[j]) if above else (rows < eps[j]))
+            if above:
+                count[j] = torch.where(partial[j], hit.sum(-1), count[j])
+            value[j] = torch.where(partial[j], torch.where(hit, rows, 0.0).sum(-1), value[j])
+        e_idx, r_idx = (partial & ~whole[:, None]).nonzero(as_tuple=True)
+        if len(r_idx):  # the others: only the partial rows, all thresholds in one gather
             sub = rows[r_idx]
             hit = m[r_idx] & ((sub > eps[e_idx]) if above else (sub < eps[e_idx]))
             if above:

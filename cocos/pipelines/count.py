@@ -10,6 +10,7 @@ dataset is ``name`` (default: the file name) and whose model is ``label``.
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,10 +78,12 @@ def count_file(
 
     path = Path(path)
     emb = read_embeddings(path, device=str(resolve_device(device)))
-    run = run_counts(emb, losses, batch_size=batch_size, seed=seed, compat=compat, params=params or {}, eps=eps,
-                     sweep_eps=sweep_eps, progress=progress, keep_per_query=keep_per_query)
+    with ThreadPoolExecutor(1) as pool:  # the file's fingerprint beside the counting (hashlib releases the GIL)
+        fingerprint = pool.submit(sha256_file, path)
+        run = run_counts(emb, losses, batch_size=batch_size, seed=seed, compat=compat, params=params or {},
+                         eps=eps, sweep_eps=sweep_eps, progress=progress, keep_per_query=keep_per_query)
+        sha = fingerprint.result()
     counts = np.bincount(emb.caption_image, minlength=emb.n_images)
-    sha = sha256_file(path)
     results = Results(
         source=Source("count", str(path), sha),
         data=DataInfo(name=name or path.stem, path=str(path), fingerprint=sha, n_images=emb.n_images,
