@@ -183,9 +183,10 @@ def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(func)
     def wrapper(*args: Any, threads: int | None = None, **kwargs: Any) -> Any:
-        from cocos.device import set_threads
+        from cocos.device import set_threads, steady_heap
         from cocos.io import interrupt_pending
 
+        steady_heap()  # freed tensors are reused from the heap (see cocos.device.steady_heap)
         with _interrupt_handling(), _library_warnings():
             try:
                 set_threads(threads)

@@ -85,11 +85,11 @@ def normalised(name: str, x, device="cpu") -> torch.Tensor:
             with warnings.catch_warnings():  # read-only pages of the map: only read here, never written
                 warnings.simplefilter("ignore", UserWarning)
                 block = torch.from_numpy(np.asarray(block))
-        block = block.to(device=device, dtype=dtype)
-        norms = torch.linalg.vector_norm(block, dim=-1, keepdim=True)
-        _check_norms(name, norms, block, offset=a)
-        # torch.nn.functional.normalize(block, dim=-1), written straight into the result: the same bits
-        torch.div(block, norms.clamp_min(1e-12), out=out[a:a + rows])
+        part = out[a:a + rows]
+        part.copy_(block)  # converted to the result's dtype on the way
+        norms = torch.linalg.vector_norm(part, dim=-1, keepdim=True)
+        _check_norms(name, norms, part, offset=a)
+        part.div_(norms.clamp_min(1e-12))  # torch.nn.functional.normalize(block, dim=-1) in place: the same bits
         if held is not None and hasattr(held, "madvise"):
             held.madvise(mmap.MADV_DONTNEED)  # read pages of the map leave this process (they stay in the page cache)
     return out
