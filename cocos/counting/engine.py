@@ -285,8 +285,13 @@ class _Collector:
         return x.detach().to("cpu", torch.float64).numpy()
 
     def add_batch(self, key: tuple, values: dict) -> None:
-        for stat, v in values.items():
-            self.batch[(*key, stat)].append(self._np(v).reshape(-1))
+        for stat, v in values.items():  # tensors until the end: one conversion per statistic, not per chunk
+            self.batch[(*key, stat)].append(v.detach().reshape(-1))
+
+    def _batch_arrays(self) -> dict:
+        """Each statistic's batch values as one float64 array (the chunks' tensors joined once)."""
+        return {key: [self._np(torch.cat([torch.as_tensor(x) for x in arrays]))] if arrays else []
+                for key, arrays in self.batch.items()}
 
     def add_queries(self, key: tuple, per_query: dict, items: np.ndarray) -> None:
         node = self.queries[key]
@@ -308,12 +313,12 @@ class _Collector:
         self.queries = queries
 
     def parts(self) -> tuple[dict, dict]:
-        return dict(self.batch), {k: dict(v) for k, v in self.queries.items()}
+        return self._batch_arrays(), {k: dict(v) for k, v in self.queries.items()}
 
     def frames(self) -> tuple[pd.DataFrame, pd.DataFrame | None]:
         parts = []
-        for (loss, d, mode, eps, stat), arrays in self.batch.items():
-            values = np.concatenate(arrays)
+        for (loss, d, mode, eps, stat), arrays in self._batch_arrays().items():
+            values = np.concatenate(arrays) if arrays else np.zeros(0)
             parts.append(pd.DataFrame({"loss": loss, "direction": d, "mode": mode, "eps": eps,
                                        "batch": np.arange(len(values)), "stat": stat, "value": values}))
         batches = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=BATCH_COLUMNS)

@@ -180,7 +180,9 @@ def thresholded_sums(p: torch.Tensor, mask: torch.Tensor, eps_values) -> list[tu
     rows, m = p.reshape(-1, k), mask.reshape(-1, k)
     total, n_in = torch.where(m, rows, 0.0).sum(-1), m.sum(-1)
     inf = torch.tensor(float("inf"), dtype=p.dtype, device=p.device)
-    hi, lo = torch.where(m, rows, -inf).amax(-1), torch.where(m, rows, inf).amin(-1)
+    # the masked entries, the others at -inf (never above a threshold) or +inf (never below one)
+    low, high = torch.where(m, rows, -inf), torch.where(m, rows, inf)
+    hi, lo = low.amax(-1), high.amin(-1)
     eps = torch.tensor([float(e) for e in eps_values], dtype=p.dtype, device=p.device)[:, None]  # (E, 1)
 
     def side(every, none, above):
@@ -189,17 +191,17 @@ def thresholded_sums(p: torch.Tensor, mask: torch.Tensor, eps_values) -> list[tu
         partial = ~every & ~none
         whole = partial.sum(-1) * 2 > partial.shape[-1]  # thresholds where most rows are partial: every row
         for j in whole.nonzero().squeeze(-1).tolist():
-            hit = m & ((rows > eps[j]) if above else (rows < eps[j]))
+            hit = (low > eps[j]) if above else (high < eps[j])  # mask & (p > e), mask & (p < e)
             if above:
                 count[j] = torch.where(partial[j], hit.sum(-1), count[j])
             value[j] = torch.where(partial[j], torch.where(hit, rows, 0.0).sum(-1), value[j])
         e_idx, r_idx = (partial & ~whole[:, None]).nonzero(as_tuple=True)
         if len(r_idx):  # the others: only the partial rows, all thresholds in one gather
-            sub = rows[r_idx]
-            hit = m[r_idx] & ((sub > eps[e_idx]) if above else (sub < eps[e_idx]))
+            sub = (low if above else high)[r_idx]
+            hit = (sub > eps[e_idx]) if above else (sub < eps[e_idx])
             if above:
                 count[e_idx, r_idx] = hit.sum(-1)
-            value[e_idx, r_idx] = torch.where(hit, sub, 0.0).sum(-1)
+            value[e_idx, r_idx] = torch.where(hit, rows[r_idx], 0.0).sum(-1)
         return count, value
 
     count, w_above = side(lo > eps, hi <= eps, True)  # (E, rows)
