@@ -461,22 +461,21 @@ class _SharedView(QueryView):
 
 def _views(layout: BatchLayout, scores: torch.Tensor, modes, intra: dict) -> dict[tuple[str, str], QueryView]:
     """``{(mode, direction): view}`` of a chunk's ``(nb, B, M)`` scores, as ``layout.view`` makes them, with the
-    transposed (t2i) scores copied once for both modes."""
+    transposed (t2i) scores copied once for both modes, and the masks of both modes the same tensors where they
+    are equal (no same-image pair in the chunk; :func:`cocos.losses.counts.per_view` keys by identity)."""
     oriented = {"i2t": scores, "t2i": scores.transpose(-1, -2).contiguous()}
-    out, memo, made = {}, {}, defaultdict(list)
+    equal = layout.image_ids is None or not bool(layout.same_image().any())
+    out, memo, made = {}, {}, {}
     for mode in modes:
         for d in DIRECTIONS:
-            pos, neg = layout.masks(d, mode == "compat")
             s = oriented[d]
-            shape = torch.broadcast_shapes(s.shape, pos.shape)
-            if pos.shape != shape:
-                pos, neg = pos.expand(shape).contiguous(), neg.expand(shape).contiguous()
-            for p, n in made[d]:  # equal masks of the other mode: the same tensors (per_view keys by identity)
-                if torch.equal(p, pos) and torch.equal(n, neg):
-                    pos, neg = p, n
-                    break
-            made[d].append((pos, neg))
-            s = s if s.shape == shape else s.expand(shape).contiguous()  # the same tensor for both modes
+            if equal and d in made:
+                pos, neg = made[d]
+            else:
+                pos, neg = layout.masks(d, mode == "compat")
+                if pos.shape != s.shape:
+                    pos, neg = pos.expand(s.shape).contiguous(), neg.expand(s.shape).contiguous()
+                made[d] = pos, neg
             out[(mode, d)] = _SharedView(scores=s, pos=pos, neg=neg, direction=d, group_size=layout.group_size,
                                          compat=mode == "compat", intra=intra.get(d), memo=memo)
     return out

@@ -100,12 +100,14 @@ class BatchLayout:
 
     def same_image(self) -> torch.Tensor:
         """``(..., B, M)`` bool: not a positive, but the caption's image row holds the same image."""
-        pos = self.positives()
-        if self.image_ids is None:
-            return torch.zeros_like(pos)
-        caption_ids = self.image_ids[..., self.caption_image]  # (..., M)
-        same = self.image_ids[..., :, None] == caption_ids[..., None, :]
-        return same & ~pos
+        if "same_image" not in self._cache:  # computed once per layout
+            pos = self.positives()
+            if self.image_ids is None:
+                return torch.zeros_like(pos)
+            caption_ids = self.image_ids[..., self.caption_image]  # (..., M)
+            same = self.image_ids[..., :, None] == caption_ids[..., None, :]
+            self._cache["same_image"] = same & ~pos
+        return self._cache["same_image"]
 
     def negatives(self, compat: bool = False) -> torch.Tensor:
         """``(..., B, M)`` bool: everything that is not a positive (and, unless compat, not a same-image pair)."""
