@@ -38,7 +38,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cocos.counting.engine import CHUNK, DEFAULT_SWEEP, count_embeddings, make_plan  # noqa: E402
+from cocos.counting.engine import CHUNK, DEFAULT_SWEEP, count_embeddings, make_plan, rows_of  # noqa: E402
 from cocos.pipelines.count import read_embeddings  # noqa: E402
 
 MODES = ["corrected", "compat"]
@@ -80,7 +80,7 @@ def matmul_floor(emb, batch_size=128, seed=0, chunk=CHUNK) -> None:
         for s in range(0, plan.n_batches, chunk):
             c = torch.as_tensor(plan.captions[s:s + chunk], device=emb.images.device)
             i = torch.as_tensor(plan.images[s:s + chunk], device=emb.images.device)
-            emb.images[i] @ emb.captions[c].transpose(-1, -2)
+            rows_of(emb.images, i) @ rows_of(emb.captions, c).transpose(-1, -2)
     if emb.images.is_cuda:
         torch.cuda.synchronize()
 
