@@ -316,12 +316,18 @@ class _Collector:
         return self._batch_arrays(), {k: dict(v) for k, v in self.queries.items()}
 
     def frames(self) -> tuple[pd.DataFrame, pd.DataFrame | None]:
-        parts = []
-        for (loss, d, mode, eps, stat), arrays in self._batch_arrays().items():
-            values = np.concatenate(arrays) if arrays else np.zeros(0)
-            parts.append(pd.DataFrame({"loss": loss, "direction": d, "mode": mode, "eps": eps,
-                                       "batch": np.arange(len(values)), "stat": stat, "value": values}))
-        batches = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=BATCH_COLUMNS)
+        keys, values = [], []
+        for key, arrays in self._batch_arrays().items():
+            keys.append(key)
+            values.append(np.concatenate(arrays) if arrays else np.zeros(0))
+        if keys:  # one frame from whole columns: each key repeated over its batches
+            sizes = [len(v) for v in values]
+            loss, d, mode, eps, stat = (np.repeat(np.array(col, dtype=object), sizes) for col in zip(*keys))
+            batches = pd.DataFrame({"loss": loss, "direction": d, "mode": mode, "eps": eps.astype(float),
+                                    "batch": np.concatenate([np.arange(n) for n in sizes]), "stat": stat,
+                                    "value": np.concatenate(values)})
+        else:
+            batches = pd.DataFrame(columns=BATCH_COLUMNS)
         for col in ("loss", "direction", "mode", "stat"):
             batches[col] = batches[col].astype(str)
         queries = None

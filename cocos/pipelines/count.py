@@ -42,10 +42,6 @@ class Counted:
 def read_embeddings(path: str | os.PathLike, device: str = "cpu") -> EmbeddingSet:
     """An ``.npz`` in the count format as an :class:`EmbeddingSet`; bad files are one CocosError line."""
     path = Path(path)
-    # torch backs its large CPU tensors (>= 2 MB: the normalised set, a chunk's scores and weights) with huge pages:
-    # read before torch's first large allocation; without it every chunk's temporaries fault in 4 kB pages
-    # (half the counting time went to the kernel) and fragment the heap (peak RSS 3 GB instead of 1.9 GB)
-    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     arrays = load_npz(path, mmap=True)  # uncompressed members are mapped, not copied: memory bounded by use
     for name in ("images", "captions"):
         if name not in arrays:
