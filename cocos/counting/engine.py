@@ -322,7 +322,8 @@ class _Collector:
             values.append(np.concatenate(arrays) if arrays else np.zeros(0))
         if keys:  # one frame from whole columns: each key repeated over its batches
             sizes = [len(v) for v in values]
-            loss, d, mode, eps, stat = (np.repeat(np.array(col, dtype=object), sizes) for col in zip(*keys))
+            columns = zip(*keys, strict=True)
+            loss, d, mode, eps, stat = (np.repeat(np.array(col, dtype=object), sizes) for col in columns)
             batches = pd.DataFrame({"loss": loss, "direction": d, "mode": mode, "eps": eps.astype(float),
                                     "batch": np.concatenate([np.arange(n) for n in sizes]), "stat": stat,
                                     "value": np.concatenate(values)})
