@@ -8,6 +8,7 @@ gradient and is NaN for a batch where no query has one).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -49,12 +50,6 @@ class Counter:
 
     def params(self) -> dict:
         return {}
-
-    def compat_is_masks(self, direction: str) -> bool:
-        """Whether this counter's compat count of a view is its corrected count of the same scores with the
-        compat masks (compat changes nothing but the masks), batch by batch. The engine then counts compat only
-        on the batches whose masks differ and takes the corrected values of the others. Default: no."""
-        return False
 
     def count(self, view: QueryView) -> Count:
         raise NotImplementedError
@@ -134,6 +129,47 @@ def per_view(view: QueryView, key: tuple, make):
     if key not in memo:  # the view's tensors stay referenced with the value: their ids are not reused meanwhile
         memo[key] = (make(), view.scores, view.pos, view.neg)
     return memo[key][0]
+
+
+def per_query(view: QueryView, key: tuple, compute) -> dict[str, torch.Tensor]:
+    """``compute(view)``, a dict of per-query tensors (each ``(..., Q, *rest)``), memoised like :func:`per_view`.
+
+    A view that equals another except in a few query rows (``view.base`` and ``view.changed``, the flat indices
+    of those rows over the leading and query axes: the engine's compat view of a chunk holding same-image pairs,
+    whose masks differ from the corrected ones in those rows only) takes the base's values and computes only the
+    changed rows again, as a stack of one-query views (:func:`row_view`). Every ``compute`` of a counter works row
+    by row (the same bits for any number of rows), so this equals ``compute(view)``."""
+    base = getattr(view, "base", None)
+    if base is None:
+        return per_view(view, (*key, *view_key(view)), lambda: compute(view))
+
+    def patched() -> dict[str, torch.Tensor]:
+        rows, lead = view.changed, view.scores.dim() - 1  # leading axes and the query axis
+        part = compute(row_view(view))
+        out = {}
+        for name, full in per_query(base, key, compute).items():
+            value = full.clone(memory_format=torch.contiguous_format)
+            value.view(-1, *full.shape[lead:])[rows] = part[name].reshape(-1, *full.shape[lead:])
+            out[name] = value
+        return out
+
+    return per_view(view, (*key, *view_key(view)), patched)
+
+
+def row_view(view: QueryView) -> QueryView:
+    """The changed query rows of a view (``view.changed``, see :func:`per_query`) as ``n`` views of one query each
+    (``(n, 1, K)``), made once per view and shared by the counters (with a memo of its own)."""
+
+    def make() -> QueryView:
+        rows, k = view.changed, view.scores.shape[-1]
+
+        def take(x: torch.Tensor) -> torch.Tensor:
+            return x.reshape(-1, k)[rows][:, None, :]
+
+        return dataclasses.replace(view, scores=take(view.scores), pos=take(view.pos), neg=take(view.neg),
+                                   intra=None, base=None, changed=None, memo={})
+
+    return per_view(view, ("row_view", *view_key(view)), make)
 
 
 def view_key(view: QueryView) -> tuple:

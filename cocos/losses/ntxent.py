@@ -13,7 +13,16 @@ import torch
 from cocos.data.layout import QueryView
 from cocos.defaults import DEFAULT_TAU_NTXENT
 from cocos.errors import check_params
-from cocos.losses.counts import DEFAULT_EPS, Count, Counter, companions, thresholded_sums
+from cocos.losses.counts import (
+    COMPANIONS,
+    DEFAULT_EPS,
+    Count,
+    Counter,
+    companions,
+    nanmean,
+    per_query,
+    thresholded_sums,
+)
 from cocos.losses.functional import ntxent_direction, ntxent_log_probs
 from cocos.losses.spec import Note, Objective
 
@@ -29,9 +38,6 @@ class NTXentCounter(Counter):
 
     def params(self) -> dict:
         return {"tau": self.tau, "eps": self.eps}
-
-    def compat_is_masks(self, direction: str) -> bool:
-        return True
 
     def probabilities(self, view: QueryView) -> torch.Tensor:
         return ntxent_log_probs(view, self.tau).exp()
@@ -60,26 +66,39 @@ class NTXentCounter(Counter):
         p = self.probabilities(view)
         return {float(e): self._count(p, view, float(e), extras=False) for e in eps_values}
 
+    def _per_query(self, view: QueryView, thresholds) -> dict[str, torch.Tensor]:
+        """Every per-query value of :meth:`count_sweep` (row by row): counts and weights above and below each
+        threshold, ``W_qv+``, the companions and the weights on the negatives."""
+        p = self.probabilities(view)
+        out = {}
+        for e, (c_above, w_above, w_below) in zip(thresholds, thresholded_sums(p, view.neg, thresholds), strict=True):
+            out[("C_qv-", e)] = c_above.to(torch.float64)
+            out[("W_qv-", e)] = w_above.to(torch.float64)
+            out[("W_low", e)] = w_below.to(torch.float64)
+        out["W_qv+"] = 1.0 - torch.where(view.pos, p, 0.0).sum(-1).to(torch.float64)
+        out["neg_p"] = torch.where(view.neg, p, 0.0)
+        out.update(companions(out["neg_p"])[0])
+        return out
+
     def count_sweep(self, view: QueryView, eps_values=()) -> tuple[Count, dict[float, dict[str, torch.Tensor]]]:
         """One softmax for the count and every threshold; the counts and weights at the counter's own threshold
         and every other by :func:`~cocos.losses.counts.thresholded_sums` (only rows with negatives on both sides
         of a threshold are summed again, bit for bit the sums of :meth:`count`); ``W_qv+`` does not depend on
-        ``eps``. Equal to ``count`` and ``sweep``."""
-        p = self.probabilities(view)
-        thresholds = [self.eps, *(float(e) for e in eps_values)]
-        at = [{"C_qv-": c_above.to(torch.float64), "W_qv-": w_above.to(torch.float64),
-               "W_low": w_below.to(torch.float64)}
-              for c_above, w_above, w_below in thresholded_sums(p, view.neg, thresholds)]
-        w_pos = 1.0 - torch.where(view.pos, p, 0.0).sum(-1).to(torch.float64)
-        per_query = {"C_qv-": at[0]["C_qv-"], "W_qv-": at[0]["W_qv-"], "W_qv+": w_pos, "W_low": at[0]["W_low"]}
-        batch = {k: v.mean(-1) for k, v in per_query.items()}
-        neg_p = torch.where(view.neg, p, 0.0)
-        comp_q, comp_b = companions(neg_p)
-        main = Count({**per_query, **comp_q}, {**batch, **comp_b}, view.n_excluded, weights=neg_p)
-        swept = {}
-        for e, values in zip(eps_values, at[1:], strict=True):
-            swept[float(e)] = {"C_qv-": values["C_qv-"].mean(-1), "W_qv-": values["W_qv-"].mean(-1),
-                               "W_qv+": batch["W_qv+"], "W_low": values["W_low"].mean(-1)}
+        ``eps``. Per-query values are shared by views that differ in a few rows
+        (:func:`~cocos.losses.counts.per_query`). Equal to ``count`` and ``sweep``."""
+        thresholds = (self.eps, *(float(e) for e in eps_values))
+        q = per_query(view, ("ntxent", self.tau, thresholds), lambda v: self._per_query(v, thresholds))
+
+        def at(e: float) -> dict[str, torch.Tensor]:
+            return {"C_qv-": q[("C_qv-", e)], "W_qv-": q[("W_qv-", e)], "W_qv+": q["W_qv+"], "W_low": q[("W_low", e)]}
+
+        per_q = at(self.eps)
+        batch = {k: v.mean(-1) for k, v in per_q.items()}
+        comp_q = {k: q[k] for k in COMPANIONS}
+        main = Count({**per_q, **comp_q}, {**batch, **{k: nanmean(v) for k, v in comp_q.items()}}, view.n_excluded,
+                     weights=q["neg_p"])
+        swept = {e: {k: (batch[k] if k == "W_qv+" else v.mean(-1)) for k, v in at(e).items()}
+                 for e in thresholds[1:]}
         return main, swept
 
 

@@ -15,7 +15,17 @@ import torch
 from cocos.data.layout import QueryView
 from cocos.defaults import DEFAULT_MARGIN
 from cocos.errors import check_params
-from cocos.losses.counts import Count, Counter, batch_counts, companions, per_view, view_key
+from cocos.losses.counts import (
+    COMPANIONS,
+    Count,
+    Counter,
+    batch_counts,
+    companions,
+    nanmean,
+    per_query,
+    per_view,
+    view_key,
+)
 from cocos.losses.functional import triplet_direction, triplet_hinge
 from cocos.losses.spec import Note, Objective
 
@@ -38,12 +48,11 @@ class TripletCounter(Counter):
     def params(self) -> dict:
         return {"margin": self.margin}
 
-    def compat_is_masks(self, direction: str) -> bool:
-        """Except the published Triplet t2i counter, which groups by negative image (:meth:`count`)."""
-        return self.hardest or direction == "i2t"
-
     def violations(self, view: QueryView) -> torch.Tensor:
         """``(..., Q, K)``: number of (positive, negative) triplets of each query that violate."""
+        return per_query(view, ("violations", self.margin, self.hardest), lambda v: {"v": self._violations(v)})["v"]
+
+    def _violations(self, view: QueryView) -> torch.Tensor:
         # (..., Q, A, K), once per view for Triplet and Triplet SH at the same margin
         key = ("triplet_hinge", self.margin, *view_key(view))
         hinge = per_view(view, key, lambda: triplet_hinge(view, self.margin))
@@ -57,17 +66,26 @@ class TripletCounter(Counter):
         hit = hinge > 0
         return hit[..., 0, :].to(torch.int64) if hinge.shape[-2] == 1 else hit.sum(-2)
 
+    def _per_query(self, view: QueryView) -> dict[str, torch.Tensor]:
+        """``C^q`` of each query and the companions of its violations (row by row)."""
+        v = self.violations(view)
+        counts = v.sum(-1)
+        if self.hardest:  # 1 if the hardest negative violates for any positive (0 or 1 per query)
+            counts = (counts > 0).to(counts.dtype)
+        return {"C_q": counts, **companions(v)[0]}
+
     def count(self, view: QueryView) -> Count:
         v = self.violations(view)
-        per_query_counts = v.sum(-1)
-        if self.hardest:  # 1 if the hardest negative violates for any positive (0 or 1 per query)
-            per_query_counts = (per_query_counts > 0).to(per_query_counts.dtype)
-        grouped, item_kind, weights = per_query_counts, None, v
         if view.compat and not self.hardest and view.direction == "t2i":
             # by negative image: image i's entry collects the caption queries it violates for
-            grouped, item_kind, weights = v.sum(-2), "image", v.transpose(-1, -2)
+            grouped, item_kind = v.sum(-2), "image"
+            comp_q, comp_b = companions(v.transpose(-1, -2))
+        else:
+            q = per_query(view, ("triplet_queries", self.margin, self.hardest), self._per_query)
+            grouped, item_kind = q["C_q"], None
+            comp_q = {k: q[k] for k in COMPANIONS}
+            comp_b = {k: nanmean(x) for k, x in comp_q.items()}
         batch = batch_counts(grouped)
-        comp_q, comp_b = companions(weights)
         batch.update(comp_b)
         return Count(
             per_query={"C_q": grouped.to(torch.float64), **comp_q},
