@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from cocos.counting.engine import CHUNK, DEFAULT_SWEEP, count_embeddings, make_plan, rows_of  # noqa: E402
+from cocos.device import steady_heap  # noqa: E402
 from cocos.pipelines.count import read_embeddings  # noqa: E402
 
 MODES = ["corrected", "compat"]
@@ -119,6 +120,7 @@ def main():
     parser.add_argument("--skip-cli", action="store_true")
     parser.add_argument("--whole-analyze", action="store_true")
     args = parser.parse_args()
+    steady_heap()  # the heap policy of every cocos command (cocos.device.steady_heap), for the in-process runs too
     path = Path(args.npz)
     if not path.exists():
         print(f"writing {path} ...", flush=True)

@@ -204,7 +204,15 @@ def counts_above(w: torch.Tensor, eps_values) -> list[torch.Tensor]:
 
 
 def thresholded_sums(p: torch.Tensor, mask: torch.Tensor, eps_values) -> list[tuple]:
-    """Per row of ``p`` (``(..., K)`` float) and threshold ``e``: ``(n_above, sum_above, sum_below)``, the count
+    """Per row of ``p`` (``(..., K)`` float) and threshold ``e``: ``(n_above, sum_above, sum_below)``, see
+    :func:`thresholded_sums_stacked` (the same values, one tuple per threshold)."""
+    count, above, below = thresholded_sums_stacked(p, mask, eps_values)
+    return list(zip(count, above, below, strict=True))
+
+
+def thresholded_sums_stacked(p: torch.Tensor, mask: torch.Tensor, eps_values) -> tuple:
+    """Per row of ``p`` (``(..., K)`` float) and threshold ``e``: ``(n_above, sum_above, sum_below)``, each
+    ``(E, ...)`` (one row per threshold): the count
     and the sum of the masked entries ``> e`` and the sum of those ``< e``, bit for bit
     ``(mask & (p > e)).sum(-1)``, ``where(mask & (p > e), p, 0).sum(-1)`` and ``where(mask & (p < e), p, 0).sum(-1)``.
 
@@ -242,9 +250,8 @@ def thresholded_sums(p: torch.Tensor, mask: torch.Tensor, eps_values) -> list[tu
 
     count, w_above = side(lo > eps, hi <= eps, True)  # (E, rows)
     _, w_below = side(hi < eps, lo >= eps, False)
-    shape = p.shape[:-1]
-    return [(count[j].reshape(shape), w_above[j].reshape(shape), w_below[j].reshape(shape))
-            for j in range(len(eps_values))]
+    shape = (len(eps_values), *p.shape[:-1])
+    return count.reshape(shape), w_above.reshape(shape), w_below.reshape(shape)
 
 
 def nanmean(x: torch.Tensor) -> torch.Tensor:

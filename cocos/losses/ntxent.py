@@ -21,7 +21,7 @@ from cocos.losses.counts import (
     companions,
     nanmean,
     per_query,
-    thresholded_sums,
+    thresholded_sums_stacked,
 )
 from cocos.losses.functional import ntxent_direction, ntxent_log_probs
 from cocos.losses.spec import Note, Objective
@@ -70,11 +70,9 @@ class NTXentCounter(Counter):
         """Every per-query value of :meth:`count_sweep` (row by row): counts and weights above and below each
         threshold, ``W_qv+``, the companions and the weights on the negatives."""
         p = self.probabilities(view)
-        out = {}
-        for e, (c_above, w_above, w_below) in zip(thresholds, thresholded_sums(p, view.neg, thresholds), strict=True):
-            out[("C_qv-", e)] = c_above.to(torch.float64)
-            out[("W_qv-", e)] = w_above.to(torch.float64)
-            out[("W_low", e)] = w_below.to(torch.float64)
+        c_above, w_above, w_below = (x.to(torch.float64) for x in thresholded_sums_stacked(p, view.neg, thresholds))
+        # (..., Q, E): per query, one entry per threshold
+        out = {"C_qv-": c_above.movedim(0, -1), "W_qv-": w_above.movedim(0, -1), "W_low": w_below.movedim(0, -1)}
         out["W_qv+"] = 1.0 - torch.where(view.pos, p, 0.0).sum(-1).to(torch.float64)
         out["neg_p"] = torch.where(view.neg, p, 0.0)
         out.update(companions(out["neg_p"])[0])
@@ -88,18 +86,20 @@ class NTXentCounter(Counter):
         (:func:`~cocos.losses.counts.per_query`). Equal to ``count`` and ``sweep``."""
         thresholds = (self.eps, *(float(e) for e in eps_values))
         q = per_query(view, ("ntxent", self.tau, thresholds), lambda v: self._per_query(v, thresholds))
+        by_eps = {k: q[k].movedim(-1, 0).contiguous() for k in ("C_qv-", "W_qv-", "W_low")}  # (E, ..., Q)
+        means = {k: v.mean(-1) for k, v in by_eps.items()}  # every threshold at once, each row as alone
+        w_pos = q["W_qv+"].mean(-1)
 
-        def at(e: float) -> dict[str, torch.Tensor]:
-            return {"C_qv-": q[("C_qv-", e)], "W_qv-": q[("W_qv-", e)], "W_qv+": q["W_qv+"], "W_low": q[("W_low", e)]}
+        def at(j: int) -> dict[str, torch.Tensor]:
+            return {"C_qv-": means["C_qv-"][j], "W_qv-": means["W_qv-"][j], "W_qv+": w_pos,
+                    "W_low": means["W_low"][j]}
 
-        per_q = at(self.eps)
-        batch = {k: v.mean(-1) for k, v in per_q.items()}
+        per_q = {"C_qv-": by_eps["C_qv-"][0], "W_qv-": by_eps["W_qv-"][0], "W_qv+": q["W_qv+"],
+                 "W_low": by_eps["W_low"][0]}
         comp_q = {k: q[k] for k in COMPANIONS}
-        main = Count({**per_q, **comp_q}, {**batch, **{k: nanmean(v) for k, v in comp_q.items()}}, view.n_excluded,
+        main = Count({**per_q, **comp_q}, {**at(0), **{k: nanmean(v) for k, v in comp_q.items()}}, view.n_excluded,
                      weights=q["neg_p"])
-        swept = {e: {k: (batch[k] if k == "W_qv+" else v.mean(-1)) for k, v in at(e).items()}
-                 for e in thresholds[1:]}
-        return main, swept
+        return main, {e: at(j) for j, e in enumerate(thresholds) if j}
 
 
 # -- the family's spec: what the paper says about it -------------------------------------------------------------

@@ -121,18 +121,18 @@ class SmoothAPCounter(Counter):
 
     def _per_query(self, view: QueryView, eps_values) -> tuple:
         """Everything of :meth:`count_sweep` that does not depend on the mode: ``(C_q, companions per query,
-        their batch values, weights on the negatives, counts above each of eps_values, divisor)``."""
+        their batch values, weights on the negatives)``; ``C_q`` is ``(E, ..., Q)``, one row for the counter's
+        threshold and one for each of ``eps_values``."""
         w, divisor, n = self._weights(view)
         q = view.scores.shape[-2]
-        div = divisor.to(torch.float64)
-        counts = counts_above(w.reshape(*w.shape[:-2], -1), [self.eps, *eps_values])
-        c_q, *swept = (_pad_queries(c.to(torch.float64), q, 0.0) for c in counts)
-        c_q = c_q / div  # as _count: (w > eps) summed over anchors and candidates, over the divisor
+        counts = torch.stack(counts_above(w.reshape(*w.shape[:-2], -1), [self.eps, *eps_values]))
+        # (E, ..., Q), one row per threshold; as _count: (w > eps) over anchors and candidates, over the divisor
+        c_q = _pad_queries(counts.to(torch.float64), q, 0.0) / divisor.to(torch.float64)
         neg_w = torch.where(view.neg[..., :n, :], w.sum(-2), 0.0)
         comp_q, _ = companions(neg_w)
         comp_q = {k: _pad_queries(v, q, torch.nan) for k, v in comp_q.items()}
         comp_b = {k: nanmean(v) for k, v in comp_q.items()}
-        return c_q, comp_q, comp_b, _pad_queries(neg_w, q, 0.0, dim=-2), swept, div
+        return c_q, comp_q, comp_b, _pad_queries(neg_w, q, 0.0, dim=-2)
 
     def count_sweep(self, view: QueryView, eps_values=()) -> tuple[Count, dict[float, dict[str, torch.Tensor]]]:
         """The pair weights once for the count and every threshold; the thresholds' counts in one pass
@@ -142,12 +142,13 @@ class SmoothAPCounter(Counter):
         # the batch value of an empty batch (_batch)
         odd = view.compat and view.direction == "t2i"
         eps_values = [float(e) for e in eps_values]
-        c_q, comp_q, comp_b, neg_w, swept, div = per_view(
+        c_q, comp_q, comp_b, neg_w = per_view(
             view, ("smoothap", self.tau, self.eps, tuple(eps_values), odd, *view_key(view)),
             lambda: self._per_query(view, eps_values))
-        batch = {**self._batch(c_q, view.compat), **comp_b}
-        main = Count({"C_q": c_q, **comp_q}, batch, view.n_excluded, weights=neg_w)
-        return main, {e: self._batch(n / div, view.compat) for e, n in zip(eps_values, swept, strict=True)}
+        batch = self._batch(c_q, view.compat)  # every threshold at once, each row as alone: (E, ...)
+        main = Count({"C_q": c_q[0], **comp_q}, {**{k: v[0] for k, v in batch.items()}, **comp_b}, view.n_excluded,
+                     weights=neg_w)
+        return main, {e: {k: v[j] for k, v in batch.items()} for j, e in enumerate(eps_values, 1)}
 
 
 def _pad_queries(x: torch.Tensor, q: int, fill: float, dim: int = -1) -> torch.Tensor:
