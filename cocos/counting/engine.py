@@ -466,7 +466,7 @@ class _SharedView(QueryView):
 
     @cached_property
     def n_excluded(self) -> torch.Tensor:
-        return (~self.candidates).sum(dim=(-1, -2))
+        return (~self.candidates).sum(dim=(-1, -2), dtype=torch.int32).to(torch.int64)  # int32: faster
 
 
 def _views(layout: BatchLayout, scores: torch.Tensor, modes, intra: dict) -> dict[tuple[str, str], QueryView]:

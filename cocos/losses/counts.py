@@ -26,7 +26,9 @@ class Count:
     """Counts of one loss in one direction, for one batch (or a stack of batches).
 
     ``per_query[stat]`` is ``(..., Q)``; ``batch[stat]`` is ``(...)``. ``n_excluded``
-    is the number of same-image pairs excluded from the negatives per batch.
+    is the number of same-image pairs excluded from the negatives per batch. ``weights``
+    (each query's weights on its candidates) is ``None`` where a counter does not keep
+    them: the engine's row-patched compat views (:func:`per_query`) do not need them.
     """
 
     per_query: dict[str, torch.Tensor]
@@ -90,14 +92,15 @@ def companions(weights: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str
     Computed on the queries with weight only (every operation is row by row, the same bits for any number of
     rows), with two full-size temporaries.
     """
-    w = weights if weights.is_floating_point() else weights.to(torch.float64)  # counts: exact sums
-    total = w.sum(-1, keepdim=True)
+    w, total = weights, weights.sum(-1, keepdim=True)  # counts: exact integer sums, converted below
     has = total.squeeze(-1) > 0
     shape = has.shape
     nan = torch.full(shape, torch.nan, dtype=torch.float64, device=w.device)
     rows = has.reshape(-1).nonzero().squeeze(-1)
     if len(rows) < has.numel():  # only the queries with weight
         w, total = w.reshape(-1, w.shape[-1])[rows], total.reshape(-1, 1)[rows]
+    if not w.is_floating_point():
+        w, total = w.to(torch.float64), total.to(torch.float64)
     tiny = torch.finfo(w.dtype).tiny
     u = w / total.clamp(min=tiny)
     work = u.clamp(min=tiny).log_().mul_(u)  # u log u -> 0 as u -> 0
@@ -222,7 +225,8 @@ def thresholded_sums_stacked(p: torch.Tensor, mask: torch.Tensor, eps_values) ->
     summed the same way whatever ``n``). Thresholds are compared in ``p``'s dtype, as ``p > e`` compares them."""
     k = p.shape[-1]
     rows, m = p.reshape(-1, k), mask.reshape(-1, k)
-    total, n_in = torch.where(m, rows, 0.0).sum(-1), m.sum(-1)
+    # boolean counts in int32 (up to K; 3x faster than the int64 default), int64 at the end
+    total, n_in = torch.where(m, rows, 0.0).sum(-1), m.sum(-1, dtype=torch.int32)
     inf = torch.tensor(float("inf"), dtype=p.dtype, device=p.device)
     # the masked entries, the others at -inf (never above a threshold) or +inf (never below one)
     low, high = torch.where(m, rows, -inf), torch.where(m, rows, inf)
@@ -237,21 +241,21 @@ def thresholded_sums_stacked(p: torch.Tensor, mask: torch.Tensor, eps_values) ->
         for j in whole.nonzero().squeeze(-1).tolist():
             hit = (low > eps[j]) if above else (high < eps[j])  # mask & (p > e), mask & (p < e)
             if above:
-                count[j] = torch.where(partial[j], hit.sum(-1), count[j])
+                count[j] = torch.where(partial[j], hit.sum(-1, dtype=torch.int32), count[j])
             value[j] = torch.where(partial[j], torch.where(hit, rows, 0.0).sum(-1), value[j])
         e_idx, r_idx = (partial & ~whole[:, None]).nonzero(as_tuple=True)
         if len(r_idx):  # the others: only the partial rows, all thresholds in one gather
             sub = (low if above else high)[r_idx]
             hit = (sub > eps[e_idx]) if above else (sub < eps[e_idx])
             if above:
-                count[e_idx, r_idx] = hit.sum(-1)
+                count[e_idx, r_idx] = hit.sum(-1, dtype=torch.int32)
             value[e_idx, r_idx] = torch.where(hit, rows[r_idx], 0.0).sum(-1)
         return count, value
 
     count, w_above = side(lo > eps, hi <= eps, True)  # (E, rows)
     _, w_below = side(hi < eps, lo >= eps, False)
     shape = (len(eps_values), *p.shape[:-1])
-    return count.reshape(shape), w_above.reshape(shape), w_below.reshape(shape)
+    return count.to(torch.int64).reshape(shape), w_above.reshape(shape), w_below.reshape(shape)
 
 
 def nanmean(x: torch.Tensor) -> torch.Tensor:

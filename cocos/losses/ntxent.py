@@ -21,7 +21,9 @@ from cocos.losses.counts import (
     companions,
     nanmean,
     per_query,
+    per_view,
     thresholded_sums_stacked,
+    view_key,
 )
 from cocos.losses.functional import ntxent_direction, ntxent_log_probs
 from cocos.losses.spec import Note, Objective
@@ -74,9 +76,12 @@ class NTXentCounter(Counter):
         # (..., Q, E): per query, one entry per threshold
         out = {"C_qv-": c_above.movedim(0, -1), "W_qv-": w_above.movedim(0, -1), "W_low": w_below.movedim(0, -1)}
         out["W_qv+"] = 1.0 - torch.where(view.pos, p, 0.0).sum(-1).to(torch.float64)
-        out["neg_p"] = torch.where(view.neg, p, 0.0)
-        out.update(companions(out["neg_p"])[0])
+        neg_p = per_view(view, self._neg_key(view), lambda: torch.where(view.neg, p, 0.0))
+        out.update(companions(neg_p)[0])
         return out
+
+    def _neg_key(self, view: QueryView) -> tuple:
+        return ("ntxent_neg_p", self.tau, *view_key(view))
 
     def count_sweep(self, view: QueryView, eps_values=()) -> tuple[Count, dict[float, dict[str, torch.Tensor]]]:
         """One softmax for the count and every threshold; the counts and weights at the counter's own threshold
@@ -97,8 +102,11 @@ class NTXentCounter(Counter):
         per_q = {"C_qv-": by_eps["C_qv-"][0], "W_qv-": by_eps["W_qv-"][0], "W_qv+": q["W_qv+"],
                  "W_low": by_eps["W_low"][0]}
         comp_q = {k: q[k] for k in COMPANIONS}
+        # the weights on the negatives: kept from the softmax above, not made for a row-patched view (the engine's)
+        weights = None if getattr(view, "base", None) is not None else per_view(
+            view, self._neg_key(view), lambda: torch.where(view.neg, self.probabilities(view), 0.0))
         main = Count({**per_q, **comp_q}, {**at(0), **{k: nanmean(v) for k, v in comp_q.items()}}, view.n_excluded,
-                     weights=q["neg_p"])
+                     weights=weights)
         return main, {e: at(j) for j, e in enumerate(thresholds) if j}
 
 

@@ -75,9 +75,9 @@ class TripletCounter(Counter):
         return {"C_q": counts, **companions(v)[0]}
 
     def count(self, view: QueryView) -> Count:
-        v = self.violations(view)
         if view.compat and not self.hardest and view.direction == "t2i":
             # by negative image: image i's entry collects the caption queries it violates for
+            v = self.violations(view)
             grouped, item_kind = v.sum(-2), "image"
             comp_q, comp_b = companions(v.transpose(-1, -2))
         else:
@@ -85,6 +85,8 @@ class TripletCounter(Counter):
             grouped, item_kind = q["C_q"], None
             comp_q = {k: q[k] for k in COMPANIONS}
             comp_b = {k: nanmean(x) for k, x in comp_q.items()}
+            # the violations as weights, computed above; not patched together for a row-patched view (the engine's)
+            v = None if getattr(view, "base", None) is not None else self.violations(view)
         batch = batch_counts(grouped)
         batch.update(comp_b)
         return Count(
