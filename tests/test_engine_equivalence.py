@@ -17,9 +17,10 @@ import pytest
 import torch
 
 from cocos.counting.engine import DEFAULT_SWEEP, EmbeddingSet, count_embeddings
+from cocos.data.layout import QueryView
 from cocos.losses.counts import counts_above, thresholded_sums
 from cocos.losses.functional import triplet_direction
-from cocos.objectives import Objective
+from cocos.objectives import OBJECTIVES, Objective
 from tests.reference_engine import reference_count_embeddings
 
 MODES = ["corrected", "compat"]
@@ -149,3 +150,111 @@ def test_ranking_batches_in_smaller_chunks_and_the_published_t2i_rows_give_the_s
     assert (True, "t2i", 2, 40) in seen  # the published t2i layout: 2 of 40 caption queries computed
     _same(new.batches, old.batches, "batches")
     _same(new.queries, old.queries, "queries")
+
+
+def test_vectorised_whole_follows_torchs_loop_split_and_sigmoid_vectorised_gives_the_whole_tensors_bits():
+    """``vectorised_whole``: every thread's range of an elementwise loop is a multiple of the vector step (hand
+    cases for one and two threads); ``sigmoid_vectorised`` of any part of a tail-free tensor equals the whole
+    tensor's ``sigmoid`` there, bit for bit, while a plain ``sigmoid`` of a part with a scalar tail may not."""
+    from cocos.losses.functional import GRAIN, sigmoid_vectorised, vectorised_whole
+
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert vectorised_whole(64) and vectorised_whole(GRAIN * 3) and not vectorised_whole(80)
+        torch.set_num_threads(2)
+        assert vectorised_whole(GRAIN + 64 * 2)  # two parts of (GRAIN + 128) / 2, a multiple of 64
+        assert not vectorised_whole(GRAIN + 64)  # parts of GRAIN / 2 + 32: each thread's range has a tail
+        assert vectorised_whole(GRAIN - 64)  # below GRAIN: one thread
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            x = torch.randn(2, GRAIN + 64 * 2, generator=torch.Generator().manual_seed(t)) * 8
+            whole = torch.sigmoid(x)
+            for a, b in ((0, 17), (5, 1000), (100, 33_001)):
+                part = x[:, a:b]
+                assert torch.equal(sigmoid_vectorised(part), whole[:, a:b]), (t, a, b)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_compat_views_with_same_image_pairs_recount_only_the_changed_rows():
+    """In a chunk with same-image pairs the compat view names the corrected one and the query rows whose masks
+    differ; the counters compute only those rows again (``per_query``), and every value equals counting the
+    compat view from scratch (a plain view without a base) and the reference loop."""
+    from cocos.counting import engine
+
+    emb = EmbeddingSet.from_arrays(*_world(n=12, k=5, seed=6))  # 60 captions of 12 images: pairs of one image
+    seen = []
+    views = engine._views
+
+    def spy(*args, **kw):
+        out = views(*args, **kw)
+        seen.extend(v for v in out.values() if v.base is not None)
+        return out
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(engine, "_views", spy)
+        new = count_embeddings(emb, ["triplet", "triplet_sh", "ntxent"], batch_size=8, modes=MODES, sweep_eps=SWEEP)
+    assert seen and all(0 < len(v.changed) < v.scores.shape[0] * v.scores.shape[1] for v in seen)
+    for v in seen:
+        plain = QueryView(scores=v.scores, pos=v.pos, neg=v.neg, direction=v.direction, group_size=v.group_size,
+                          compat=True)
+        for name in ("triplet", "triplet_sh", "ntxent"):
+            counter = OBJECTIVES[name].make_counter()
+            swept = SWEEP[1:] if counter.uses_eps else ()
+            patched, at = counter.count_sweep(v, swept)
+            scratch, at2 = counter.count_sweep(plain, swept)
+            for key in scratch.per_query:
+                assert torch.equal(patched.per_query[key].nan_to_num(-1), scratch.per_query[key].nan_to_num(-1))
+            for e in at2:
+                for key in at2[e]:
+                    assert torch.equal(at[e][key].nan_to_num(-1), at2[e][key].nan_to_num(-1)), (name, e, key)
+    old = reference_count_embeddings(emb, ["triplet", "triplet_sh", "ntxent"], batch_size=8, modes=MODES,
+                                     sweep_eps=SWEEP)
+    _same(new.batches, old.batches, "batches")
+    _same(new.queries, old.queries, "queries")
+
+
+def test_counting_leaves_no_reference_cycle_behind():
+    """A chunk's views and memo are freed when the chunk is done, without the cyclic garbage collector (a cycle
+    through the memo kept every chunk's tensors alive until a collection: the peak memory grew with the set)."""
+    import gc
+    import weakref
+
+    from cocos.counting import engine
+
+    emb = EmbeddingSet.from_arrays(*_world(n=40, seed=7))
+    refs = []
+    views = engine._views
+
+    def spy(*args, **kw):
+        out = views(*args, **kw)
+        refs.extend(weakref.ref(v) for v in out.values())
+        refs.extend(weakref.ref(v.scores) for v in out.values())
+        return out
+
+    gc.collect()
+    gc.disable()
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(engine, "_views", spy)
+            count_embeddings(emb, None, batch_size=8, modes=MODES, sweep_eps=SWEEP, keep_per_query=False)
+        assert refs and all(r() is None for r in refs)
+    finally:
+        gc.enable()
+
+
+@pytest.mark.parametrize("partial_rows", [2, 20])
+def test_threshold_sums_by_gathered_rows_and_by_whole_rows_equal_one_comparison_per_threshold(partial_rows):
+    """Thresholds where few rows have entries on both sides are summed on the gathered rows, those where most
+    do on every row at once: both equal the direct comparison, bit for bit."""
+    g = torch.Generator().manual_seed(partial_rows)
+    p = torch.full((24, 16), 0.5)
+    p[:partial_rows] = torch.rand(partial_rows, 16, generator=g)  # these rows straddle every threshold below
+    mask = torch.rand(24, 16, generator=g) > 0.1
+    eps = [0.2, 0.5, 0.7]
+    for e, (count, above, below) in zip(eps, thresholded_sums(p, mask, eps), strict=True):
+        hit = mask & (p > e)
+        assert torch.equal(count, hit.sum(-1))
+        assert torch.equal(above, torch.where(hit, p, 0.0).sum(-1))
+        assert torch.equal(below, torch.where(mask & (p < e), p, 0.0).sum(-1))
