@@ -7,7 +7,8 @@ both counting modes, the eps sweep, batch size 128: 1,132 pair + 226 ranking bat
 
 1. the whole ``cocos count FILE --no-progress`` in a fresh process: wall, user and system
    CPU time and peak RSS (against the input's size + 1 GB);
-2. the counting in-process (``count_embeddings`` on the loaded set, as ``cocos count`` calls it);
+2. the counting in-process (``count_embeddings`` on the loaded set, as ``cocos count`` calls it, under the
+   same heap policy, ``cocos.device.steady_heap``);
 3. the matmul floor: the similarity matmuls of the same batches in the same chunks, nothing else;
 4. (unless ``--no-compare``) the same counting by the frozen per-threshold loop of
    ``tests/reference_engine.py`` and the largest absolute difference of every batch value.
@@ -38,7 +39,15 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cocos.counting.engine import CHUNK, DEFAULT_SWEEP, count_embeddings, make_plan, rows_of  # noqa: E402
+from cocos.counting.engine import (  # noqa: E402
+    CHUNK,
+    DEFAULT_SWEEP,
+    SMALL_CHUNK,
+    batches_per_chunk,
+    count_embeddings,
+    make_plan,
+    rows_of,
+)
 from cocos.device import steady_heap  # noqa: E402
 from cocos.pipelines.count import read_embeddings  # noqa: E402
 
@@ -78,9 +87,10 @@ def matmul_floor(emb, batch_size=128, seed=0, chunk=CHUNK) -> None:
     """The similarity matmuls of every batch (both layouts), gathered and chunked as the engine does."""
     for layout in ("pair", "ranking"):
         plan = make_plan(emb, layout, batch_size, seed)
-        for s in range(0, plan.n_batches, chunk):
-            c = torch.as_tensor(plan.captions[s:s + chunk], device=emb.images.device)
-            i = torch.as_tensor(plan.images[s:s + chunk], device=emb.images.device)
+        step = batches_per_chunk(plan, chunk, emb.images.device, True)  # the paper's four counters are chunk-invariant
+        for s in range(0, plan.n_batches, step):
+            c = torch.as_tensor(plan.captions[s:s + step], device=emb.images.device)
+            i = torch.as_tensor(plan.images[s:s + step], device=emb.images.device)
             rows_of(emb.images, i) @ rows_of(emb.captions, c).transpose(-1, -2)
     if emb.images.is_cuda:
         torch.cuda.synchronize()
@@ -129,7 +139,8 @@ def main():
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads, "
           f"torch {torch.__version__}, device {args.device}; load average {os.getloadavg()[0]:.2f}")
     print(f"input: {path} ({size_mb:.0f} MB); paper's four losses, modes {'+'.join(MODES)}, "
-          f"sweep {len(DEFAULT_SWEEP)} eps, batch 128, chunks of {CHUNK} batches")
+          f"sweep {len(DEFAULT_SWEEP)} eps, batch 128, chunks of {SMALL_CHUNK['pair']} pair and "
+          f"{SMALL_CHUNK['ranking']} ranking batches")
     lines = []
     cli = None if args.skip_cli else whole_cli(path)
     if cli:

@@ -127,13 +127,13 @@ def test_ranking_batches_in_smaller_chunks_and_the_published_t2i_rows_give_the_s
     """25 ranking batches: the reference counts them in one chunk of 25, the engine 8 at a time
     (``engine.SMALL_CHUNK``), and the published SmoothAP t2i layout only on its first ceil(B / k) caption
     queries; where every chunk is tail-free both give the same bits (``vectorised_whole``)."""
-    from cocos.counting.engine import SMALL_CHUNK, _step, make_plan
+    from cocos.counting.engine import SMALL_CHUNK, batches_per_chunk, make_plan
     from cocos.losses import smoothap
 
     emb = EmbeddingSet.from_arrays(*_world(n=200, seed=5, dup=False))
     plan = make_plan(emb, "ranking", 8, 0)
-    assert plan.n_batches == 25 and _step(plan, 32, "cpu", True) == SMALL_CHUNK["ranking"]
-    assert _step(plan, 32, "cpu", False) == 32  # a counter that is not chunk-invariant keeps the chunk
+    assert plan.n_batches == 25 and batches_per_chunk(plan, 32, "cpu", True) == SMALL_CHUNK["ranking"]
+    assert batches_per_chunk(plan, 32, "cpu", False) == 32  # a counter that is not chunk-invariant keeps the chunk
     seen = []
     weights = smoothap.SmoothAPCounter._weights
 

@@ -59,7 +59,7 @@ def mode_of(compat: bool) -> str:
 # tail depends on the size of the tensor (and on the number of threads), so the chunk size moves statistics by
 # about 1e-9. 32 keeps every statistic equal to the engine's before the one-pass rewrite.
 CHUNK = 32
-# Batches counted together on the CPU where that gives the same bits (see _step): ranking batches hold every
+# Batches counted together on the CPU where that gives the same bits (see batches_per_chunk): ranking batches hold every
 # caption of their images (at batch 128 a chunk of 32 has weights of (32, 128, 5, 640), 52 MB a tensor).
 SMALL_CHUNK = {"pair": 32, "ranking": 8}
 BLOCK_BYTES = 64 * 2**20  # rows normalised at a time: the working set of loading, whatever the input's size
@@ -399,7 +399,7 @@ def count_embeddings(
 
     group = current() if group is None else group
     collect = _Collector(keep_per_query)
-    steps = {layout: _step(plan, chunk, emb.images.device,
+    steps = {layout: batches_per_chunk(plan, chunk, emb.images.device,
                            all(counters[o.name].chunk_invariant for o in by_layout[layout]))
              for layout, plan in plans.items()}
     mine = {layout: aligned_block(plan.n_batches, steps[layout], group) for layout, plan in plans.items()}  # whole
@@ -536,7 +536,7 @@ def _count_chunk(emb, cap, img, layout_name, batch_size, specs, modes, sweep_eps
                     collect.add_batch((*key, e), batch)
 
 
-def _step(plan: BatchPlan, chunk: int, device, invariant: bool) -> int:
+def batches_per_chunk(plan: BatchPlan, chunk: int, device, invariant: bool) -> int:
     """Batches counted together: ``chunk``, or on the CPU :data:`SMALL_CHUNK` where every counter is
     ``chunk_invariant`` and every chunk of either size is tail-free (:func:`~cocos.losses.functional.vectorised_whole`)
     for the elementwise loops of a batch (``(n, B, M)``, and SmoothAP's ``(n, B, k, kB)`` and ``(n, kB, 1, B)``), so
