@@ -145,6 +145,8 @@ def per_query(view: QueryView, key: tuple, compute) -> dict[str, torch.Tensor]:
     base = getattr(view, "base", None)
     if base is None:
         return per_view(view, (*key, *view_key(view)), lambda: compute(view))
+    if not len(view.changed):  # equal to the base in every row
+        return per_query(base, key, compute)
 
     def patched() -> dict[str, torch.Tensor]:
         rows, lead = view.changed, view.scores.dim() - 1  # leading axes and the query axis
