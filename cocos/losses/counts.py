@@ -227,13 +227,21 @@ def thresholded_sums_stacked(p: torch.Tensor, mask: torch.Tensor, eps_values) ->
     summed the same way whatever ``n``). Thresholds are compared in ``p``'s dtype, as ``p > e`` compares them."""
     k = p.shape[-1]
     rows, m = p.reshape(-1, k), mask.reshape(-1, k)
-    # boolean counts in int32 (up to K; 3x faster than the int64 default), int64 at the end
-    total, n_in = torch.where(m, rows, 0.0).sum(-1), m.sum(-1, dtype=torch.int32)
-    inf = torch.tensor(float("inf"), dtype=p.dtype, device=p.device)
-    # the masked entries, the others at -inf (never above a threshold) or +inf (never below one)
-    low, high = torch.where(m, rows, -inf), torch.where(m, rows, inf)
-    hi, lo = low.amax(-1), high.amin(-1)
     eps = torch.tensor([float(e) for e in eps_values], dtype=p.dtype, device=p.device)[:, None]  # (E, 1)
+    # weights (p >= 0) and thresholds >= 0, as the counters pass them: p * mask is where(mask, p, 0) bit for bit
+    # (p * 1 = p, p * 0 = +0) at a quarter of where's cost, and its entries outside the mask never pass
+    fast = bool(len(eps_values)) and bool(eps.min() >= 0) and bool((rows >= 0).all())
+
+    def keep(x: torch.Tensor, hit: torch.Tensor) -> torch.Tensor:
+        return x * hit if fast else torch.where(hit, x, 0.0)
+
+    # boolean counts in int32 (up to K; 3x faster than the int64 default), int64 at the end
+    masked, n_in = keep(rows, m), m.sum(-1, dtype=torch.int32)
+    total = masked.sum(-1)
+    inf = torch.tensor(float("inf"), dtype=p.dtype, device=p.device)
+    # the masked entries, the others never above a threshold (-inf, or 0 where fast) or below one (+inf)
+    low, high = masked if fast else torch.where(m, rows, -inf), torch.where(m, rows, inf)
+    hi, lo = low.amax(-1), high.amin(-1)  # where fast, a row without entries has hi 0: the same outcome
 
     def side(every, none, above):
         count = torch.where(every, n_in, 0) if above else None
@@ -244,14 +252,14 @@ def thresholded_sums_stacked(p: torch.Tensor, mask: torch.Tensor, eps_values) ->
             hit = (low > eps[j]) if above else (high < eps[j])  # mask & (p > e), mask & (p < e)
             if above:
                 count[j] = torch.where(partial[j], hit.sum(-1, dtype=torch.int32), count[j])
-            value[j] = torch.where(partial[j], torch.where(hit, rows, 0.0).sum(-1), value[j])
+            value[j] = torch.where(partial[j], keep(rows, hit).sum(-1), value[j])
         e_idx, r_idx = (partial & ~whole[:, None]).nonzero(as_tuple=True)
         if len(r_idx):  # the others: only the partial rows, all thresholds in one gather
             sub = (low if above else high)[r_idx]
             hit = (sub > eps[e_idx]) if above else (sub < eps[e_idx])
             if above:
                 count[e_idx, r_idx] = hit.sum(-1, dtype=torch.int32)
-            value[e_idx, r_idx] = torch.where(hit, rows[r_idx], 0.0).sum(-1)
+            value[e_idx, r_idx] = keep(rows[r_idx], hit).sum(-1)
         return count, value
 
     count, w_above = side(lo > eps, hi <= eps, True)  # (E, rows)

@@ -75,8 +75,9 @@ class NTXentCounter(Counter):
         c_above, w_above, w_below = (x.to(torch.float64) for x in thresholded_sums_stacked(p, view.neg, thresholds))
         # (..., Q, E): per query, one entry per threshold
         out = {"C_qv-": c_above.movedim(0, -1), "W_qv-": w_above.movedim(0, -1), "W_low": w_below.movedim(0, -1)}
-        out["W_qv+"] = 1.0 - torch.where(view.pos, p, 0.0).sum(-1).to(torch.float64)
-        neg_p = per_view(view, self._neg_key(view), lambda: torch.where(view.neg, p, 0.0))
+        # p * mask: where(mask, p, 0) bit for bit (p >= 0), four times faster
+        out["W_qv+"] = 1.0 - (p * view.pos).sum(-1).to(torch.float64)
+        neg_p = per_view(view, self._neg_key(view), lambda: p * view.neg)
         out.update(companions(neg_p)[0])
         return out
 
@@ -104,7 +105,7 @@ class NTXentCounter(Counter):
         comp_q = {k: q[k] for k in COMPANIONS}
         # the weights on the negatives: kept from the softmax above, not made for a row-patched view (the engine's)
         weights = None if getattr(view, "base", None) is not None else per_view(
-            view, self._neg_key(view), lambda: torch.where(view.neg, self.probabilities(view), 0.0))
+            view, self._neg_key(view), lambda: self.probabilities(view) * view.neg)
         main = Count({**per_q, **comp_q}, {**at(0), **{k: nanmean(v) for k, v in comp_q.items()}}, view.n_excluded,
                      weights=weights)
         return main, {e: at(j) for j, e in enumerate(thresholds) if j}
