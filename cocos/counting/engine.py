@@ -285,7 +285,7 @@ class _Collector:
 
     def add_batch(self, key: tuple, values: dict) -> None:
         for stat, v in values.items():  # tensors until the end: one conversion per statistic, not per chunk
-            self.batch[(*key, stat)].append(v.detach().reshape(-1))
+            self.batch[(*key, stat)].append((v.detach() if v.requires_grad else v).reshape(-1))
 
     def _batch_arrays(self) -> dict:
         """Each statistic's batch values as one float64 array (the chunks' tensors joined once)."""
