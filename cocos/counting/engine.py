@@ -54,13 +54,14 @@ def mode_of(compat: bool) -> str:
     return "compat" if compat else "corrected"
 
 
-# Batches counted together. Not chosen by bytes: the float32 transcendental functions (exp, log, sigmoid) round
-# an element differently in the vectorised body of a loop and in its scalar tail, and which elements fall in the
-# tail depends on the size of the tensor (and on the number of threads), so the chunk size moves statistics by
-# about 1e-9. 32 keeps every statistic equal to the engine's before the one-pass rewrite.
+# Batches counted together. Not chosen by bytes: torch's float32 sigmoid rounds an element differently in the
+# vectorised body of its loop and in the scalar tail, and which elements fall in a tail depends on the size of the
+# tensor and the number of threads (cocos.losses.functional.vectorised_whole), so a chunk size can move SmoothAP's
+# (and GOAL's) statistics by about 1e-9. 32 keeps every statistic equal to the engine's before the one-pass rewrite.
 CHUNK = 32
-# Batches counted together on the CPU where that gives the same bits (see batches_per_chunk): ranking batches hold every
-# caption of their images (at batch 128 a chunk of 32 has weights of (32, 128, 5, 640), 52 MB a tensor).
+# Batches counted together on the CPU where that gives the same bits (see batches_per_chunk): ranking batches hold
+# every caption of their images (at batch 128 a chunk of 32 has weights of (32, 128, 5, 640), 52 MB a tensor).
+# Measured: larger pair chunks and smaller ranking chunks are slower.
 SMALL_CHUNK = {"pair": 32, "ranking": 8}
 BLOCK_BYTES = 64 * 2**20  # rows normalised at a time: the working set of loading, whatever the input's size
 
