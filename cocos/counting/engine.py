@@ -554,6 +554,6 @@ def batches_per_chunk(plan: BatchPlan, chunk: int, device, invariant: bool) -> i
 
 def rows_of(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``x[index]`` for a 2-D ``x`` and an integer ``index`` of any shape: the rows, copied by the embedding
-    lookup (2.4x faster than advanced indexing on the CPU, measured: 0.7 ms against 1.7 ms for 4,096 rows of
-    1,024 floats)."""
+    lookup (index_select), faster than advanced indexing on the CPU (measured on the Flickr30k-size captions:
+    1.6 ms against 2.3 ms for 5,120 random rows of 1,024 floats)."""
     return torch.nn.functional.embedding(index, x)
