@@ -70,7 +70,7 @@ class NTXentCounter(Counter):
 
     def _per_query(self, view: QueryView, thresholds) -> dict[str, torch.Tensor]:
         """Every per-query value of :meth:`count_sweep` (row by row): counts and weights above and below each
-        threshold, ``W_qv+``, the companions and the weights on the negatives."""
+        threshold, ``W_qv+`` and the companions. The weights on the negatives go to the view's memo beside them."""
         p = self.probabilities(view)
         c_above, w_above, w_below = (x.to(torch.float64) for x in thresholded_sums_stacked(p, view.neg, thresholds))
         # (..., Q, E): per query, one entry per threshold
