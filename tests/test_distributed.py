@@ -255,5 +255,9 @@ def test_vsrn_on_two_processes_saves_the_model_it_validated(run, two):
 def test_a_process_that_dies_stops_the_others_and_leaves_no_output(run, two):
     code, output = two["dies"]  # rank 1 died at its third step of the launch's last command (a training)
     assert code != 0
-    assert "error: rank 0: another process stopped" in output
+    # rank 0 notices the lost peer in its next collective, unless torchrun's SIGTERM to the survivors comes first
+    # (a race on a loaded machine): then it stops as on Ctrl-C, with one line; either way cleanly, nothing left
+    from cocos_cli.common import INTERRUPTED
+
+    assert "error: rank 0: another process stopped" in output or INTERRUPTED in output.splitlines(), output[-3000:]
     assert not (run / "dead").exists()
