@@ -258,3 +258,85 @@ def test_threshold_sums_by_gathered_rows_and_by_whole_rows_equal_one_comparison_
         assert torch.equal(count, hit.sum(-1))
         assert torch.equal(above, torch.where(hit, p, 0.0).sum(-1))
         assert torch.equal(below, torch.where(mask & (p < e), p, 0.0).sum(-1))
+
+
+def test_counts_above_by_blocks_equal_one_comparison_per_threshold():
+    """Rows whose width is a multiple of ``BLOCK`` are first looked at block by block (only blocks whose largest
+    entry passes are compared); sparse and dense entries, a NaN (the plain comparison then) and a row of zeros."""
+    from cocos.losses.counts import BLOCK
+
+    g = torch.Generator().manual_seed(3)
+    w = torch.rand(4, 6, 3 * BLOCK, generator=g) ** 12  # most entries tiny, a few above the thresholds
+    w[0, 0] = 0.0
+    w[1, 2, :BLOCK] = 0.5  # a block where every entry passes
+    w[2] = 0.0  # blocks with one entry just above the smallest threshold, or none
+    w[2, :, 5] = torch.tensor([1.5e-3, 1e-3, 0.0, 3e-3, 0.3, 0.06])
+    eps = [0.05, 1e-3, 0.2, 0.05]
+    for x in (w, torch.where(w > 0.9, torch.nan, w), w.double()):
+        for e, count in zip(eps, counts_above(x, eps), strict=True):
+            assert torch.equal(count, (x > e).sum(-1))
+
+
+def test_threshold_sums_of_negative_and_infinite_entries_equal_one_comparison_per_threshold():
+    """Entries below zero and an infinite one (outside the mask, where ``p * mask`` would be NaN): the sums
+    compare directly, as ``where`` does, and equal it bit for bit."""
+    g = torch.Generator().manual_seed(5)
+    p = torch.randn(6, 32, generator=g)
+    mask = torch.rand(6, 32, generator=g) > 0.3
+    eps = [0.0, 0.1, 0.5, 2.0]
+    for x in (p, torch.where(~mask & (torch.arange(32) == 3), torch.inf, p), p.abs() - 0.2):
+        for e, (count, above, below) in zip(eps, thresholded_sums(x, mask, eps), strict=True):
+            hit = mask & (x > e)
+            assert torch.equal(count, hit.sum(-1))
+            assert torch.equal(above, torch.where(hit, x, 0.0).sum(-1))
+            assert torch.equal(below, torch.where(mask & (x < e), x, 0.0).sum(-1))
+
+
+def test_nanmean_and_stacked_companions_equal_their_formulas_bit_for_bit():
+    from cocos.losses.counts import COMPANIONS, companion_values, nanmean
+
+    g = torch.Generator().manual_seed(6)
+    for dtype in (torch.float32, torch.float64):
+        x = torch.randn(5, 9, 300, generator=g, dtype=dtype) * 1e3
+        x[torch.rand(x.shape, generator=g) < 0.3] = torch.nan
+        x[1, 2] = torch.nan
+        ok = ~torch.isnan(x)
+        want = torch.where(ok, x, 0.0).sum(-1) / ok.sum(-1)
+        assert torch.equal(torch.isnan(nanmean(x)), torch.isnan(want))
+        assert torch.equal(nanmean(x).nan_to_num(7.0), want.nan_to_num(7.0))
+    w = torch.rand(3, 10, 50, generator=g) ** 3
+    w[0, :4] = 0.0  # queries without weight: NaN
+    got = companion_values(w)
+    for r in range(3):
+        for q in range(10):
+            row = w[r, q][None].double()
+            if float(row.sum()) == 0:
+                assert all(bool(torch.isnan(got[k][r, q])) for k in COMPANIONS)
+                continue
+            u = w[r, q][None] / w[r, q].sum()
+            h = -(u.clamp(min=torch.finfo(u.dtype).tiny).log() * u).sum(-1)
+            want = {"N_eff": torch.exp(h), "N_invsimpson": 1.0 / (u * u).sum(-1), "top1_share": u.amax(-1)}
+            for k in COMPANIONS:
+                assert float(got[k][r, q]) == float(want[k].double()), (k, r, q)
+
+
+def test_triplet_sh_counts_and_companions_from_the_largest_hinge_equal_those_of_its_one_hot_violations():
+    from cocos.losses.counts import COMPANIONS, companion_values
+    from cocos.losses.triplet import TripletSHCounter
+
+    g = torch.Generator().manual_seed(7)
+    scores = torch.randn(4, 8, 8, generator=g) * 0.3
+    pos = torch.eye(8, dtype=torch.bool).expand(4, 8, 8)
+    neg = ~pos & (torch.rand(4, 8, 8, generator=g) > 0.1)
+    neg[0, 0] = False  # a query without negatives
+    scores[1, 2], neg[1, 2] = 0.0, False  # a query whose largest hinge is 0 exactly: no violation
+    scores[1, 2, 2], scores[1, 2, 5], neg[1, 2, 5] = 0.5, 0.25, True
+    view = QueryView(scores=scores, pos=pos, neg=neg, direction="i2t", group_size=1)
+    counter = TripletSHCounter(margin=0.25)
+    got = counter._per_query(view)
+    v = counter.violations(view)  # the one-hot rows of the first hardest negative, where it violates
+    assert int(v.sum()) > 0 and int((v.sum(-1) == 0).sum()) > 0  # both kinds of query occur
+    assert torch.equal(got["C_q"], v.sum(-1))
+    want = companion_values(v)
+    for k in COMPANIONS:
+        assert torch.equal(got[k].nan_to_num(-1.0), want[k].nan_to_num(-1.0)), k

@@ -19,6 +19,7 @@ from cocos.defaults import DEFAULT_EPS  # noqa: F401  (re-exported for the count
 from cocos.errors import CocosError
 
 COMPANIONS = ("N_eff", "N_invsimpson", "top1_share")
+BLOCK = 64  # entries per block of counts_above's first look
 
 
 @dataclass
@@ -88,16 +89,23 @@ def companions(weights: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str
     With ``u_n = w_n / sum w``: effective number of negatives ``exp(H(u))``, inverse
     Simpson ``1 / sum u_n^2`` and the largest share ``max u_n``. Queries whose
     negatives carry no weight get NaN; the batch value is the mean over the others.
+    ``(per_query, batch)``; :func:`companion_values` gives the per-query values alone.
+    """
+    per_query = companion_values(weights)
+    return per_query, nanmeans(per_query)
+
+
+def companion_values(weights: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The per-query values of :func:`companions` (float64, ``(..., Q)`` each).
 
     Computed on the queries with weight only (every operation is row by row, the same bits for any number of
-    rows), with two full-size temporaries.
-    """
+    rows), with two full-size temporaries; the three statistics are views of one ``(3, ..., Q)`` tensor."""
     w, total = weights, weights.sum(-1, keepdim=True)  # counts: exact integer sums, converted below
     has = total.squeeze(-1) > 0
     shape = has.shape
-    nan = torch.full(shape, torch.nan, dtype=torch.float64, device=w.device)
     rows = has.reshape(-1).nonzero().squeeze(-1)
-    if len(rows) < has.numel():  # only the queries with weight
+    some = len(rows) < has.numel()
+    if some:  # only the queries with weight
         w, total = w.reshape(-1, w.shape[-1])[rows], total.reshape(-1, 1)[rows]
     if not w.is_floating_point():
         w, total = w.to(torch.float64), total.to(torch.float64)
@@ -106,18 +114,18 @@ def companions(weights: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str
     work = u.clamp(min=tiny).log_().mul_(u)  # u log u -> 0 as u -> 0
     entropy = -work.sum(-1)
     simpson = torch.mul(u, u, out=work).sum(-1)
-    values = {
-        "N_eff": torch.exp(entropy),
-        "N_invsimpson": 1.0 / simpson.clamp(min=tiny),
-        "top1_share": u.amax(-1),
-    }
-    per_query = {}
-    for k, v in values.items():
-        v = v.to(torch.float64)
-        per_query[k] = v.reshape(shape) if len(rows) == has.numel() else nan.clone().reshape(-1).index_copy_(
-            0, rows, v).reshape(shape)
-    batch = {k: nanmean(v) for k, v in per_query.items()}
-    return per_query, batch
+    values = torch.stack([torch.exp(entropy), 1.0 / simpson.clamp(min=tiny), u.amax(-1)]).to(torch.float64)
+    if some:
+        values = torch.full((len(COMPANIONS), has.numel()), torch.nan, dtype=torch.float64,
+                            device=w.device).index_copy_(1, rows, values.reshape(len(COMPANIONS), -1))
+    return dict(zip(COMPANIONS, values.reshape(len(COMPANIONS), *shape).unbind(0), strict=True))
+
+
+def nanmeans(values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """:func:`nanmean` of each of several tensors of one shape and dtype, in one call (each row as alone)."""
+    if not values:
+        return {}
+    return dict(zip(values, nanmean(torch.stack(list(values.values()))).unbind(0), strict=True))
 
 
 def per_view(view: QueryView, key: tuple, make):
@@ -177,6 +185,13 @@ def row_view(view: QueryView) -> QueryView:
     return per_view(view, ("row_view", *view_key(view)), make)
 
 
+def float_mask(view: QueryView, which: str, dtype: torch.dtype) -> torch.Tensor:
+    """The view's ``pos`` or ``neg`` mask as 0/1 floats, made once per view (``x * float_mask`` is ``x * mask``
+    bit for bit, without converting the booleans every time)."""
+    mask = getattr(view, which)
+    return per_view(view, ("float_mask", which, dtype, *view_key(view)), lambda: mask.to(dtype))
+
+
 def view_key(view: QueryView) -> tuple:
     """The identity of a view's scores and masks, for :func:`per_view` keys."""
     return (id(view.scores), id(view.pos), id(view.neg), view.direction)
@@ -189,14 +204,28 @@ def counts_above(w: torch.Tensor, eps_values) -> list[torch.Tensor]:
     them; one ``bucketize`` sorts those between the thresholds, and one ``bincount``
     per (row, bucket) gives every count (exact integer counts, equal to
     ``(w > e).sum(-1)`` for each ``e``, without one pass over ``w`` per threshold).
-    The thresholds are compared in ``w``'s dtype, as ``w > e`` compares them."""
+    Where the entries that pass are few (SmoothAP's pair weights), the comparison runs only on the blocks of
+    :data:`BLOCK` entries whose largest entry passes (one ``amax`` finds them). The thresholds are compared in
+    ``w``'s dtype, as ``w > e`` compares them."""
     eps_values = [float(e) for e in eps_values]
     if not eps_values:
         return []
-    flat = w.reshape(-1, w.shape[-1])
+    width = w.shape[-1]
+    flat = w.reshape(-1, width)
     n_rows = flat.shape[0]
-    at = (flat > min(eps_values)).reshape(-1).nonzero().squeeze(-1)
-    rows, values = at // flat.shape[1], flat.reshape(-1)[at]
+    least = torch.tensor(min(eps_values), dtype=w.dtype, device=w.device)
+    rows, values = None, None
+    if width % BLOCK == 0 and flat.numel():
+        blocks = flat.reshape(-1, BLOCK)
+        top = blocks.amax(-1)
+        if not bool(torch.isnan(top).any()):  # amax would hide an entry that passes beside a NaN
+            hot = (top > least).nonzero().squeeze(-1)  # the blocks with an entry that passes
+            sub = blocks[hot]
+            at = (sub > least).reshape(-1).nonzero().squeeze(-1)
+            rows, values = hot[at // BLOCK] // (width // BLOCK), sub.reshape(-1)[at]
+    if rows is None:
+        at = (flat > least).reshape(-1).nonzero().squeeze(-1)
+        rows, values = at // width, flat.reshape(-1)[at]
     order = sorted(range(len(eps_values)), key=lambda j: eps_values[j])
     bounds = torch.tensor([eps_values[j] for j in order], dtype=w.dtype, device=w.device)
     bucket = torch.bucketize(values, bounds)  # number of thresholds strictly below each value
@@ -215,7 +244,8 @@ def thresholded_sums(p: torch.Tensor, mask: torch.Tensor, eps_values) -> list[tu
     return list(zip(count, above, below, strict=True))
 
 
-def thresholded_sums_stacked(p: torch.Tensor, mask: torch.Tensor, eps_values) -> tuple:
+def thresholded_sums_stacked(p: torch.Tensor, mask: torch.Tensor, eps_values, masked: torch.Tensor | None = None
+                             ) -> tuple:
     """Per row of ``p`` (``(..., K)`` float) and threshold ``e``: ``(n_above, sum_above, sum_below)``, each
     ``(E, ...)`` (one row per threshold): the count
     and the sum of the masked entries ``> e`` and the sum of those ``< e``, bit for bit
@@ -223,43 +253,61 @@ def thresholded_sums_stacked(p: torch.Tensor, mask: torch.Tensor, eps_values) ->
 
     A row whose masked entries all pass holds the same tensor as ``where(mask, p, 0)`` (its sum, computed
     once, is that row's value) and a row where none passes sums zeros (0); only the other (row, threshold)
-    pairs are summed again, all thresholds in one gather (each row of a contiguous ``(n, K)`` reduction is
-    summed the same way whatever ``n``). Thresholds are compared in ``p``'s dtype, as ``p > e`` compares them."""
+    pairs are summed again: on every row at once for a threshold where many rows have entries on both sides,
+    otherwise on the gathered rows, all thresholds in one gather (each row of a contiguous ``(n, K)`` reduction
+    is summed the same way whatever ``n``). Thresholds are compared in ``p``'s dtype, as ``p > e`` compares them.
+
+    For finite ``p`` and thresholds ``>= 0`` (as the counters pass them) a whole-row sum selects by
+    :func:`torch.nn.functional.threshold` (``x if x > e else 0``, in ``p``'s dtype: the tensor of ``where``,
+    without a boolean mask or its conversion): on ``p * mask`` (``where(mask, p, 0)`` bit for bit, its entries
+    outside the mask never above ``e >= 0``; ``masked``, when given, is that tensor) above the threshold, and on
+    the negated entries (``-p > -e``, exact) below it, whose sum is the negated sum (rounding is symmetric); the
+    count above is the number of nonzero kept entries (all ``> e >= 0``), summed as exact small integers."""
     k = p.shape[-1]
     rows, m = p.reshape(-1, k), mask.reshape(-1, k)
     eps = torch.tensor([float(e) for e in eps_values], dtype=p.dtype, device=p.device)[:, None]  # (E, 1)
-    # weights (p >= 0) and thresholds >= 0, as the counters pass them: p * mask is where(mask, p, 0) bit for bit
-    # (p * 1 = p, p * 0 = +0) at a quarter of where's cost, and its entries outside the mask never pass
-    fast = bool(len(eps_values)) and bool(eps.min() >= 0) and bool((rows >= 0).all())
-
-    def keep(x: torch.Tensor, hit: torch.Tensor) -> torch.Tensor:
-        return x * hit if fast else torch.where(hit, x, 0.0)
-
     # boolean counts in int32 (up to K; 3x faster than the int64 default), int64 at the end
-    masked, n_in = keep(rows, m), m.sum(-1, dtype=torch.int32)
-    total = masked.sum(-1)
-    inf = torch.tensor(float("inf"), dtype=p.dtype, device=p.device)
-    # the masked entries, the others never above a threshold (-inf, or 0 where fast) or below one (+inf)
-    low, high = masked if fast else torch.where(m, rows, -inf), torch.where(m, rows, inf)
+    n_in = m.sum(-1, dtype=torch.int32)
+    # p * mask is where(mask, p, 0) bit for bit (p * 1 = p, p * 0 = +-0) where p is finite (its sum is finite)
+    low = masked.reshape(-1, k) if masked is not None else rows * m.to(rows.dtype)
+    total = low.sum(-1)
+    fast = bool(len(eps_values)) and bool(eps.min() >= 0) and bool(torch.isfinite(total).all())
+    if not fast:
+        low, total = torch.where(m, rows, float("-inf")), torch.where(m, rows, 0.0).sum(-1)
+    # the masked entries, the others never below a threshold (+inf); negated where fast
+    high = torch.where(m, rows, float("inf"))
     hi, lo = low.amax(-1), high.amin(-1)  # where fast, a row without entries has hi 0: the same outcome
+    if fast:
+        high = high.neg_()
+
+    def whole_row(j: int, above: bool) -> tuple:
+        e = float(eps[j, 0])
+        if fast:
+            if above:
+                kept = torch.nn.functional.threshold(low, e, 0.0)
+                return kept.sign().sum(-1).to(torch.int32), kept.sum(-1)
+            return None, 0.0 - torch.nn.functional.threshold(high, -e, 0.0).sum(-1)
+        hit = (low > eps[j]) if above else (high < eps[j])  # mask & (p > e), mask & (p < e)
+        return (hit.sum(-1, dtype=torch.int32) if above else None), torch.where(hit, rows, 0.0).sum(-1)
 
     def side(every, none, above):
         count = torch.where(every, n_in, 0) if above else None
         value = torch.where(every, total, 0.0)
         partial = ~every & ~none
-        whole = partial.sum(-1) * 2 > partial.shape[-1]  # thresholds where most rows are partial: every row
+        whole = partial.sum(-1) * 4 > partial.shape[-1]  # thresholds where many rows are partial: every row
         for j in whole.nonzero().squeeze(-1).tolist():
-            hit = (low > eps[j]) if above else (high < eps[j])  # mask & (p > e), mask & (p < e)
+            c, value[j] = whole_row(j, above)  # every row: equal to the values above where not partial
             if above:
-                count[j] = torch.where(partial[j], hit.sum(-1, dtype=torch.int32), count[j])
-            value[j] = torch.where(partial[j], keep(rows, hit).sum(-1), value[j])
+                count[j] = c
         e_idx, r_idx = (partial & ~whole[:, None]).nonzero(as_tuple=True)
         if len(r_idx):  # the others: only the partial rows, all thresholds in one gather
             sub = (low if above else high)[r_idx]
+            if fast and not above:
+                sub = sub.neg()
             hit = (sub > eps[e_idx]) if above else (sub < eps[e_idx])
             if above:
                 count[e_idx, r_idx] = hit.sum(-1, dtype=torch.int32)
-            value[e_idx, r_idx] = keep(rows[r_idx], hit).sum(-1)
+            value[e_idx, r_idx] = torch.where(hit, rows[r_idx], 0.0).sum(-1)
         return count, value
 
     count, w_above = side(lo > eps, hi <= eps, True)  # (E, rows)
@@ -269,8 +317,11 @@ def thresholded_sums_stacked(p: torch.Tensor, mask: torch.Tensor, eps_values) ->
 
 
 def nanmean(x: torch.Tensor) -> torch.Tensor:
-    """Mean over the last axis ignoring NaN; NaN when every entry is NaN."""
-    ok = ~torch.isnan(x)
-    n = ok.sum(-1)
-    s = torch.where(ok, x, 0.0).sum(-1)
-    return torch.where(n > 0, s / n.clamp(min=1), torch.nan)
+    """Mean over the last axis ignoring NaN; NaN when every entry is NaN.
+
+    For floats :func:`torch.nanmean` (the sum of the entries that are not NaN, in the order of ``sum``, over their
+    number: bit for bit ``where(ok, x, 0).sum(-1) / ok.sum(-1)``, in one call instead of seven)."""
+    if x.is_floating_point():
+        return torch.nanmean(x, -1)
+    n = torch.full(x.shape[:-1], x.shape[-1], device=x.device)  # integers have no NaN
+    return torch.where(n > 0, x.sum(-1) / n.clamp(min=1), torch.nan)

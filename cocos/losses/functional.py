@@ -77,7 +77,7 @@ def triplet_hinge(view: QueryView, margin: float) -> torch.Tensor:
     s_pos = torch.gather(view.scores, -1, idx)  # (..., Q, A)
     hinge = margin + view.scores[..., None, :] - s_pos[..., :, None]
     mask = valid[..., :, None] & view.neg[..., None, :]
-    return hinge.masked_fill(~mask, float("-inf"))
+    return hinge.masked_fill_(~mask, float("-inf"))  # in place: hinge is a new tensor
 
 
 def triplet_direction(view: QueryView, margin: float = DEFAULT_MARGIN, hardest: bool = False) -> torch.Tensor:

@@ -18,8 +18,10 @@ from cocos.losses.counts import (
     DEFAULT_EPS,
     Count,
     Counter,
+    companion_values,
     companions,
-    nanmean,
+    float_mask,
+    nanmeans,
     per_query,
     per_view,
     thresholded_sums_stacked,
@@ -72,13 +74,14 @@ class NTXentCounter(Counter):
         """Every per-query value of :meth:`count_sweep` (row by row): counts and weights above and below each
         threshold, ``W_qv+`` and the companions. The weights on the negatives go to the view's memo beside them."""
         p = self.probabilities(view)
-        c_above, w_above, w_below = (x.to(torch.float64) for x in thresholded_sums_stacked(p, view.neg, thresholds))
+        # p * mask: where(mask, p, 0) bit for bit (p >= 0), four times faster with the mask as floats
+        neg_p = per_view(view, self._neg_key(view), lambda: p * float_mask(view, "neg", p.dtype))
+        c_above, w_above, w_below = (x.to(torch.float64) for x in thresholded_sums_stacked(
+            p, view.neg, thresholds, masked=neg_p))
         # (..., Q, E): per query, one entry per threshold
         out = {"C_qv-": c_above.movedim(0, -1), "W_qv-": w_above.movedim(0, -1), "W_low": w_below.movedim(0, -1)}
-        # p * mask: where(mask, p, 0) bit for bit (p >= 0), four times faster
-        out["W_qv+"] = 1.0 - (p * view.pos).sum(-1).to(torch.float64)
-        neg_p = per_view(view, self._neg_key(view), lambda: p * view.neg)
-        out.update(companions(neg_p)[0])
+        out["W_qv+"] = 1.0 - (p * float_mask(view, "pos", p.dtype)).sum(-1).to(torch.float64)
+        out.update(companion_values(neg_p))
         return out
 
     def _neg_key(self, view: QueryView) -> tuple:
@@ -105,8 +108,8 @@ class NTXentCounter(Counter):
         comp_q = {k: q[k] for k in COMPANIONS}
         # the weights on the negatives: kept from the softmax above, not made for a row-patched view (the engine's)
         weights = None if getattr(view, "base", None) is not None else per_view(
-            view, self._neg_key(view), lambda: self.probabilities(view) * view.neg)
-        main = Count({**per_q, **comp_q}, {**at(0), **{k: nanmean(v) for k, v in comp_q.items()}}, view.n_excluded,
+            view, self._neg_key(view), lambda: self.probabilities(view) * view.neg)  # as in _per_query
+        main = Count({**per_q, **comp_q}, {**at(0), **nanmeans(comp_q)}, view.n_excluded,
                      weights=weights)
         return main, {e: at(j) for j, e in enumerate(thresholds) if j}
 

@@ -21,7 +21,17 @@ import torch
 from cocos.data.layout import QueryView
 from cocos.defaults import DEFAULT_TAU_SMOOTHAP
 from cocos.errors import check_params
-from cocos.losses.counts import DEFAULT_EPS, Count, Counter, companions, counts_above, nanmean, per_view, view_key
+from cocos.losses.counts import (
+    DEFAULT_EPS,
+    Count,
+    Counter,
+    companion_values,
+    companions,
+    counts_above,
+    nanmeans,
+    per_view,
+    view_key,
+)
 from cocos.losses.functional import (
     positive_index,
     smoothap_direction,
@@ -129,9 +139,9 @@ class SmoothAPCounter(Counter):
         # (E, ..., Q), one row per threshold; as _count: (w > eps) over anchors and candidates, over the divisor
         c_q = _pad_queries(counts.to(torch.float64), q, 0.0) / divisor.to(torch.float64)
         neg_w = torch.where(view.neg[..., :n, :], w.sum(-2), 0.0)
-        comp_q, _ = companions(neg_w)
+        comp_q = companion_values(neg_w)
         comp_q = {k: _pad_queries(v, q, torch.nan) for k, v in comp_q.items()}
-        comp_b = {k: nanmean(v) for k, v in comp_q.items()}
+        comp_b = nanmeans(comp_q)
         return c_q, comp_q, comp_b, _pad_queries(neg_w, q, 0.0, dim=-2)
 
     def count_sweep(self, view: QueryView, eps_values=()) -> tuple[Count, dict[float, dict[str, torch.Tensor]]]:

@@ -20,8 +20,9 @@ from cocos.losses.counts import (
     Count,
     Counter,
     batch_counts,
+    companion_values,
     companions,
-    nanmean,
+    nanmeans,
     per_query,
     per_view,
     view_key,
@@ -52,10 +53,12 @@ class TripletCounter(Counter):
         """``(..., Q, K)``: number of (positive, negative) triplets of each query that violate."""
         return per_query(view, ("violations", self.margin, self.hardest), lambda v: {"v": self._violations(v)})["v"]
 
+    def _hinge(self, view: QueryView) -> torch.Tensor:
+        """``(..., Q, A, K)``, once per view for Triplet and Triplet SH at the same margin."""
+        return per_view(view, ("triplet_hinge", self.margin, *view_key(view)), lambda: triplet_hinge(view, self.margin))
+
     def _violations(self, view: QueryView) -> torch.Tensor:
-        # (..., Q, A, K), once per view for Triplet and Triplet SH at the same margin
-        key = ("triplet_hinge", self.margin, *view_key(view))
-        hinge = per_view(view, key, lambda: triplet_hinge(view, self.margin))
+        hinge = self._hinge(view)
         if self.hardest:  # the first hardest negative of each (query, positive), where it violates
             first = hinge.argmax(-1, keepdim=True)
             hit = torch.gather(hinge, -1, first) > 0
@@ -68,13 +71,31 @@ class TripletCounter(Counter):
 
     def _per_query(self, view: QueryView) -> dict[str, torch.Tensor]:
         """``C^q`` of each query and the companions of its violations (row by row)."""
+        hinge = self._hinge(view)
+        if self.hardest and hinge.shape[-2] == 1:
+            # one positive: the violations are one-hot (the first hardest negative, where it violates), so the
+            # query counts where its largest hinge is positive, and the companions of a row with a single 1 are
+            # exactly 1 (u = 1 there and 0 elsewhere: H = -(0 + (-0)...) = -0, exp(-0) = 1, sum u^2 = 1, max u
+            # = 1), NaN for a row without
+            hit = hinge[..., 0, :].amax(-1) > 0
+            ones = torch.where(hit, 1.0, torch.nan).to(torch.float64)
+            return {"C_q": hit.to(torch.int64), **dict.fromkeys(COMPANIONS, ones)}
         v = self.violations(view)
         counts = v.sum(-1)
         if self.hardest:  # 1 if the hardest negative violates for any positive (0 or 1 per query)
             counts = (counts > 0).to(counts.dtype)
-        return {"C_q": counts, **companions(v)[0]}
+        return {"C_q": counts, **companion_values(v)}
 
     def count(self, view: QueryView) -> Count:
+        return self._count(view, keep_weights=True)
+
+    def count_sweep(self, view: QueryView, eps_values=()) -> tuple[Count, dict[float, dict[str, torch.Tensor]]]:
+        """:meth:`count` without the weights (the engine's entry point; the counter has no threshold)."""
+        if eps_values:
+            return super().count_sweep(view, eps_values)
+        return self._count(view, keep_weights=False), {}
+
+    def _count(self, view: QueryView, keep_weights: bool) -> Count:
         if view.compat and not self.hardest and view.direction == "t2i":
             # by negative image: image i's entry collects the caption queries it violates for
             v = self.violations(view)
@@ -84,9 +105,9 @@ class TripletCounter(Counter):
             q = per_query(view, ("triplet_queries", self.margin, self.hardest), self._per_query)
             grouped, item_kind = q["C_q"], None
             comp_q = {k: q[k] for k in COMPANIONS}
-            comp_b = {k: nanmean(x) for k, x in comp_q.items()}
-            # the violations as weights, computed above; not patched together for a row-patched view (the engine's)
-            v = None if getattr(view, "base", None) is not None else self.violations(view)
+            comp_b = nanmeans(comp_q)
+            # the violations as weights, where asked for (not by the engine)
+            v = self.violations(view) if keep_weights else None
         batch = batch_counts(grouped)
         batch.update(comp_b)
         return Count(
