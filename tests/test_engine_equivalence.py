@@ -177,10 +177,10 @@ def test_vectorised_whole_follows_torchs_loop_split_and_sigmoid_vectorised_gives
         torch.set_num_threads(threads)
 
 
-def test_compat_views_with_same_image_pairs_recount_only_the_changed_rows():
-    """In a chunk with same-image pairs the compat view names the corrected one and the query rows whose masks
-    differ; the counters compute only those rows again (``per_query``), and every value equals counting the
-    compat view from scratch (a plain view without a base) and the reference loop."""
+def test_both_modes_of_a_chunk_with_same_image_pairs_count_one_stack_of_rows():
+    """In a chunk with same-image pairs both modes' views of a direction share a stack of the corrected query rows
+    and the compat rows whose masks differ; the counters compute that stack once (``per_query``), and every value
+    of either mode equals counting its view from scratch (a plain view without a stack) and the reference loop."""
     from cocos.counting import engine
 
     emb = EmbeddingSet.from_arrays(*_world(n=12, k=5, seed=6))  # 60 captions of 12 images: pairs of one image
@@ -189,16 +189,17 @@ def test_compat_views_with_same_image_pairs_recount_only_the_changed_rows():
 
     def spy(*args, **kw):
         out = views(*args, **kw)
-        seen.extend(v for v in out.values() if v.base is not None)
+        seen.extend(v for v in out.values() if v.stack is not None)
         return out
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(engine, "_views", spy)
         new = count_embeddings(emb, ["triplet", "triplet_sh", "ntxent"], batch_size=8, modes=MODES, sweep_eps=SWEEP)
-    assert seen and all(0 < len(v.changed) < v.scores.shape[0] * v.scores.shape[1] for v in seen)
+    assert {v.compat for v in seen} == {False, True}
+    assert all(0 < len(v.stack.changed) < v.scores.shape[0] * v.scores.shape[1] for v in seen)
     for v in seen:
         plain = QueryView(scores=v.scores, pos=v.pos, neg=v.neg, direction=v.direction, group_size=v.group_size,
-                          compat=True)
+                          compat=v.compat)
         for name in ("triplet", "triplet_sh", "ntxent"):
             counter = OBJECTIVES[name].make_counter()
             swept = SWEEP[1:] if counter.uses_eps else ()

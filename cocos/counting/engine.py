@@ -38,6 +38,7 @@ from cocos.data.samplers import pair_batches, ranking_batches
 from cocos.distributed import aligned_block, current, gather_blocks
 from cocos.errors import CocosError, check_params
 from cocos.losses.base import intra_similarities
+from cocos.losses.counts import RowStack
 from cocos.losses.functional import vectorised_whole
 from cocos.objectives import OBJECTIVES, paper_names, resolve
 from cocos.progress import progress_bar
@@ -456,10 +457,10 @@ class _SharedView(QueryView):
     (:func:`cocos.losses.counts.per_view`)."""
 
     memo: dict | None = field(default=None, compare=False, repr=False)
-    # the compat view of a chunk with same-image pairs: the corrected view, and the (flat) query rows whose masks
-    # differ from it (cocos.losses.counts.per_query computes only those again)
-    base: QueryView | None = field(default=None, compare=False, repr=False)
-    changed: torch.Tensor | None = field(default=None, compare=False, repr=False)
+    # the views of a chunk with same-image pairs: both modes' query rows, stacked (cocos.losses.counts.per_query
+    # computes them in one pass)
+    stack: RowStack | None = field(default=None, compare=False, repr=False)
+    excluded: torch.Tensor | None = field(default=None, compare=False, repr=False)  # n_excluded, where known
 
     @cached_property
     def candidates(self) -> torch.Tensor:
@@ -467,33 +468,57 @@ class _SharedView(QueryView):
 
     @cached_property
     def n_excluded(self) -> torch.Tensor:
+        if self.excluded is not None:
+            return self.excluded
         return (~self.candidates).sum(dim=(-1, -2), dtype=torch.int32).to(torch.int64)  # int32: faster
 
 
 def _views(layout: BatchLayout, scores: torch.Tensor, modes, intra: dict) -> dict[tuple[str, str], QueryView]:
     """``{(mode, direction): view}`` of a chunk's ``(nb, B, M)`` scores, as ``layout.view`` makes them, with the
     transposed (t2i) scores copied once for both modes. Where the chunk has no same-image pair the masks of both
-    modes are the same tensors (:func:`cocos.losses.counts.per_view` keys by identity); where it has, the compat
-    view names the corrected one and the query rows whose masks differ (:func:`cocos.losses.counts.per_query`)."""
+    modes are the same tensors (:func:`cocos.losses.counts.per_view` keys by identity); where it has, both views
+    of a direction share a :class:`~cocos.losses.counts.RowStack` of the corrected rows and the compat rows whose
+    masks differ (:func:`cocos.losses.counts.per_query`). The excluded pairs of a batch are counted once per mode
+    (a direction's masks are the other's transposed)."""
     oriented = {"i2t": scores, "t2i": scores.transpose(-1, -2).contiguous()}
     equal = layout.image_ids is None or not bool(layout.same_image().any())
-    out, memo = {}, {}
-    for mode in sorted(modes, key=MODES.index):  # corrected first: the compat view may name it
-        for d in DIRECTIONS:
-            s = oriented[d]
-            base = out.get(("corrected", d)) if mode == "compat" else None
-            if equal and base is not None:
-                pos, neg, changed, base = base.pos, base.neg, None, None
-            else:
-                pos, neg = layout.masks(d, mode == "compat")
-                if pos.shape != s.shape:
-                    pos, neg = pos.expand(s.shape).contiguous(), neg.expand(s.shape).contiguous()
-                changed = None if base is None else (
-                    ((pos != base.pos) | (neg != base.neg)).any(-1).reshape(-1).nonzero().squeeze(-1))
-            out[(mode, d)] = _SharedView(scores=s, pos=pos, neg=neg, direction=d, group_size=layout.group_size,
-                                         compat=mode == "compat", intra=intra.get(d), memo=memo, base=base,
-                                         changed=changed)
+    out, memo, excluded = {}, {}, {}
+    for d in DIRECTIONS:
+        s, masks = oriented[d], {}
+        for mode in sorted(modes, key=MODES.index):
+            if equal and masks:  # the same tensors for both modes
+                masks[mode] = next(iter(masks.values()))
+                continue
+            pos, neg = layout.masks(d, mode == "compat")
+            if pos.shape != s.shape:
+                pos, neg = pos.expand(s.shape).contiguous(), neg.expand(s.shape).contiguous()
+            masks[mode] = pos, neg
+        stack = _row_stack(s, masks["corrected"], masks["compat"], d, layout.group_size, memo) if (
+            not equal and len(masks) == 2) else None
+        for mode, (pos, neg) in masks.items():
+            view = _SharedView(scores=s, pos=pos, neg=neg, direction=d, group_size=layout.group_size,
+                               compat=mode == "compat", intra=intra.get(d), memo=memo, stack=stack,
+                               excluded=excluded.get(mode))
+            excluded[mode] = view.n_excluded
+            out[(mode, d)] = view
     return {key: out[key] for key in ((m, d) for m in modes for d in DIRECTIONS)}
+
+
+def _row_stack(scores: torch.Tensor, main: tuple, other: tuple, direction: str, group_size: int,
+               memo: dict) -> RowStack | None:
+    """The query rows of the corrected view (masks ``main``) and the compat rows (masks ``other``) that differ."""
+    (pos, neg), (pos2, neg2) = main, other
+    changed = ((pos != pos2) | (neg != neg2)).any(-1).reshape(-1).nonzero().squeeze(-1)
+    if not len(changed):
+        return None
+    k = scores.shape[-1]
+
+    def rows(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.cat([a.reshape(-1, k), b.reshape(-1, k)[changed]])[:, None, :]
+
+    view = _SharedView(scores=rows(scores, scores), pos=rows(pos, pos2), neg=rows(neg, neg2), direction=direction,
+                       group_size=group_size, memo=memo)
+    return RowStack(view, scores.shape[:-1].numel(), changed)
 
 
 def _count_chunk(emb, cap, img, layout_name, batch_size, specs, modes, sweep_eps, collect) -> None:

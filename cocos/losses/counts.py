@@ -8,7 +8,6 @@ gradient and is NaN for a batch where no query has one).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -142,47 +141,45 @@ def per_view(view: QueryView, key: tuple, make):
     return memo[key][0]
 
 
+@dataclass(frozen=True)
+class RowStack:
+    """The query rows of a chunk's corrected view and the few rows where its compat view's masks differ (the
+    engine's chunks holding same-image pairs), stacked as ``N`` views of one query each (``view``, ``(N, 1, K)``):
+    the first ``n_main`` are the corrected view's rows in order, the others the compat view's rows ``changed``
+    (flat indices over the leading and query axes). :func:`per_query` computes both modes' rows in one pass."""
+
+    view: QueryView
+    n_main: int
+    changed: torch.Tensor
+
+
 def per_query(view: QueryView, key: tuple, compute) -> dict[str, torch.Tensor]:
     """``compute(view)``, a dict of per-query tensors (each ``(..., Q, *rest)``), memoised like :func:`per_view`.
 
-    A view that equals another except in a few query rows (``view.base`` and ``view.changed``, the flat indices
-    of those rows over the leading and query axes: the engine's compat view of a chunk holding same-image pairs,
-    whose masks differ from the corrected ones in those rows only) takes the base's values and computes only the
-    changed rows again, as a stack of one-query views (:func:`row_view`). Every ``compute`` of a counter works row
-    by row (the same bits for any number of rows), so this equals ``compute(view)``."""
-    base = getattr(view, "base", None)
-    if base is None:
+    A view with a :class:`RowStack` (``view.stack``, the engine's views of a chunk holding same-image pairs) takes
+    its values from one ``compute`` of the stacked rows, shared by both modes: the corrected view its first rows,
+    the compat view the same with the changed rows replaced by the stacked ones after them. Every ``compute`` of a
+    counter works row by row (the same bits for any number and arrangement of rows), so this equals
+    ``compute(view)``."""
+    stack = getattr(view, "stack", None)
+    if stack is None:
         return per_view(view, (*key, *view_key(view)), lambda: compute(view))
-    if not len(view.changed):  # equal to the base in every row
-        return per_query(base, key, compute)
 
-    def patched() -> dict[str, torch.Tensor]:
-        rows, lead = view.changed, view.scores.dim() - 1  # leading axes and the query axis
-        part = compute(row_view(view))
+    def split() -> dict[str, torch.Tensor]:
+        rows = stack.view
+        full = per_view(rows, (*key, *view_key(rows)), lambda: compute(rows))  # (N, 1, *rest)
+        lead, n = view.scores.shape[:-1], stack.n_main
         out = {}
-        for name, full in per_query(base, key, compute).items():
-            value = full.clone(memory_format=torch.contiguous_format)
-            value.view(-1, *full.shape[lead:])[rows] = part[name].reshape(-1, *full.shape[lead:])
-            out[name] = value
+        for name, value in full.items():
+            rest = value.shape[2:]
+            main = value[:n].reshape(*lead, *rest)
+            if view.compat:  # the corrected rows, but the changed ones from the stack's tail
+                main = main.clone(memory_format=torch.contiguous_format)
+                main.view(-1, *rest)[stack.changed] = value[n:].reshape(-1, *rest)
+            out[name] = main
         return out
 
-    return per_view(view, (*key, *view_key(view)), patched)
-
-
-def row_view(view: QueryView) -> QueryView:
-    """The changed query rows of a view (``view.changed``, see :func:`per_query`) as ``n`` views of one query each
-    (``(n, 1, K)``), made once per view and shared by the counters (with a memo of its own)."""
-
-    def make() -> QueryView:
-        rows, k = view.changed, view.scores.shape[-1]
-
-        def take(x: torch.Tensor) -> torch.Tensor:
-            return x.reshape(-1, k)[rows][:, None, :]
-
-        return dataclasses.replace(view, scores=take(view.scores), pos=take(view.pos), neg=take(view.neg),
-                                   intra=None, base=None, changed=None, memo={})
-
-    return per_view(view, ("row_view", *view_key(view)), make)
+    return per_view(view, (*key, *view_key(view)), split)
 
 
 def float_mask(view: QueryView, which: str, dtype: torch.dtype) -> torch.Tensor:

@@ -92,7 +92,8 @@ class NTXentCounter(Counter):
         and every other by :func:`~cocos.losses.counts.thresholded_sums` (only rows with negatives on both sides
         of a threshold are summed again, bit for bit the sums of :meth:`count`); ``W_qv+`` does not depend on
         ``eps``. Per-query values are shared by views that differ in a few rows
-        (:func:`~cocos.losses.counts.per_query`). Equal to ``count`` and ``sweep``."""
+        (:func:`~cocos.losses.counts.per_query`). Equal to ``count`` (without its weights: the engine's entry
+        point) and ``sweep``."""
         thresholds = (self.eps, *(float(e) for e in eps_values))
         q = per_query(view, ("ntxent", self.tau, thresholds), lambda v: self._per_query(v, thresholds))
         by_eps = {k: q[k].movedim(-1, 0).contiguous() for k in ("C_qv-", "W_qv-", "W_low")}  # (E, ..., Q)
@@ -106,11 +107,7 @@ class NTXentCounter(Counter):
         per_q = {"C_qv-": by_eps["C_qv-"][0], "W_qv-": by_eps["W_qv-"][0], "W_qv+": q["W_qv+"],
                  "W_low": by_eps["W_low"][0]}
         comp_q = {k: q[k] for k in COMPANIONS}
-        # the weights on the negatives: kept from the softmax above, not made for a row-patched view (the engine's)
-        weights = None if getattr(view, "base", None) is not None else per_view(
-            view, self._neg_key(view), lambda: self.probabilities(view) * view.neg)  # as in _per_query
-        main = Count({**per_q, **comp_q}, {**at(0), **nanmeans(comp_q)}, view.n_excluded,
-                     weights=weights)
+        main = Count({**per_q, **comp_q}, {**at(0), **nanmeans(comp_q)}, view.n_excluded)
         return main, {e: at(j) for j, e in enumerate(thresholds) if j}
 
 
