@@ -341,3 +341,22 @@ def test_triplet_sh_counts_and_companions_from_the_largest_hinge_equal_those_of_
     want = companion_values(v)
     for k in COMPANIONS:
         assert torch.equal(got[k].nan_to_num(-1.0), want[k].nan_to_num(-1.0)), k
+
+
+@pytest.mark.parametrize("empty_rows", [0.1, 0.8])
+def test_companions_of_binary_weights_per_query_equal_the_elementwise_ones_bit_for_bit(empty_rows):
+    """0/1 weights (the triplet violations): ``u log u`` and ``u^2`` once per query, spread by the weights, equal
+    the elementwise computation bit for bit; rows without weight are NaN (some rows gathered, or most)."""
+    from cocos.losses.counts import COMPANIONS, companion_values
+
+    g = torch.Generator().manual_seed(8)
+    for k in (7, 128, 131):
+        v = (torch.rand(6, 33, k, generator=g) < torch.rand(6, 33, 1, generator=g)).to(torch.float64)
+        v[torch.rand(6, 33, generator=g) < empty_rows] = 0.0
+        v[0, 0, :] = 0.0
+        v[0, 1, :] = 0.0
+        v[0, 1, 3] = 1.0  # one violation: u = 1
+        fast, slow = companion_values(v, binary=True), companion_values(v)
+        for key in COMPANIONS:
+            assert torch.equal(torch.isnan(fast[key]), v.sum(-1) == 0)
+            assert torch.equal(fast[key].nan_to_num(-1.0), slow[key].nan_to_num(-1.0)), (k, key)

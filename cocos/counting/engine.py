@@ -470,7 +470,11 @@ class _SharedView(QueryView):
     def n_excluded(self) -> torch.Tensor:
         if self.excluded is not None:
             return self.excluded
-        return (~self.candidates).sum(dim=(-1, -2), dtype=torch.int32).to(torch.int64)  # int32: faster
+        # int32 sums over the candidates, then the queries: faster than int64 over both at once
+        return (~self.candidates).sum(-1, dtype=torch.int32).sum(-1).to(torch.int64)
+
+    def excludes_any(self) -> bool:
+        return bool(self.n_excluded.any())
 
 
 def _views(layout: BatchLayout, scores: torch.Tensor, modes, intra: dict) -> dict[tuple[str, str], QueryView]:

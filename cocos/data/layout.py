@@ -177,6 +177,10 @@ class QueryView:
         """Per batch: number of (query, candidate) pairs excluded as same-image pairs."""
         return (~self.candidates).sum(dim=(-1, -2))
 
+    def excludes_any(self) -> bool:
+        """Whether any (query, candidate) pair is excluded."""
+        return bool((~self.candidates).any())
+
 
 def batch_similarity(
     images,

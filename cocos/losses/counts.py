@@ -16,6 +16,7 @@ import torch
 from cocos.data.layout import QueryView
 from cocos.defaults import DEFAULT_EPS  # noqa: F401  (re-exported for the counters)
 from cocos.errors import CocosError
+from cocos.losses.functional import positive_index
 
 COMPANIONS = ("N_eff", "N_invsimpson", "top1_share")
 BLOCK = 64  # entries per block of counts_above's first look
@@ -94,29 +95,46 @@ def companions(weights: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str
     return per_query, nanmeans(per_query)
 
 
-def companion_values(weights: torch.Tensor) -> dict[str, torch.Tensor]:
+def companion_values(weights: torch.Tensor, binary: bool = False) -> dict[str, torch.Tensor]:
     """The per-query values of :func:`companions` (float64, ``(..., Q)`` each).
 
-    Computed on the queries with weight only (every operation is row by row, the same bits for any number of
-    rows), with two full-size temporaries; the three statistics are views of one ``(3, ..., Q)`` tensor."""
+    Every operation is row by row (the same bits for any number of rows): where fewer than half of the queries
+    have weight only those rows are computed, otherwise every row and the others set to NaN after. Two full-size
+    temporaries; the three statistics are views of one ``(3, ..., Q)`` tensor.
+
+    ``binary``: the weights are 0 or 1 (the triplet losses' violations with one positive), so that ``u`` is
+    ``1 / n`` on a query's ``n`` violations and 0 elsewhere: ``u log u`` and ``u^2`` are computed once per query
+    and spread over its row by multiplying with the weights (``1 * x = x``; ``0 * x`` is the ``-0`` or ``+0`` of
+    the elementwise products), the same tensors, summed alike, at half the passes."""
     w, total = weights, weights.sum(-1, keepdim=True)  # counts: exact integer sums, converted below
     has = total.squeeze(-1) > 0
     shape = has.shape
     rows = has.reshape(-1).nonzero().squeeze(-1)
     some = len(rows) < has.numel()
-    if some:  # only the queries with weight
+    gather = some and 2 * len(rows) < has.numel()
+    if gather:  # only the queries with weight
         w, total = w.reshape(-1, w.shape[-1])[rows], total.reshape(-1, 1)[rows]
     if not w.is_floating_point():
         w, total = w.to(torch.float64), total.to(torch.float64)
     tiny = torch.finfo(w.dtype).tiny
-    u = w / total.clamp(min=tiny)
-    work = u.clamp(min=tiny).log_().mul_(u)  # u log u -> 0 as u -> 0
-    entropy = -work.sum(-1)
-    simpson = torch.mul(u, u, out=work).sum(-1)
-    values = torch.stack([torch.exp(entropy), 1.0 / simpson.clamp(min=tiny), u.amax(-1)]).to(torch.float64)
-    if some:
+    if binary:
+        u = 1.0 / total.clamp(min=tiny)  # (..., 1): u on a violation
+        entropy = -(w * u.clamp(min=tiny).log().mul_(u)).sum(-1)
+        simpson = (w * (u * u)).sum(-1)
+        top = u.squeeze(-1)
+    else:
+        u = w / total.clamp(min=tiny)
+        work = u.clamp(min=tiny).log_().mul_(u)  # u log u -> 0 as u -> 0
+        entropy = -work.sum(-1)
+        simpson = torch.mul(u, u, out=work).sum(-1)
+        top = u.amax(-1)
+    values = torch.stack([torch.exp(entropy), 1.0 / simpson.clamp(min=tiny), top]).to(torch.float64)
+    values = values.reshape(len(COMPANIONS), -1)
+    if gather:
         values = torch.full((len(COMPANIONS), has.numel()), torch.nan, dtype=torch.float64,
-                            device=w.device).index_copy_(1, rows, values.reshape(len(COMPANIONS), -1))
+                            device=w.device).index_copy_(1, rows, values)
+    elif some:
+        values = torch.where(has.reshape(-1), values, torch.nan)
     return dict(zip(COMPANIONS, values.reshape(len(COMPANIONS), *shape).unbind(0), strict=True))
 
 
@@ -180,6 +198,11 @@ def per_query(view: QueryView, key: tuple, compute) -> dict[str, torch.Tensor]:
         return out
 
     return per_view(view, (*key, *view_key(view)), split)
+
+
+def positives(view: QueryView) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`~cocos.losses.functional.positive_index` of the view's positives, made once per mask."""
+    return per_view(view, ("positive_index", id(view.pos)), lambda: positive_index(view.pos))
 
 
 def float_mask(view: QueryView, which: str, dtype: torch.dtype) -> torch.Tensor:

@@ -67,13 +67,14 @@ def positive_index(pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return idx, torch.gather(pos, -1, idx)
 
 
-def triplet_hinge(view: QueryView, margin: float) -> torch.Tensor:
+def triplet_hinge(view: QueryView, margin: float, positives: tuple | None = None) -> torch.Tensor:
     """``alpha + s(q,n) - s(q,p)`` for every (query, positive, negative): ``(..., Q, A, K)``.
 
     Entries that are not a (valid positive, negative) pair are ``-inf``, so that
     ``relu`` gives 0 there and ``max`` over negatives picks the hardest real one.
+    ``positives``: :func:`positive_index` of ``view.pos``, where already known.
     """
-    idx, valid = positive_index(view.pos)
+    idx, valid = positive_index(view.pos) if positives is None else positives
     s_pos = torch.gather(view.scores, -1, idx)  # (..., Q, A)
     hinge = margin + view.scores[..., None, :] - s_pos[..., :, None]
     mask = valid[..., :, None] & view.neg[..., None, :]
@@ -95,9 +96,8 @@ def triplet_direction(view: QueryView, margin: float = DEFAULT_MARGIN, hardest: 
 def ntxent_log_probs(view: QueryView, tau: float) -> torch.Tensor:
     """Log-softmax over each query's candidates of ``s / tau``; excluded pairs get weight 0."""
     logits = view.scores / tau
-    excluded = ~view.candidates
-    if bool(excluded.any()):  # most batches exclude nothing
-        logits = logits.masked_fill(excluded, float("-inf"))
+    if view.excludes_any():  # most batches exclude nothing
+        logits.masked_fill_(~view.candidates, float("-inf"))  # in place: logits is a new tensor
     return torch.log_softmax(logits, dim=-1)
 
 

@@ -24,6 +24,7 @@ from cocos.losses.counts import (
     nanmeans,
     per_query,
     per_view,
+    positives,
     thresholded_sums_stacked,
     view_key,
 )
@@ -80,7 +81,12 @@ class NTXentCounter(Counter):
             p, view.neg, thresholds, masked=neg_p))
         # (..., Q, E): per query, one entry per threshold
         out = {"C_qv-": c_above.movedim(0, -1), "W_qv-": w_above.movedim(0, -1), "W_low": w_below.movedim(0, -1)}
-        out["W_qv+"] = 1.0 - (p * float_mask(view, "pos", p.dtype)).sum(-1).to(torch.float64)
+        idx, valid = positives(view)
+        if idx.shape[-1] == 1:  # one positive at most: the row's sum of p * pos is its entry (the others add 0)
+            on_pos = torch.where(valid[..., 0], p.gather(-1, idx)[..., 0], 0.0)
+        else:
+            on_pos = (p * float_mask(view, "pos", p.dtype)).sum(-1)
+        out["W_qv+"] = 1.0 - on_pos.to(torch.float64)
         out.update(companion_values(neg_p))
         return out
 

@@ -25,6 +25,7 @@ from cocos.losses.counts import (
     nanmeans,
     per_query,
     per_view,
+    positives,
     view_key,
 )
 from cocos.losses.functional import triplet_direction, triplet_hinge
@@ -55,7 +56,8 @@ class TripletCounter(Counter):
 
     def _hinge(self, view: QueryView) -> torch.Tensor:
         """``(..., Q, A, K)``, once per view for Triplet and Triplet SH at the same margin."""
-        return per_view(view, ("triplet_hinge", self.margin, *view_key(view)), lambda: triplet_hinge(view, self.margin))
+        return per_view(view, ("triplet_hinge", self.margin, *view_key(view)),
+                        lambda: triplet_hinge(view, self.margin, positives(view)))
 
     def _violations(self, view: QueryView) -> torch.Tensor:
         hinge = self._hinge(view)
@@ -67,7 +69,8 @@ class TripletCounter(Counter):
                 return v.scatter_(-1, first[..., 0, :], hit[..., 0, :].to(torch.int64))
             return torch.zeros_like(hinge, dtype=torch.bool).scatter_(-1, first, hit).sum(-2)
         hit = hinge > 0
-        return hit[..., 0, :].to(torch.int64) if hinge.shape[-2] == 1 else hit.sum(-2)
+        # one positive: the 0/1 violations as float64 (exact; the companions compute in float64)
+        return hit[..., 0, :].to(torch.float64) if hinge.shape[-2] == 1 else hit.sum(-2)
 
     def _per_query(self, view: QueryView) -> dict[str, torch.Tensor]:
         """``C^q`` of each query and the companions of its violations (row by row)."""
@@ -84,7 +87,7 @@ class TripletCounter(Counter):
         counts = v.sum(-1)
         if self.hardest:  # 1 if the hardest negative violates for any positive (0 or 1 per query)
             counts = (counts > 0).to(counts.dtype)
-        return {"C_q": counts, **companion_values(v)}
+        return {"C_q": counts, **companion_values(v, binary=hinge.shape[-2] == 1)}  # one positive: 0/1
 
     def count(self, view: QueryView) -> Count:
         return self._count(view, keep_weights=True)
