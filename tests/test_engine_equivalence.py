@@ -360,3 +360,19 @@ def test_companions_of_binary_weights_per_query_equal_the_elementwise_ones_bit_f
         for key in COMPANIONS:
             assert torch.equal(torch.isnan(fast[key]), v.sum(-1) == 0)
             assert torch.equal(fast[key].nan_to_num(-1.0), slow[key].nan_to_num(-1.0)), (k, key)
+
+
+def test_mode_rows_are_the_rows_whose_masks_differ_between_the_modes():
+    from cocos.data.layout import BatchLayout
+
+    g = torch.Generator().manual_seed(9)
+    ids = torch.randint(0, 12, (5, 10), generator=g)  # repeated images within batches
+    ids[0] = torch.arange(10)  # a batch without
+    for layout in (BatchLayout.build(10, 10, torch.arange(10), image_ids=ids),
+                   BatchLayout.build(10, 20, torch.arange(20) // 2, image_ids=ids)):
+        for d in ("i2t", "t2i"):
+            (p1, n1), (p2, n2) = layout.masks(d, False), layout.masks(d, True)
+            want = ((p1 != p2) | (n1 != n2)).any(-1)
+            assert want.any() and not want.all()
+            assert torch.equal(layout.mode_rows(d), want)
+            assert p1 is p2  # one positives tensor for both modes

@@ -497,8 +497,10 @@ def _views(layout: BatchLayout, scores: torch.Tensor, modes, intra: dict) -> dic
             if pos.shape != s.shape:
                 pos, neg = pos.expand(s.shape).contiguous(), neg.expand(s.shape).contiguous()
             masks[mode] = pos, neg
-        stack = _row_stack(s, masks["corrected"], masks["compat"], d, layout.group_size, memo) if (
-            not equal and len(masks) == 2) else None
+        stack = None
+        if not equal and len(masks) == 2:
+            changed = layout.mode_rows(d).reshape(-1).nonzero().squeeze(-1)
+            stack = _row_stack(s, masks["corrected"], masks["compat"], changed, d, layout.group_size, memo)
         for mode, (pos, neg) in masks.items():
             view = _SharedView(scores=s, pos=pos, neg=neg, direction=d, group_size=layout.group_size,
                                compat=mode == "compat", intra=intra.get(d), memo=memo, stack=stack,
@@ -508,11 +510,11 @@ def _views(layout: BatchLayout, scores: torch.Tensor, modes, intra: dict) -> dic
     return {key: out[key] for key in ((m, d) for m in modes for d in DIRECTIONS)}
 
 
-def _row_stack(scores: torch.Tensor, main: tuple, other: tuple, direction: str, group_size: int,
-               memo: dict) -> RowStack | None:
-    """The query rows of the corrected view (masks ``main``) and the compat rows (masks ``other``) that differ."""
+def _row_stack(scores: torch.Tensor, main: tuple, other: tuple, changed: torch.Tensor, direction: str,
+               group_size: int, memo: dict) -> RowStack | None:
+    """The query rows of the corrected view (masks ``main``) and the compat rows (masks ``other``) that differ from
+    them (``changed``, flat indices: :meth:`~cocos.data.layout.BatchLayout.mode_rows`)."""
     (pos, neg), (pos2, neg2) = main, other
-    changed = ((pos != pos2) | (neg != neg2)).any(-1).reshape(-1).nonzero().squeeze(-1)
     if not len(changed):
         return None
     k = scores.shape[-1]

@@ -120,17 +120,26 @@ class BatchLayout:
         return ~pos & ~self.same_image()
 
     def masks(self, direction: str, compat: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(pos, neg)`` oriented for one direction (queries x candidates), contiguous, computed once."""
+        """``(pos, neg)`` oriented for one direction (queries x candidates), contiguous, computed once (``pos``
+        is the same tensor in both modes)."""
         if direction not in DIRECTIONS:
             raise CocosError(f"unknown direction '{direction}' (use i2t or t2i)")
         key = (direction, compat)
         if key not in self._cache:
             neg = self.negatives(compat)
-            pos = self.positives().expand(neg.shape)
+            if ("pos", direction) not in self._cache:
+                pos = self.positives().expand(neg.shape)
+                self._cache[("pos", direction)] = (pos.transpose(-1, -2) if direction == "t2i" else pos).contiguous()
             if direction == "t2i":
-                pos, neg = pos.transpose(-1, -2), neg.transpose(-1, -2)
-            self._cache[key] = (pos.contiguous(), neg.contiguous())
+                neg = neg.transpose(-1, -2)
+            self._cache[key] = (self._cache[("pos", direction)], neg.contiguous())
         return self._cache[key]
+
+    def mode_rows(self, direction: str) -> torch.Tensor:
+        """``(..., Q)`` bool: the query rows of a direction whose masks differ between the two counting modes,
+        those with a same-image pair (a negative in compat mode, excluded otherwise)."""
+        same = self.same_image()
+        return same.any(-1) if direction == "i2t" else same.any(-2)
 
     def view(self, scores: torch.Tensor, direction: str, compat: bool = False,
              intra: torch.Tensor | None = None) -> QueryView:
