@@ -287,7 +287,9 @@ class _Collector:
 
     def add_batch(self, key: tuple, values: dict) -> None:
         for stat, v in values.items():  # tensors until the end: one conversion per statistic, not per chunk
-            self.batch[(*key, stat)].append((v.detach() if v.requires_grad else v).reshape(-1))
+            if v.requires_grad:
+                v = v.detach()
+            self.batch[(*key, stat)].append(v if v.dim() == 1 else v.reshape(-1))
 
     def _batch_arrays(self) -> dict:
         """Each statistic's batch values as one float64 array (the chunks' tensors joined once)."""
@@ -470,8 +472,11 @@ class _SharedView(QueryView):
     def n_excluded(self) -> torch.Tensor:
         if self.excluded is not None:
             return self.excluded
-        # int32 sums over the candidates, then the queries: faster than int64 over both at once
-        return (~self.candidates).sum(-1, dtype=torch.int32).sum(-1).to(torch.int64)
+        # the pairs in neither mask (the layout's are disjoint), by int32 sums over the candidates, then the queries:
+        # faster than int64 over both at once
+        k, q = self.scores.shape[-1], self.scores.shape[-2]
+        inside = (self.pos.sum(-1, dtype=torch.int32) + self.neg.sum(-1, dtype=torch.int32)).sum(-1)
+        return (q * k - inside).to(torch.int64)
 
     def excludes_any(self) -> bool:
         return bool(self.n_excluded.any())

@@ -117,7 +117,9 @@ class BatchLayout:
         lead = self.image_ids.shape[:-1]
         if compat:
             return (~pos).expand(*lead, *pos.shape)
-        return ~pos & ~self.same_image()
+        if "negatives" not in self._cache:  # computed once per layout
+            self._cache["negatives"] = ~pos & ~self.same_image()
+        return self._cache["negatives"]
 
     def masks(self, direction: str, compat: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """``(pos, neg)`` oriented for one direction (queries x candidates), contiguous, computed once (``pos``

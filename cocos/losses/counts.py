@@ -9,6 +9,7 @@ gradient and is NaN for a batch where no query has one).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import ClassVar
 
 import torch
@@ -96,11 +97,17 @@ def companions(weights: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str
 
 
 def companion_values(weights: torch.Tensor, binary: bool = False) -> dict[str, torch.Tensor]:
-    """The per-query values of :func:`companions` (float64, ``(..., Q)`` each).
+    """The per-query values of :func:`companions` (float64, ``(..., Q)`` each), views of :func:`companion_rows`."""
+    return dict(zip(COMPANIONS, companion_rows(weights, binary).unbind(0), strict=True))
+
+
+def companion_rows(weights: torch.Tensor, binary: bool = False) -> torch.Tensor:
+    """The per-query values of :func:`companions` as one float64 tensor ``(3, ..., Q)``, in the order of
+    :data:`COMPANIONS`.
 
     Every operation is row by row (the same bits for any number of rows): where fewer than half of the queries
     have weight only those rows are computed, otherwise every row and the others set to NaN after. Two full-size
-    temporaries; the three statistics are views of one ``(3, ..., Q)`` tensor.
+    temporaries.
 
     ``binary``: the weights are 0 or 1 (the triplet losses' violations with one positive), so that ``u`` is
     ``1 / n`` on a query's ``n`` violations and 0 elsewhere: ``u log u`` and ``u^2`` are computed once per query
@@ -135,7 +142,7 @@ def companion_values(weights: torch.Tensor, binary: bool = False) -> dict[str, t
                             device=w.device).index_copy_(1, rows, values)
     elif some:
         values = torch.where(has.reshape(-1), values, torch.nan)
-    return dict(zip(COMPANIONS, values.reshape(len(COMPANIONS), *shape).unbind(0), strict=True))
+    return values.reshape(len(COMPANIONS), *shape)
 
 
 def nanmeans(values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -170,6 +177,13 @@ class RowStack:
     n_main: int
     changed: torch.Tensor
 
+    @cached_property
+    def compat_rows(self) -> torch.Tensor:
+        """The stacked rows of the compat view, in its order: the corrected ones, the changed ones from the tail."""
+        rows = torch.arange(self.n_main, device=self.changed.device)
+        rows[self.changed] = torch.arange(self.n_main, self.n_main + len(self.changed), device=rows.device)
+        return rows
+
 
 def per_query(view: QueryView, key: tuple, compute) -> dict[str, torch.Tensor]:
     """``compute(view)``, a dict of per-query tensors (each ``(..., Q, *rest)``), memoised like :func:`per_view`.
@@ -189,12 +203,9 @@ def per_query(view: QueryView, key: tuple, compute) -> dict[str, torch.Tensor]:
         lead, n = view.scores.shape[:-1], stack.n_main
         out = {}
         for name, value in full.items():
-            rest = value.shape[2:]
-            main = value[:n].reshape(*lead, *rest)
-            if view.compat:  # the corrected rows, but the changed ones from the stack's tail
-                main = main.clone(memory_format=torch.contiguous_format)
-                main.view(-1, *rest)[stack.changed] = value[n:].reshape(-1, *rest)
-            out[name] = main
+            # compat: the corrected rows, but the changed ones from the stack's tail
+            main = value.index_select(0, stack.compat_rows) if view.compat else value[:n]
+            out[name] = main.reshape(*lead, *value.shape[2:])
         return out
 
     return per_view(view, (*key, *view_key(view)), split)
@@ -300,13 +311,18 @@ def thresholded_sums_stacked(p: torch.Tensor, mask: torch.Tensor, eps_values, ma
     if fast:
         high = high.neg_()
 
+    buffer = []
+
     def whole_row(j: int, above: bool) -> tuple:
         e = float(eps[j, 0])
-        if fast:
-            if above:
-                kept = torch.nn.functional.threshold(low, e, 0.0)
-                return kept.sign().sum(-1).to(torch.int32), kept.sum(-1)
-            return None, 0.0 - torch.nn.functional.threshold(high, -e, 0.0).sum(-1)
+        if fast:  # one buffer for every threshold's kept entries (in cache from one pass to the next)
+            if not buffer:
+                buffer.append(torch.empty_like(low))
+            kept = torch.threshold(low if above else high, e if above else -e, 0.0, out=buffer[0])
+            if not above:
+                return None, 0.0 - kept.sum(-1)
+            value = kept.sum(-1)
+            return kept.sign_().sum(-1).to(torch.int32), value
         hit = (low > eps[j]) if above else (high < eps[j])  # mask & (p > e), mask & (p < e)
         return (hit.sum(-1, dtype=torch.int32) if above else None), torch.where(hit, rows, 0.0).sum(-1)
 
@@ -321,13 +337,13 @@ def thresholded_sums_stacked(p: torch.Tensor, mask: torch.Tensor, eps_values, ma
                 count[j] = c
         e_idx, r_idx = (partial & ~whole[:, None]).nonzero(as_tuple=True)
         if len(r_idx):  # the others: only the partial rows, all thresholds in one gather
-            sub = (low if above else high)[r_idx]
+            sub = (low if above else high)[r_idx]  # equal to p where the mask holds, never passing elsewhere
             if fast and not above:
                 sub = sub.neg()
             hit = (sub > eps[e_idx]) if above else (sub < eps[e_idx])
             if above:
                 count[e_idx, r_idx] = hit.sum(-1, dtype=torch.int32)
-            value[e_idx, r_idx] = torch.where(hit, rows[r_idx], 0.0).sum(-1)
+            value[e_idx, r_idx] = torch.where(hit, sub, 0.0).sum(-1)
         return count, value
 
     count, w_above = side(lo > eps, hi <= eps, True)  # (E, rows)

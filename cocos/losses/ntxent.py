@@ -18,10 +18,10 @@ from cocos.losses.counts import (
     DEFAULT_EPS,
     Count,
     Counter,
-    companion_values,
+    companion_rows,
     companions,
     float_mask,
-    nanmeans,
+    nanmean,
     per_query,
     per_view,
     positives,
@@ -72,23 +72,23 @@ class NTXentCounter(Counter):
         return {float(e): self._count(p, view, float(e), extras=False) for e in eps_values}
 
     def _per_query(self, view: QueryView, thresholds) -> dict[str, torch.Tensor]:
-        """Every per-query value of :meth:`count_sweep` (row by row): counts and weights above and below each
-        threshold, ``W_qv+`` and the companions. The weights on the negatives go to the view's memo beside them."""
+        """Every per-query value of :meth:`count_sweep` (row by row) as one float64 tensor ``{"stats": (..., Q,
+        S)}``, in this order: the counts (``C_qv-``), the weights above (``W_qv-``) and below (``W_low``) each of
+        the ``E`` thresholds, ``W_qv+`` and the three companions. The weights on the negatives go to the view's
+        memo."""
         p = self.probabilities(view)
         # p * mask: where(mask, p, 0) bit for bit (p >= 0), four times faster with the mask as floats
         neg_p = per_view(view, self._neg_key(view), lambda: p * float_mask(view, "neg", p.dtype))
-        c_above, w_above, w_below = (x.to(torch.float64) for x in thresholded_sums_stacked(
-            p, view.neg, thresholds, masked=neg_p))
-        # (..., Q, E): per query, one entry per threshold
-        out = {"C_qv-": c_above.movedim(0, -1), "W_qv-": w_above.movedim(0, -1), "W_low": w_below.movedim(0, -1)}
+        above, w_above, w_below = thresholded_sums_stacked(p, view.neg, thresholds, masked=neg_p)  # (E, ..., Q)
         idx, valid = positives(view)
         if idx.shape[-1] == 1:  # one positive at most: the row's sum of p * pos is its entry (the others add 0)
             on_pos = torch.where(valid[..., 0], p.gather(-1, idx)[..., 0], 0.0)
         else:
             on_pos = (p * float_mask(view, "pos", p.dtype)).sum(-1)
-        out["W_qv+"] = 1.0 - on_pos.to(torch.float64)
-        out.update(companion_values(neg_p))
-        return out
+        w_pos = 1.0 - on_pos.to(torch.float64)
+        rows = torch.cat([above.to(torch.float64), w_above.to(torch.float64), w_below.to(torch.float64), w_pos[None],
+                          companion_rows(neg_p)])
+        return {"stats": rows.movedim(0, -1)}
 
     def _neg_key(self, view: QueryView) -> tuple:
         return ("ntxent_neg_p", self.tau, *view_key(view))
@@ -101,19 +101,20 @@ class NTXentCounter(Counter):
         (:func:`~cocos.losses.counts.per_query`). Equal to ``count`` (without its weights: the engine's entry
         point) and ``sweep``."""
         thresholds = (self.eps, *(float(e) for e in eps_values))
-        q = per_query(view, ("ntxent", self.tau, thresholds), lambda v: self._per_query(v, thresholds))
-        by_eps = {k: q[k].movedim(-1, 0).contiguous() for k in ("C_qv-", "W_qv-", "W_low")}  # (E, ..., Q)
-        means = {k: v.mean(-1) for k, v in by_eps.items()}  # every threshold at once, each row as alone
-        w_pos = q["W_qv+"].mean(-1)
+        q = per_query(view, ("ntxent", self.tau, thresholds), lambda v: self._per_query(v, thresholds))["stats"]
+        rows = q.movedim(-1, 0).contiguous()  # (S, ..., Q), _per_query's rows
+        n = len(thresholds)
+        c_at, w_at, low_at, pos_at, comp_at = 0, n, 2 * n, 3 * n, 3 * n + 1
+        means = rows[:comp_at].mean(-1)  # every threshold at once, each row as alone
+        comp_b = nanmean(rows[comp_at:])
 
         def at(j: int) -> dict[str, torch.Tensor]:
-            return {"C_qv-": means["C_qv-"][j], "W_qv-": means["W_qv-"][j], "W_qv+": w_pos,
-                    "W_low": means["W_low"][j]}
+            return {"C_qv-": means[c_at + j], "W_qv-": means[w_at + j], "W_qv+": means[pos_at],
+                    "W_low": means[low_at + j]}
 
-        per_q = {"C_qv-": by_eps["C_qv-"][0], "W_qv-": by_eps["W_qv-"][0], "W_qv+": q["W_qv+"],
-                 "W_low": by_eps["W_low"][0]}
-        comp_q = {k: q[k] for k in COMPANIONS}
-        main = Count({**per_q, **comp_q}, {**at(0), **nanmeans(comp_q)}, view.n_excluded)
+        per_q = {"C_qv-": rows[c_at], "W_qv-": rows[w_at], "W_qv+": rows[pos_at], "W_low": rows[low_at],
+                 **dict(zip(COMPANIONS, rows[comp_at:], strict=True))}
+        main = Count(per_q, {**at(0), **dict(zip(COMPANIONS, comp_b, strict=True))}, view.n_excluded)
         return main, {e: at(j) for j, e in enumerate(thresholds) if j}
 
 
