@@ -84,7 +84,7 @@ def batch_counts(c_q: torch.Tensor) -> dict[str, torch.Tensor]:
     return {"C_q": mean, "C_B": c_b, "C_0": c_0}
 
 
-def companions(weights: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+def companions(weights: torch.Tensor, binary: bool = False) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Threshold-free companions from each query's non-negative weights on its negatives.
 
     With ``u_n = w_n / sum w``: effective number of negatives ``exp(H(u))``, inverse
@@ -92,7 +92,7 @@ def companions(weights: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str
     negatives carry no weight get NaN; the batch value is the mean over the others.
     ``(per_query, batch)``; :func:`companion_values` gives the per-query values alone.
     """
-    per_query = companion_values(weights)
+    per_query = companion_values(weights, binary)
     return per_query, nanmeans(per_query)
 
 
@@ -107,12 +107,9 @@ def companion_rows(weights: torch.Tensor, binary: bool = False) -> torch.Tensor:
 
     Every operation is row by row (the same bits for any number of rows): where fewer than half of the queries
     have weight only those rows are computed, otherwise every row and the others set to NaN after. Two full-size
-    temporaries.
-
-    ``binary``: the weights are 0 or 1 (the triplet losses' violations with one positive), so that ``u`` is
-    ``1 / n`` on a query's ``n`` violations and 0 elsewhere: ``u log u`` and ``u^2`` are computed once per query
-    and spread over its row by multiplying with the weights (``1 * x = x``; ``0 * x`` is the ``-0`` or ``+0`` of
-    the elementwise products), the same tensors, summed alike, at half the passes."""
+    temporaries. ``binary``: the weights are 0 or 1 (or booleans), see :func:`_binary_companion_rows`."""
+    if binary:
+        return _binary_companion_rows(weights)
     w, total = weights, weights.sum(-1, keepdim=True)  # counts: exact integer sums, converted below
     has = total.squeeze(-1) > 0
     shape = has.shape
@@ -124,18 +121,11 @@ def companion_rows(weights: torch.Tensor, binary: bool = False) -> torch.Tensor:
     if not w.is_floating_point():
         w, total = w.to(torch.float64), total.to(torch.float64)
     tiny = torch.finfo(w.dtype).tiny
-    if binary:
-        u = 1.0 / total.clamp(min=tiny)  # (..., 1): u on a violation
-        entropy = -(w * u.clamp(min=tiny).log().mul_(u)).sum(-1)
-        simpson = (w * (u * u)).sum(-1)
-        top = u.squeeze(-1)
-    else:
-        u = w / total.clamp(min=tiny)
-        work = u.clamp(min=tiny).log_().mul_(u)  # u log u -> 0 as u -> 0
-        entropy = -work.sum(-1)
-        simpson = torch.mul(u, u, out=work).sum(-1)
-        top = u.amax(-1)
-    values = torch.stack([torch.exp(entropy), 1.0 / simpson.clamp(min=tiny), top]).to(torch.float64)
+    u = w / total.clamp(min=tiny)
+    work = u.clamp(min=tiny).log_().mul_(u)  # u log u -> 0 as u -> 0
+    entropy = -work.sum(-1)
+    simpson = torch.mul(u, u, out=work).sum(-1)
+    values = torch.stack([torch.exp(entropy), 1.0 / simpson.clamp(min=tiny), u.amax(-1)]).to(torch.float64)
     values = values.reshape(len(COMPANIONS), -1)
     if gather:
         values = torch.full((len(COMPANIONS), has.numel()), torch.nan, dtype=torch.float64,
@@ -143,6 +133,22 @@ def companion_rows(weights: torch.Tensor, binary: bool = False) -> torch.Tensor:
     elif some:
         values = torch.where(has.reshape(-1), values, torch.nan)
     return values.reshape(len(COMPANIONS), *shape)
+
+
+def _binary_companion_rows(weights: torch.Tensor) -> torch.Tensor:
+    """:func:`companion_rows` of 0/1 weights (the triplet losses' violations with one positive), in float64 as
+    for any integer weights, without making them floats: ``u`` is ``1 / n`` on a query's ``n`` violations and 0
+    elsewhere, so ``u log u`` and ``u^2`` are computed once per query and spread over its row by ``where`` (the
+    elementwise products' values: ``-0`` for ``0 * log(tiny)``, ``+0`` for ``0 * 0``), the same tensors, summed
+    alike, at a third of the memory traffic."""
+    hit = weights if weights.dtype == torch.bool else weights > 0
+    n = hit.sum(-1, keepdim=True, dtype=torch.int32).to(torch.float64)
+    tiny = torch.finfo(torch.float64).tiny
+    u = 1.0 / n.clamp(min=tiny)  # (..., 1): u on a violation
+    entropy = -torch.where(hit, u.clamp(min=tiny).log().mul_(u), -0.0).sum(-1)
+    simpson = torch.where(hit, u * u, 0.0).sum(-1)
+    values = torch.stack([torch.exp(entropy), 1.0 / simpson.clamp(min=tiny), u.squeeze(-1)])
+    return torch.where(n.squeeze(-1) > 0, values, torch.nan)
 
 
 def nanmeans(values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

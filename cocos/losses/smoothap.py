@@ -133,16 +133,23 @@ class SmoothAPCounter(Counter):
         """Everything of :meth:`count_sweep` that does not depend on the mode: ``(C_q, companions per query,
         their batch values, weights on the negatives)``; ``C_q`` is ``(E, ..., Q)``, one row for the counter's
         threshold and one for each of ``eps_values``."""
-        w, divisor, n = self._weights(view)
         q = view.scores.shape[-2]
-        counts = torch.stack(counts_above(w.reshape(*w.shape[:-2], -1), [self.eps, *eps_values]))
+        counts, w_sum, divisor, n = self._reduced(view, [self.eps, *eps_values])
         # (E, ..., Q), one row per threshold; as _count: (w > eps) over anchors and candidates, over the divisor
         c_q = _pad_queries(counts.to(torch.float64), q, 0.0) / divisor.to(torch.float64)
-        neg_w = torch.where(view.neg[..., :n, :], w.sum(-2), 0.0)
+        neg_w = torch.where(view.neg[..., :n, :], w_sum, 0.0)
         comp_q = companion_values(neg_w)
         comp_q = {k: _pad_queries(v, q, torch.nan) for k, v in comp_q.items()}
         comp_b = nanmeans(comp_q)
         return c_q, comp_q, comp_b, _pad_queries(neg_w, q, 0.0, dim=-2)
+
+    def _reduced(self, view: QueryView, thresholds) -> tuple:
+        """``(counts, w_sum, divisor, n)``: the pair weights of the first ``n`` queries (:meth:`_weights`) counted
+        above each threshold (``(E, ..., n)``) and summed over the anchors (``(..., n, K)``; one anchor: its row,
+        the same values without a pass)."""
+        w, divisor, n = self._weights(view)
+        counts = torch.stack(counts_above(w.reshape(*w.shape[:-2], -1), thresholds))
+        return counts, w[..., 0, :] if w.shape[-2] == 1 else w.sum(-2), divisor, n
 
     def count_sweep(self, view: QueryView, eps_values=()) -> tuple[Count, dict[float, dict[str, torch.Tensor]]]:
         """The pair weights once for the count and every threshold; the thresholds' counts in one pass

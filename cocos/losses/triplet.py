@@ -83,11 +83,14 @@ class TripletCounter(Counter):
             hit = hinge[..., 0, :].amax(-1) > 0
             ones = torch.where(hit, 1.0, torch.nan).to(torch.float64)
             return {"C_q": hit.to(torch.int64), **dict.fromkeys(COMPANIONS, ones)}
+        if hinge.shape[-2] == 1:  # one positive: the violations are 0/1, counted from the booleans
+            hit = hinge[..., 0, :] > 0
+            return {"C_q": hit.sum(-1, dtype=torch.int32).to(torch.int64), **companion_values(hit, binary=True)}
         v = self.violations(view)
         counts = v.sum(-1)
         if self.hardest:  # 1 if the hardest negative violates for any positive (0 or 1 per query)
             counts = (counts > 0).to(counts.dtype)
-        return {"C_q": counts, **companion_values(v, binary=hinge.shape[-2] == 1)}  # one positive: 0/1
+        return {"C_q": counts, **companion_values(v)}
 
     def count(self, view: QueryView) -> Count:
         return self._count(view, keep_weights=True)
@@ -101,9 +104,17 @@ class TripletCounter(Counter):
     def _count(self, view: QueryView, keep_weights: bool) -> Count:
         if view.compat and not self.hardest and view.direction == "t2i":
             # by negative image: image i's entry collects the caption queries it violates for
-            v = self.violations(view)
-            grouped, item_kind = v.sum(-2), "image"
-            comp_q, comp_b = companions(v.transpose(-1, -2))
+            if positives(view)[0].shape[-1] == 1:  # one positive: the violations are 0/1, kept as booleans
+                hit = per_query(view, ("triplet_hits", self.margin), lambda v: {"hit": self._hinge(v)[..., 0, :] > 0})
+                hit = hit["hit"]
+                grouped = hit.sum(-2, dtype=torch.int32).to(torch.int64)
+                comp_q, comp_b = companions(hit.transpose(-1, -2), binary=True)
+            else:
+                v = self.violations(view)
+                grouped = v.sum(-2)
+                comp_q, comp_b = companions(v.transpose(-1, -2))
+            item_kind = "image"
+            v = self.violations(view) if keep_weights else None
         else:
             q = per_query(view, ("triplet_queries", self.margin, self.hardest), self._per_query)
             grouped, item_kind = q["C_q"], None
