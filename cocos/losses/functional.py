@@ -57,8 +57,8 @@ def positive_index(pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """
     counts = pos.sum(-1, dtype=torch.int32)  # int32: 3x faster than summing booleans to int64
     a = max(int(counts.max()), 1) if pos.numel() else 1
-    if a == 1:
-        idx = pos.to(torch.uint8).argmax(-1, keepdim=True)
+    if a == 1:  # the booleans read as bytes (no copy)
+        idx = (pos.view(torch.uint8) if pos.dtype == torch.bool else pos.to(torch.uint8)).argmax(-1, keepdim=True)
     elif bool((counts == a).all()):  # every query has a positives: no padding, no sort
         idx = pos.nonzero()[:, -1].reshape(*pos.shape[:-1], a)
         return idx, torch.ones_like(idx, dtype=torch.bool)

@@ -77,8 +77,7 @@ class NTXentCounter(Counter):
         the ``E`` thresholds, ``W_qv+`` and the three companions. The weights on the negatives go to the view's
         memo."""
         p = self.probabilities(view)
-        # p * mask: where(mask, p, 0) bit for bit (p >= 0), four times faster with the mask as floats
-        neg_p = per_view(view, self._neg_key(view), lambda: p * float_mask(view, "neg", p.dtype))
+        neg_p = per_view(view, self._neg_key(view), lambda: torch.where(view.neg, p, 0.0))
         above, w_above, w_below = thresholded_sums_stacked(p, view.neg, thresholds, masked=neg_p)  # (E, ..., Q)
         idx, valid = positives(view)
         if idx.shape[-1] == 1:  # one positive at most: the row's sum of p * pos is its entry (the others add 0)
