@@ -195,8 +195,9 @@ def test_both_modes_of_a_chunk_with_same_image_pairs_count_one_stack_of_rows():
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(engine, "_views", spy)
         new = count_embeddings(emb, ["triplet", "triplet_sh", "ntxent"], batch_size=8, modes=MODES, sweep_eps=SWEEP)
-    assert {v.compat for v in seen} == {False, True}
+    assert {v.compat for v in seen} == {False, True} and {v.direction for v in seen} == {"i2t", "t2i"}
     assert all(0 < len(v.stack.changed) < v.scores.shape[0] * v.scores.shape[1] for v in seen)
+    assert len({id(v.stack.view) for v in seen}) < len(seen) // 2  # a chunk's four views share one stack
     for v in seen:
         plain = QueryView(scores=v.scores, pos=v.pos, neg=v.neg, direction=v.direction, group_size=v.group_size,
                           compat=v.compat)

@@ -408,13 +408,15 @@ def count_embeddings(
              for layout, plan in plans.items()}
     mine = {layout: aligned_block(plan.n_batches, steps[layout], group) for layout, plan in plans.items()}  # whole
     total = sum(len(r) for r in mine.values())
+    layouts: dict = {}  # the ranking layout, shared by the chunks
     with progress_bar(total, "counting", enabled=progress and group.is_main) as advance:
         for layout_name, plan in plans.items():
             own, step = mine[layout_name], steps[layout_name]
             for start in range(own.start, own.stop, step):
                 stop = min(start + step, own.stop)
                 _count_chunk(emb, plan.captions[start:stop], plan.images[start:stop], layout_name, batch_size,
-                             [(o, counters[o.name]) for o in by_layout[layout_name]], modes, sweep_eps, collect)
+                             [(o, counters[o.name]) for o in by_layout[layout_name]], modes, sweep_eps, collect,
+                             layouts)
                 advance(stop - start)
     if group.active:
         collect.merge(gather_blocks(collect.parts(), group))
@@ -485,61 +487,70 @@ class _SharedView(QueryView):
 def _views(layout: BatchLayout, scores: torch.Tensor, modes, intra: dict) -> dict[tuple[str, str], QueryView]:
     """``{(mode, direction): view}`` of a chunk's ``(nb, B, M)`` scores, as ``layout.view`` makes them, with the
     transposed (t2i) scores copied once for both modes. Where the chunk has no same-image pair the masks of both
-    modes are the same tensors (:func:`cocos.losses.counts.per_view` keys by identity); where it has, both views
-    of a direction share a :class:`~cocos.losses.counts.RowStack` of the corrected rows and the compat rows whose
-    masks differ (:func:`cocos.losses.counts.per_query`). The excluded pairs of a batch are counted once per mode
-    (a direction's masks are the other's transposed)."""
-    oriented = {"i2t": scores, "t2i": scores.transpose(-1, -2).contiguous()}
+    modes are the same tensors (:func:`cocos.losses.counts.per_view` keys by identity); where it has, every view
+    shares a :class:`~cocos.losses.counts.RowStack` of the corrected rows of both directions and the compat rows
+    whose masks differ (:func:`cocos.losses.counts.per_query`), the t2i scores copied straight into it. The
+    excluded pairs of a batch are counted once per mode (a direction's masks are the other's transposed)."""
     equal = layout.image_ids is None or not bool(layout.same_image().any())
-    out, memo, excluded = {}, {}, {}
+    stacked = not equal and set(modes) == set(MODES) and scores.shape[-1] == scores.shape[-2]
+    memo: dict = {}
+    if stacked:
+        oriented, stacks = _row_stacks(layout, scores, memo)
+    else:
+        oriented, stacks = {"i2t": scores, "t2i": scores.transpose(-1, -2).contiguous()}, {}
+    out, excluded = {}, {}
     for d in DIRECTIONS:
         s, masks = oriented[d], {}
         for mode in sorted(modes, key=MODES.index):
             if equal and masks:  # the same tensors for both modes
                 masks[mode] = next(iter(masks.values()))
                 continue
-            pos, neg = layout.masks(d, mode == "compat")
-            if pos.shape != s.shape:
-                pos, neg = pos.expand(s.shape).contiguous(), neg.expand(s.shape).contiguous()
-            masks[mode] = pos, neg
-        stack = None
-        if not equal and len(masks) == 2:
-            changed = layout.mode_rows(d).reshape(-1).nonzero().squeeze(-1)
-            stack = _row_stack(s, masks["corrected"], masks["compat"], changed, d, layout.group_size, memo)
+            masks[mode] = layout.masks(d, mode == "compat", shape=s.shape)
         for mode, (pos, neg) in masks.items():
+            known = excluded.get(mode, excluded.get("corrected") if equal else None)  # equal masks: equal counts
             view = _SharedView(scores=s, pos=pos, neg=neg, direction=d, group_size=layout.group_size,
-                               compat=mode == "compat", intra=intra.get(d), memo=memo, stack=stack,
-                               excluded=excluded.get(mode))
+                               compat=mode == "compat", intra=intra.get(d), memo=memo, stack=stacks.get(d),
+                               excluded=known)
             excluded[mode] = view.n_excluded
             out[(mode, d)] = view
     return {key: out[key] for key in ((m, d) for m in modes for d in DIRECTIONS)}
 
 
-def _row_stack(scores: torch.Tensor, main: tuple, other: tuple, changed: torch.Tensor, direction: str,
-               group_size: int, memo: dict) -> RowStack | None:
-    """The query rows of the corrected view (masks ``main``) and the compat rows (masks ``other``) that differ from
-    them (``changed``, flat indices: :meth:`~cocos.data.layout.BatchLayout.mode_rows`)."""
-    (pos, neg), (pos2, neg2) = main, other
-    if not len(changed):
-        return None
-    k = scores.shape[-1]
+def _row_stacks(layout: BatchLayout, scores: torch.Tensor, memo: dict) -> tuple[dict, dict]:
+    """``(oriented scores, {direction: RowStack})`` of a square chunk with same-image pairs: one stack of one-query
+    views holding, per direction, the corrected rows and then the compat rows whose masks differ
+    (:meth:`~cocos.data.layout.BatchLayout.mode_rows`); the t2i scores are the transposed copy written into it."""
+    k, lead = scores.shape[-1], scores.shape[:-1]
+    n = lead.numel()
+    changed = {d: layout.mode_rows(d).reshape(-1).nonzero().squeeze(-1) for d in DIRECTIONS}
+    start = {"i2t": 0, "t2i": n + len(changed["i2t"])}
+    rows = torch.empty(2 * n + sum(len(c) for c in changed.values()), k, dtype=scores.dtype, device=scores.device)
+    rows[:n] = scores.reshape(n, k)
+    rows[start["t2i"]:start["t2i"] + n].view(scores.shape).copy_(scores.transpose(-1, -2))
+    oriented = {d: rows[start[d]:start[d] + n].view(scores.shape) for d in DIRECTIONS}
+    parts = {"scores": [], "pos": [], "neg": []}
+    for d in DIRECTIONS:
+        (pos, neg), (pos2, neg2) = layout.masks(d, False, shape=scores.shape), layout.masks(d, True, shape=scores.shape)
+        main = rows[start[d]:start[d] + n]
+        rows[start[d] + n:start[d] + n + len(changed[d])] = main[changed[d]]
+        parts["pos"] += [pos.reshape(n, k), pos2.reshape(n, k)[changed[d]]]
+        parts["neg"] += [neg.reshape(n, k), neg2.reshape(n, k)[changed[d]]]
+    view = _SharedView(scores=rows[:, None, :], pos=torch.cat(parts["pos"])[:, None, :],
+                       neg=torch.cat(parts["neg"])[:, None, :], direction="i2t", group_size=layout.group_size,
+                       memo=memo)
+    return oriented, {d: RowStack(view, n, changed[d], start[d]) for d in DIRECTIONS}
 
-    def rows(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return torch.cat([a.reshape(-1, k), b.reshape(-1, k)[changed]])[:, None, :]
 
-    view = _SharedView(scores=rows(scores, scores), pos=rows(pos, pos2), neg=rows(neg, neg2), direction=direction,
-                       group_size=group_size, memo=memo)
-    return RowStack(view, scores.shape[:-1].numel(), changed)
-
-
-def _count_chunk(emb, cap, img, layout_name, batch_size, specs, modes, sweep_eps, collect) -> None:
+def _count_chunk(emb, cap, img, layout_name, batch_size, specs, modes, sweep_eps, collect,
+                 layouts: dict | None = None) -> None:
     """Count a chunk of batches (dataset rows ``cap`` (nb, M), ``img`` (nb, B)) for every (spec, counter) of one
     layout, both directions, every mode, into ``collect``.
 
     One pass: the similarity rows are computed once (one batched matmul) and oriented once per mode and
     direction; every counter counts those views at its own threshold and at every threshold of the sweep
     from the same per-query weights (:meth:`~cocos.losses.counts.Counter.count_sweep`). Rows are collected
-    in the order of the per-threshold loop this replaces (``tests/reference_engine.py``)."""
+    in the order of the per-threshold loop this replaces (``tests/reference_engine.py``). ``layouts``: the
+    ranking layouts (the same for every chunk, with their masks) kept from one chunk to the next."""
     device = emb.images.device
     c, i = torch.as_tensor(cap, device=device), torch.as_tensor(img, device=device)
     images, captions = rows_of(emb.images, i), rows_of(emb.captions, c)
@@ -547,7 +558,10 @@ def _count_chunk(emb, cap, img, layout_name, batch_size, specs, modes, sweep_eps
     if layout_name == "pair":
         layout = BatchLayout.build(batch_size, batch_size, torch.arange(batch_size, device=device), image_ids=i)
     else:
-        layout = BatchLayout.build(batch_size, c.shape[-1], device=device)
+        layouts = {} if layouts is None else layouts
+        if c.shape[-1] not in layouts:
+            layouts[c.shape[-1]] = BatchLayout.build(batch_size, c.shape[-1], device=device)
+        layout = layouts[c.shape[-1]]
     intra = {}
     if any(getattr(counter, "needs_intra", False) for _, counter in specs):  # the queries' own similarities (IMC)
         intra = intra_similarities(images, captions)

@@ -121,11 +121,22 @@ class BatchLayout:
             self._cache["negatives"] = ~pos & ~self.same_image()
         return self._cache["negatives"]
 
-    def masks(self, direction: str, compat: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def masks(self, direction: str, compat: bool = False, shape=None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(pos, neg)`` oriented for one direction (queries x candidates), contiguous, computed once (``pos``
-        is the same tensor in both modes)."""
+        is the same tensor in both modes). ``shape``: expanded to that shape (leading batch dimensions), also
+        computed once."""
         if direction not in DIRECTIONS:
             raise CocosError(f"unknown direction '{direction}' (use i2t or t2i)")
+        pos, neg = self._masks(direction, compat)
+        if shape is None or tuple(pos.shape) == tuple(shape):
+            return pos, neg
+        shape = tuple(shape)
+        for key, mask in ((("pos", direction, shape), pos), (("neg", direction, compat, shape), neg)):
+            if key not in self._cache:
+                self._cache[key] = mask.expand(shape).contiguous()
+        return self._cache[("pos", direction, shape)], self._cache[("neg", direction, compat, shape)]
+
+    def _masks(self, direction: str, compat: bool) -> tuple[torch.Tensor, torch.Tensor]:
         key = (direction, compat)
         if key not in self._cache:
             neg = self.negatives(compat)

@@ -175,19 +175,22 @@ def per_view(view: QueryView, key: tuple, make):
 @dataclass(frozen=True)
 class RowStack:
     """The query rows of a chunk's corrected view and the few rows where its compat view's masks differ (the
-    engine's chunks holding same-image pairs), stacked as ``N`` views of one query each (``view``, ``(N, 1, K)``):
-    the first ``n_main`` are the corrected view's rows in order, the others the compat view's rows ``changed``
-    (flat indices over the leading and query axes). :func:`per_query` computes both modes' rows in one pass."""
+    engine's chunks holding same-image pairs), stacked as ``N`` views of one query each (``view``, ``(N, 1, K)``,
+    which may hold other views' rows too, the other direction's): from ``offset``, the ``n_main`` rows of the
+    corrected view in order, then the compat view's rows ``changed`` (flat indices over the leading and query
+    axes). :func:`per_query` computes every mode's and direction's rows in one pass."""
 
     view: QueryView
     n_main: int
     changed: torch.Tensor
+    offset: int = 0
 
     @cached_property
     def compat_rows(self) -> torch.Tensor:
-        """The stacked rows of the compat view, in its order: the corrected ones, the changed ones from the tail."""
-        rows = torch.arange(self.n_main, device=self.changed.device)
-        rows[self.changed] = torch.arange(self.n_main, self.n_main + len(self.changed), device=rows.device)
+        """The stacked rows of the compat view, in its order: the corrected ones, the changed ones from after them."""
+        start, n = self.offset, self.n_main
+        rows = torch.arange(start, start + n, device=self.changed.device)
+        rows[self.changed] = torch.arange(start + n, start + n + len(self.changed), device=rows.device)
         return rows
 
 
@@ -195,10 +198,10 @@ def per_query(view: QueryView, key: tuple, compute) -> dict[str, torch.Tensor]:
     """``compute(view)``, a dict of per-query tensors (each ``(..., Q, *rest)``), memoised like :func:`per_view`.
 
     A view with a :class:`RowStack` (``view.stack``, the engine's views of a chunk holding same-image pairs) takes
-    its values from one ``compute`` of the stacked rows, shared by both modes: the corrected view its first rows,
-    the compat view the same with the changed rows replaced by the stacked ones after them. Every ``compute`` of a
-    counter works row by row (the same bits for any number and arrangement of rows), so this equals
-    ``compute(view)``."""
+    its values from one ``compute`` of the stacked rows, shared by both modes (and directions): the corrected view
+    its rows, the compat view the same with the changed rows replaced by the stacked ones after them. Every
+    ``compute`` given here works row by row (the same bits for any number and arrangement of rows) and does not
+    read the view's direction, so this equals ``compute(view)``."""
     stack = getattr(view, "stack", None)
     if stack is None:
         return per_view(view, (*key, *view_key(view)), lambda: compute(view))
@@ -209,8 +212,8 @@ def per_query(view: QueryView, key: tuple, compute) -> dict[str, torch.Tensor]:
         lead, n = view.scores.shape[:-1], stack.n_main
         out = {}
         for name, value in full.items():
-            # compat: the corrected rows, but the changed ones from the stack's tail
-            main = value.index_select(0, stack.compat_rows) if view.compat else value[:n]
+            # compat: the corrected rows, but the changed ones from after them
+            main = value.index_select(0, stack.compat_rows) if view.compat else value[stack.offset:stack.offset + n]
             out[name] = main.reshape(*lead, *value.shape[2:])
         return out
 

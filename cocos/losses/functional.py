@@ -144,14 +144,15 @@ def smoothap_pair_weights(
     scores: torch.Tensor,
     anchors: torch.Tensor,
     anchor_valid: torch.Tensor,
-    candidates: torch.Tensor,
+    candidates: torch.Tensor | None,
     tau: float,
     vectorised: bool = False,
 ) -> torch.Tensor:
     """The SmoothAP counter's pair weights ``w(a, b) = G (1 - G) / R(a)^2`` (``(..., Q, A, K)``), no gradient.
 
     The same operations as :func:`smoothap_sigmoid` followed by ``g * (1 - g) / (rank * rank)``, in place
-    (two full-size tensors instead of six), so bit for bit the same values. ``vectorised``: both sigmoids by
+    (two full-size tensors instead of six), so bit for bit the same values; ``candidates`` ``None``: every pair
+    is a candidate. ``vectorised``: both sigmoids by
     :func:`sigmoid_vectorised` (for a part of a tensor whose whole would be tail-free, see
     :func:`vectorised_whole`)."""
     s_a = torch.gather(scores, -1, anchors)  # (..., Q, A)
@@ -159,7 +160,7 @@ def smoothap_pair_weights(
     x.div_(tau).clamp_(-SIGMOID_CLAMP, SIGMOID_CLAMP)
     g = sigmoid_vectorised(x) if vectorised else torch.sigmoid(x)
     g.scatter_(-1, anchors[..., None], 0.0)  # G(a, a) = 0
-    if not bool(candidates.all()):
+    if candidates is not None and not bool(candidates.all()):
         g.mul_(candidates[..., None, :])
     if not bool(anchor_valid.all()):
         g.mul_(anchor_valid[..., None])

@@ -83,14 +83,16 @@ class SmoothAPCounter(Counter):
         vectorised loop, bit for bit what the whole tensor gives where it is tail-free
         (:func:`~cocos.losses.functional.vectorised_whole`; otherwise the whole tensor is computed)."""
         rows, valid, divisor = self.anchors(view)
-        scores, candidates = view.scores, view.candidates
+        scores = view.scores
+        candidates = view.candidates if view.excludes_any() else None  # None: every pair is a candidate
         q, n = scores.shape[-2], scores.shape[-2]
         if view.compat and view.direction == "t2i":
             first = min(q, -(-scores.shape[-1] // view.group_size))
             whole = rows.numel() * scores.shape[-1]
             if first < q and (scores.device.type != "cpu" or vectorised_whole(whole)):
                 n = first
-                scores, candidates, rows, valid = (x[..., :n, :] for x in (scores, candidates, rows, valid))
+                scores, rows, valid = (x[..., :n, :] for x in (scores, rows, valid))
+                candidates = None if candidates is None else candidates[..., :n, :]
         w = smoothap_pair_weights(scores, rows, valid, candidates, self.tau, vectorised=n < q)
         return w, divisor, n
 
