@@ -178,3 +178,17 @@ def test_irregular_captions_work_for_pair_batches_but_not_ranking():
     assert run.stats()["triplet"]["i2t"]["C_B"]["mean"] is not None
     with pytest.raises(CocosError, match="same number of captions"):
         count_embeddings(emb, ["smoothap"], batch_size=4)
+
+
+def test_a_nan_outside_the_statistics_that_may_be_undefined_is_an_error():
+    from cocos.counting.engine import _check_defined
+
+    frame = pd.DataFrame({"loss": ["triplet", "triplet", "goal", "goal"], "direction": ["i2t", "t2i", "i2t", "i2t"],
+                          "mode": ["corrected"] * 4, "eps": [np.nan] * 4, "batch": [0, 3, 1, 2],
+                          "stat": ["C_q", "C_B", "W", "C_B"], "value": [np.nan, 2.0, np.nan, 1.0]})
+    _check_defined(frame, {"goal": ("W",)})  # C_q may be undefined; goal declares W
+    with pytest.raises(CocosError, match="goal i2t W is not a number in batch 1"):
+        _check_defined(frame, {})
+    frame.loc[1, "value"] = np.nan
+    with pytest.raises(CocosError, match="triplet t2i C_B is not a number in batch 3"):
+        _check_defined(frame, {"goal": ("W",)})

@@ -332,8 +332,9 @@ class _Collector:
                                     "value": np.concatenate(values)})
         else:
             batches = pd.DataFrame(columns=BATCH_COLUMNS)
-        for col in ("loss", "direction", "mode", "stat"):
-            batches[col] = batches[col].astype(str)
+        for col in ("loss", "direction", "mode", "stat"):  # names: str already, unless the frame is empty
+            if len(batches) == 0 or not isinstance(batches[col].iloc[0], str):
+                batches[col] = batches[col].astype(str)
         queries = None
         if self.keep_queries:
             qparts = []
@@ -353,10 +354,11 @@ def _check_defined(batches: pd.DataFrame, allowed: dict[str, tuple[str, ...]]) -
 
     ``allowed`` maps a loss to the statistics its spec declares may be undefined in a batch.
     """
-    ok = batches["stat"].isin(MAY_BE_UNDEFINED)
+    nan = batches[batches["value"].isna()]  # usually few rows: the names compared on those only
+    ok = nan["stat"].isin(MAY_BE_UNDEFINED)
     for loss, stats in allowed.items():
-        ok |= (batches["loss"] == loss) & batches["stat"].isin(stats)
-    bad = batches[batches["value"].isna() & ~ok]
+        ok |= (nan["loss"] == loss) & nan["stat"].isin(stats)
+    bad = nan[~ok]
     if len(bad):
         row = bad.iloc[0]
         raise CocosError(f"{row['loss']} {row['direction']} {row['stat']} is not a number in batch {row['batch']}")
