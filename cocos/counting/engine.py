@@ -467,6 +467,9 @@ class _SharedView(QueryView):
     # computes them in one pass)
     stack: RowStack | None = field(default=None, compare=False, repr=False)
     excluded: torch.Tensor | None = field(default=None, compare=False, repr=False)  # n_excluded, where known
+    # what depends on the masks alone (cocos.losses.counts.positives), kept with the layout: across chunks where
+    # the masks are the same tensors (the ranking layout's)
+    mask_memo: dict | None = field(default=None, compare=False, repr=False)
 
     @cached_property
     def candidates(self) -> torch.Tensor:
@@ -476,14 +479,17 @@ class _SharedView(QueryView):
     def n_excluded(self) -> torch.Tensor:
         if self.excluded is not None:
             return self.excluded
-        # the pairs in neither mask (the layout's are disjoint), by int32 sums over the candidates, then the queries:
-        # faster than int64 over both at once
-        k, q = self.scores.shape[-1], self.scores.shape[-2]
-        inside = (self.pos.sum(-1, dtype=torch.int32) + self.neg.sum(-1, dtype=torch.int32)).sum(-1)
-        return (q * k - inside).to(torch.int64)
+        return _n_excluded(self.pos, self.neg)
 
     def excludes_any(self) -> bool:
         return bool(self.n_excluded.any())
+
+
+def _n_excluded(pos: torch.Tensor, neg: torch.Tensor) -> torch.Tensor:
+    """Per batch (``(..., Q, K)`` masks): the pairs in neither mask (the layout's are disjoint), by int32 sums over
+    the candidates, then the queries (faster than int64 over both at once)."""
+    inside = (pos.sum(-1, dtype=torch.int32) + neg.sum(-1, dtype=torch.int32)).sum(-1)
+    return (pos.shape[-2] * pos.shape[-1] - inside).to(torch.int64)
 
 
 def _views(layout: BatchLayout, scores: torch.Tensor, modes, intra: dict) -> dict[tuple[str, str], QueryView]:
@@ -501,6 +507,7 @@ def _views(layout: BatchLayout, scores: torch.Tensor, modes, intra: dict) -> dic
     else:
         oriented, stacks = {"i2t": scores, "t2i": scores.transpose(-1, -2).contiguous()}, {}
     out, excluded = {}, {}
+    mask_memo = layout.memo
     for d in DIRECTIONS:
         s, masks = oriented[d], {}
         for mode in sorted(modes, key=MODES.index):
@@ -510,9 +517,14 @@ def _views(layout: BatchLayout, scores: torch.Tensor, modes, intra: dict) -> dic
             masks[mode] = layout.masks(d, mode == "compat", shape=s.shape)
         for mode, (pos, neg) in masks.items():
             known = excluded.get(mode, excluded.get("corrected") if equal else None)  # equal masks: equal counts
+            if known is None:  # counted once per pair of masks, for as long as the layout keeps them
+                key = ("n_excluded", id(pos), id(neg))
+                if key not in mask_memo:  # the masks stay referenced with the value: their ids are not reused
+                    mask_memo[key] = (_n_excluded(pos, neg), pos, neg)
+                known = mask_memo[key][0]
             view = _SharedView(scores=s, pos=pos, neg=neg, direction=d, group_size=layout.group_size,
                                compat=mode == "compat", intra=intra.get(d), memo=memo, stack=stacks.get(d),
-                               excluded=known)
+                               excluded=known, mask_memo=mask_memo)
             excluded[mode] = view.n_excluded
             out[(mode, d)] = view
     return {key: out[key] for key in ((m, d) for m in modes for d in DIRECTIONS)}

@@ -93,6 +93,11 @@ class BatchLayout:
         """``k``: captions per image in the regular layout (``M // B``)."""
         return max(1, self.n_captions // self.n_images)
 
+    @property
+    def memo(self) -> dict:
+        """A dict kept with the layout, for values computed from its masks alone (the counting engine's)."""
+        return self._cache.setdefault("memo", {})
+
     def positives(self) -> torch.Tensor:
         """``(B, M)`` bool: caption ``c`` belongs to image row ``b``."""
         rows = torch.arange(self.n_images, device=self.caption_image.device)

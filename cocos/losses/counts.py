@@ -221,8 +221,16 @@ def per_query(view: QueryView, key: tuple, compute) -> dict[str, torch.Tensor]:
 
 
 def positives(view: QueryView) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`~cocos.losses.functional.positive_index` of the view's positives, made once per mask."""
-    return per_view(view, ("positive_index", id(view.pos)), lambda: positive_index(view.pos))
+    """:func:`~cocos.losses.functional.positive_index` of the view's positives, made once per mask: in the view's
+    ``mask_memo`` where it has one (the engine's: kept with masks that serve many chunks, the ranking layout's),
+    otherwise in its memo."""
+    mask_memo = getattr(view, "mask_memo", None)
+    if mask_memo is None:
+        return per_view(view, ("positive_index", id(view.pos)), lambda: positive_index(view.pos))
+    key = ("positive_index", id(view.pos))
+    if key not in mask_memo:  # the mask stays referenced with the value: its id is not reused meanwhile
+        mask_memo[key] = (positive_index(view.pos), view.pos)
+    return mask_memo[key][0]
 
 
 def float_mask(view: QueryView, which: str, dtype: torch.dtype) -> torch.Tensor:

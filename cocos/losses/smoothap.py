@@ -30,10 +30,10 @@ from cocos.losses.counts import (
     counts_above,
     nanmeans,
     per_view,
+    positives,
     view_key,
 )
 from cocos.losses.functional import (
-    positive_index,
     smoothap_direction,
     smoothap_pair_weights,
     vectorised_whole,
@@ -67,7 +67,7 @@ class SmoothAPCounter(Counter):
             valid = valid.expand(*lead, q, k)
             divisor = torch.ones(q, device=device, dtype=view.scores.dtype)
             return rows, valid, divisor
-        idx, valid = positive_index(view.pos)
+        idx, valid = positives(view)
         return idx, valid, valid.sum(-1).clamp(min=1).to(view.scores.dtype)
 
     def pair_weights(self, view: QueryView):
