@@ -145,8 +145,10 @@ def _binary_companion_rows(weights: torch.Tensor) -> torch.Tensor:
     n = hit.sum(-1, keepdim=True, dtype=torch.int32).to(torch.float64)
     tiny = torch.finfo(torch.float64).tiny
     u = 1.0 / n.clamp(min=tiny)  # (..., 1): u on a violation
-    entropy = -torch.where(hit, u.clamp(min=tiny).log().mul_(u), -0.0).sum(-1)
-    simpson = torch.where(hit, u * u, 0.0).sum(-1)
+    spread = torch.where(hit, u.clamp(min=tiny).log().mul_(u), -0.0)
+    entropy = -spread.sum(-1)
+    zero = torch.zeros((), dtype=torch.float64, device=u.device)
+    simpson = torch.where(hit, u * u, zero, out=spread).sum(-1)  # the same buffer, still in the cache
     values = torch.stack([torch.exp(entropy), 1.0 / simpson.clamp(min=tiny), u.squeeze(-1)])
     return torch.where(n.squeeze(-1) > 0, values, torch.nan)
 

@@ -59,6 +59,10 @@ class TripletCounter(Counter):
         return per_view(view, ("triplet_hinge", self.margin, *view_key(view)),
                         lambda: triplet_hinge(view, self.margin, positives(view)))
 
+    def _hits(self, view: QueryView) -> torch.Tensor:
+        """``(..., Q, K)`` bool, one positive per query: the violations, once per view (and row stack)."""
+        return per_query(view, ("triplet_hits", self.margin), lambda v: {"hit": self._hinge(v)[..., 0, :] > 0})["hit"]
+
     def _violations(self, view: QueryView) -> torch.Tensor:
         hinge = self._hinge(view)
         if self.hardest:  # the first hardest negative of each (query, positive), where it violates
@@ -84,7 +88,7 @@ class TripletCounter(Counter):
             ones = torch.where(hit, 1.0, torch.nan).to(torch.float64)
             return {"C_q": hit.to(torch.int64), **dict.fromkeys(COMPANIONS, ones)}
         if hinge.shape[-2] == 1:  # one positive: the violations are 0/1, counted from the booleans
-            hit = hinge[..., 0, :] > 0
+            hit = self._hits(view)
             return {"C_q": hit.sum(-1, dtype=torch.int32).to(torch.int64), **companion_values(hit, binary=True)}
         v = self.violations(view)
         counts = v.sum(-1)
@@ -105,8 +109,7 @@ class TripletCounter(Counter):
         if view.compat and not self.hardest and view.direction == "t2i":
             # by negative image: image i's entry collects the caption queries it violates for
             if positives(view)[0].shape[-1] == 1:  # one positive: the violations are 0/1, kept as booleans
-                hit = per_query(view, ("triplet_hits", self.margin), lambda v: {"hit": self._hinge(v)[..., 0, :] > 0})
-                hit = hit["hit"]
+                hit = self._hits(view)
                 grouped = hit.sum(-2, dtype=torch.int32).to(torch.int64)
                 comp_q, comp_b = companions(hit.transpose(-1, -2), binary=True)
             else:
