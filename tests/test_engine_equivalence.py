@@ -380,3 +380,25 @@ def test_mode_rows_are_the_rows_whose_masks_differ_between_the_modes():
             assert want.any() and not want.all()
             assert torch.equal(layout.mode_rows(d), want)
             assert p1 is p2  # one positives tensor for both modes
+
+
+@pytest.mark.parametrize("empty_rows", [0.1, 0.8])
+def test_companions_and_threshold_sums_from_given_sums_and_maxima_equal_their_own(empty_rows):
+    """NT-Xent hands its weights' row sums and maxima to both: the largest share from them (largest / total) and
+    the sums and counts equal what each computes itself, bit for bit."""
+    from cocos.losses.counts import COMPANIONS, companion_values, companion_rows, thresholded_sums_stacked
+
+    g = torch.Generator().manual_seed(10)
+    p = torch.rand(4, 9, 128, generator=g) ** 6
+    mask = torch.rand(4, 9, 128, generator=g) > 0.2
+    mask[torch.rand(4, 9, generator=g) < empty_rows] = False
+    w = torch.where(mask, p, 0.0)
+    total, largest = w.sum(-1), w.amax(-1)
+    given = dict(zip(COMPANIONS, companion_rows(w, total=total, largest=largest).unbind(0), strict=True))
+    own = companion_values(w)
+    for key in COMPANIONS:
+        assert torch.equal(given[key].nan_to_num(-1.0), own[key].nan_to_num(-1.0)), key
+    eps = [0.001, 0.01, 0.1]
+    for a, b in zip(thresholded_sums_stacked(p, mask, eps, masked=w, masked_sum=total, masked_max=largest),
+                    thresholded_sums_stacked(p, mask, eps), strict=True):
+        assert torch.equal(a, b)

@@ -101,16 +101,21 @@ def companion_values(weights: torch.Tensor, binary: bool = False) -> dict[str, t
     return dict(zip(COMPANIONS, companion_rows(weights, binary).unbind(0), strict=True))
 
 
-def companion_rows(weights: torch.Tensor, binary: bool = False) -> torch.Tensor:
+def companion_rows(weights: torch.Tensor, binary: bool = False, total: torch.Tensor | None = None,
+                   largest: torch.Tensor | None = None) -> torch.Tensor:
     """The per-query values of :func:`companions` as one float64 tensor ``(3, ..., Q)``, in the order of
     :data:`COMPANIONS`.
 
     Every operation is row by row (the same bits for any number of rows): where fewer than half of the queries
     have weight only those rows are computed, otherwise every row and the others set to NaN after. Two full-size
-    temporaries. ``binary``: the weights are 0 or 1 (or booleans), see :func:`_binary_companion_rows`."""
+    temporaries. ``binary``: the weights are 0 or 1 (or booleans), see :func:`_binary_companion_rows`. ``total``,
+    ``largest``: ``weights.sum(-1)`` and ``weights.amax(-1)`` of float weights, where the caller has them (the
+    largest share ``max u`` is then ``largest / total``: division by a positive number keeps the order, so the
+    largest quotient is the quotient of the largest, correctly rounded alike)."""
     if binary:
         return _binary_companion_rows(weights)
-    w, total = weights, weights.sum(-1, keepdim=True)  # counts: exact integer sums, converted below
+    given = total is not None and largest is not None and weights.is_floating_point()
+    w, total = weights, (total.unsqueeze(-1) if given else weights.sum(-1, keepdim=True))  # ints: exact sums
     has = total.squeeze(-1) > 0
     shape = has.shape
     rows = has.reshape(-1).nonzero().squeeze(-1)
@@ -118,6 +123,7 @@ def companion_rows(weights: torch.Tensor, binary: bool = False) -> torch.Tensor:
     gather = some and 2 * len(rows) < has.numel()
     if gather:  # only the queries with weight
         w, total = w.reshape(-1, w.shape[-1])[rows], total.reshape(-1, 1)[rows]
+        largest = largest.reshape(-1)[rows] if given else None
     if not w.is_floating_point():
         w, total = w.to(torch.float64), total.to(torch.float64)
     tiny = torch.finfo(w.dtype).tiny
@@ -125,7 +131,8 @@ def companion_rows(weights: torch.Tensor, binary: bool = False) -> torch.Tensor:
     work = u.clamp(min=tiny).log_().mul_(u)  # u log u -> 0 as u -> 0
     entropy = -work.sum(-1)
     simpson = torch.mul(u, u, out=work).sum(-1)
-    values = torch.stack([torch.exp(entropy), 1.0 / simpson.clamp(min=tiny), u.amax(-1)]).to(torch.float64)
+    top = largest / total.clamp(min=tiny).squeeze(-1) if given else u.amax(-1)
+    values = torch.stack([torch.exp(entropy), 1.0 / simpson.clamp(min=tiny), top]).to(torch.float64)
     values = values.reshape(len(COMPANIONS), -1)
     if gather:
         values = torch.full((len(COMPANIONS), has.numel()), torch.nan, dtype=torch.float64,
@@ -294,8 +301,8 @@ def thresholded_sums(p: torch.Tensor, mask: torch.Tensor, eps_values) -> list[tu
     return list(zip(count, above, below, strict=True))
 
 
-def thresholded_sums_stacked(p: torch.Tensor, mask: torch.Tensor, eps_values, masked: torch.Tensor | None = None
-                             ) -> tuple:
+def thresholded_sums_stacked(p: torch.Tensor, mask: torch.Tensor, eps_values, masked: torch.Tensor | None = None,
+                             masked_sum: torch.Tensor | None = None, masked_max: torch.Tensor | None = None) -> tuple:
     """Per row of ``p`` (``(..., K)`` float) and threshold ``e``: ``(n_above, sum_above, sum_below)``, each
     ``(E, ...)`` (one row per threshold): the count
     and the sum of the masked entries ``> e`` and the sum of those ``< e``, bit for bit
@@ -312,21 +319,24 @@ def thresholded_sums_stacked(p: torch.Tensor, mask: torch.Tensor, eps_values, ma
     without a boolean mask or its conversion): on ``p * mask`` (``where(mask, p, 0)`` bit for bit, its entries
     outside the mask never above ``e >= 0``; ``masked``, when given, is that tensor) above the threshold, and on
     the negated entries (``-p > -e``, exact) below it, whose sum is the negated sum (rounding is symmetric); the
-    count above is the number of nonzero kept entries (all ``> e >= 0``), summed as exact small integers."""
+    count above is the number of nonzero kept entries (all ``> e >= 0``), summed as exact small integers.
+    ``masked_sum``, ``masked_max``: ``masked.sum(-1)`` and ``masked.amax(-1)``, where the caller has them."""
     k = p.shape[-1]
     rows, m = p.reshape(-1, k), mask.reshape(-1, k)
     eps = torch.tensor([float(e) for e in eps_values], dtype=p.dtype, device=p.device)[:, None]  # (E, 1)
     # boolean counts in int32 (up to K; 3x faster than the int64 default), int64 at the end
     n_in = m.sum(-1, dtype=torch.int32)
     # p * mask is where(mask, p, 0) bit for bit (p * 1 = p, p * 0 = +-0) where p is finite (its sum is finite)
+    given = masked is not None and masked_sum is not None and masked_max is not None
     low = masked.reshape(-1, k) if masked is not None else rows * m.to(rows.dtype)
-    total = low.sum(-1)
+    total = masked_sum.reshape(-1) if given else low.sum(-1)
     fast = bool(len(eps_values)) and bool(eps.min() >= 0) and bool(torch.isfinite(total).all())
     if not fast:
         low, total = torch.where(m, rows, float("-inf")), torch.where(m, rows, 0.0).sum(-1)
     # the masked entries, the others never below a threshold (+inf); negated where fast
     high = torch.where(m, rows, float("inf"))
-    hi, lo = low.amax(-1), high.amin(-1)  # where fast, a row without entries has hi 0: the same outcome
+    # where fast, a row without entries has hi 0: the same outcome
+    hi, lo = masked_max.reshape(-1) if (given and fast) else low.amax(-1), high.amin(-1)
     if fast:
         high = high.neg_()
 

@@ -78,7 +78,9 @@ class NTXentCounter(Counter):
         memo."""
         p = self.probabilities(view)
         neg_p = per_view(view, self._neg_key(view), lambda: torch.where(view.neg, p, 0.0))
-        above, w_above, w_below = thresholded_sums_stacked(p, view.neg, thresholds, masked=neg_p)  # (E, ..., Q)
+        neg_sum, neg_max = neg_p.sum(-1), neg_p.amax(-1)  # for the thresholds and the companions alike
+        above, w_above, w_below = thresholded_sums_stacked(p, view.neg, thresholds, masked=neg_p, masked_sum=neg_sum,
+                                                           masked_max=neg_max)  # (E, ..., Q)
         idx, valid = positives(view)
         if idx.shape[-1] == 1:  # one positive at most: the row's sum of p * pos is its entry (the others add 0)
             on_pos = torch.where(valid[..., 0], p.gather(-1, idx)[..., 0], 0.0)
@@ -86,7 +88,7 @@ class NTXentCounter(Counter):
             on_pos = (p * float_mask(view, "pos", p.dtype)).sum(-1)
         w_pos = 1.0 - on_pos.to(torch.float64)
         rows = torch.cat([above.to(torch.float64), w_above.to(torch.float64), w_below.to(torch.float64), w_pos[None],
-                          companion_rows(neg_p)])
+                          companion_rows(neg_p, total=neg_sum, largest=neg_max)])
         return {"stats": rows.movedim(0, -1)}
 
     def _neg_key(self, view: QueryView) -> tuple:
