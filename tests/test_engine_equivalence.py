@@ -402,3 +402,19 @@ def test_companions_and_threshold_sums_from_given_sums_and_maxima_equal_their_ow
     for a, b in zip(thresholded_sums_stacked(p, mask, eps, masked=w, masked_sum=total, masked_max=largest),
                     thresholded_sums_stacked(p, mask, eps), strict=True):
         assert torch.equal(a, b)
+
+
+def test_counts_above_from_the_column_sums_equal_one_comparison_per_threshold():
+    """SmoothAP's counts over anchors and candidates compare only the columns whose sum over the anchors passes;
+    a NaN makes it compare everything."""
+    from cocos.losses.counts import counts_above_summed
+
+    g = torch.Generator().manual_seed(11)
+    w = torch.rand(3, 7, 5, 40, generator=g) ** 14  # sparse: few entries above the thresholds
+    w[0, 0, :, 3] = torch.tensor([0.0, 0.0011, 0.0, 0.0, 0.0])  # one entry just above, alone in its column
+    w[1, 2] = 0.0
+    eps = [0.01, 0.001, 0.2, 0.01]
+    for x in (w, w[..., :1, :], torch.where(w > 0.9, torch.nan, w), w.double()):
+        x_sum = x.sum(-2)
+        for e, count in zip(eps, counts_above_summed(x, x_sum, eps), strict=True):
+            assert torch.equal(count, (x > e).sum((-1, -2))), e

@@ -283,14 +283,39 @@ def counts_above(w: torch.Tensor, eps_values) -> list[torch.Tensor]:
     if rows is None:
         at = (flat > least).reshape(-1).nonzero().squeeze(-1)
         rows, values = at // width, flat.reshape(-1)[at]
+    return _bucket_counts(rows, values, n_rows, eps_values, w.shape[:-1])
+
+
+def counts_above_summed(w: torch.Tensor, w_sum: torch.Tensor, eps_values) -> list[torch.Tensor]:
+    """:func:`counts_above` of non-negative ``w`` (``(..., A, K)``) over its last two axes, given ``w_sum =
+    w.sum(-2)``: a rounded sum of non-negative numbers is at least each of them, so an entry can pass a threshold
+    only where its column's sum does, and only those columns' ``A`` entries are compared (SmoothAP's pair weights,
+    summed over the anchors for the companions anyway). Exact counts; with a NaN, :func:`counts_above`."""
+    eps_values = [float(e) for e in eps_values]
+    if not eps_values:
+        return []
+    a, k = w.shape[-2:]
+    cols = w_sum.reshape(-1, k)
+    if not cols.numel() or bool(torch.isnan(cols).any()):
+        return counts_above(w.reshape(*w.shape[:-2], -1), eps_values)
+    least = torch.tensor(min(eps_values), dtype=w.dtype, device=w.device)
+    row, col = (cols > least).nonzero(as_tuple=True)  # the columns whose sum passes
+    values = w.reshape(-1, a, k)[row, :, col]  # (h, A)
+    hit, anchor = (values > least).nonzero(as_tuple=True)
+    return _bucket_counts(row[hit], values[hit, anchor], cols.shape[0], eps_values, w.shape[:-2])
+
+
+def _bucket_counts(rows: torch.Tensor, values: torch.Tensor, n_rows: int, eps_values: list, shape) -> list:
+    """Per row and threshold, the number of ``values`` (the entries above the smallest threshold, with their row)
+    above it: one ``bucketize`` sorts them between the thresholds, one ``bincount`` per (row, bucket)."""
     order = sorted(range(len(eps_values)), key=lambda j: eps_values[j])
-    bounds = torch.tensor([eps_values[j] for j in order], dtype=w.dtype, device=w.device)
+    bounds = torch.tensor([eps_values[j] for j in order], dtype=values.dtype, device=values.device)
     bucket = torch.bucketize(values, bounds)  # number of thresholds strictly below each value
     hist = torch.bincount(rows * (len(order) + 1) + bucket, minlength=n_rows * (len(order) + 1))
     above = hist.reshape(n_rows, len(order) + 1).flip(-1).cumsum(-1).flip(-1)  # above[:, j]: bucket >= j
     out = [None] * len(eps_values)
     for rank, j in enumerate(order):
-        out[j] = above[:, rank + 1].reshape(w.shape[:-1])
+        out[j] = above[:, rank + 1].reshape(shape)
     return out
 
 

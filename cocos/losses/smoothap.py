@@ -27,7 +27,7 @@ from cocos.losses.counts import (
     Counter,
     companion_values,
     companions,
-    counts_above,
+    counts_above_summed,
     nanmeans,
     per_view,
     positives,
@@ -150,12 +150,12 @@ class SmoothAPCounter(Counter):
         above each threshold (``(E, ..., n)``) and summed over the anchors (``(..., n, K)``; one anchor: its row,
         the same values without a pass)."""
         w, divisor, n = self._weights(view)
-        counts = torch.stack(counts_above(w.reshape(*w.shape[:-2], -1), thresholds))
-        return counts, w[..., 0, :] if w.shape[-2] == 1 else w.sum(-2), divisor, n
+        w_sum = w[..., 0, :] if w.shape[-2] == 1 else w.sum(-2)
+        return torch.stack(counts_above_summed(w, w_sum, thresholds)), w_sum, divisor, n
 
     def count_sweep(self, view: QueryView, eps_values=()) -> tuple[Count, dict[float, dict[str, torch.Tensor]]]:
         """The pair weights once for the count and every threshold; the thresholds' counts in one pass
-        (:func:`~cocos.losses.counts.counts_above`). Equal to ``count`` and ``sweep``."""
+        (:func:`~cocos.losses.counts.counts_above_summed`). Equal to ``count`` and ``sweep``."""
         # the published t2i anchors differ from the corrected ones; otherwise equal views (both modes of a
         # ranking batch, which has no same-image pairs) share one computation, the modes differing only in
         # the batch value of an empty batch (_batch)
