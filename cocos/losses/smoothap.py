@@ -133,8 +133,8 @@ class SmoothAPCounter(Counter):
 
     def _per_query(self, view: QueryView, eps_values) -> tuple:
         """Everything of :meth:`count_sweep` that does not depend on the mode: ``(C_q, companions per query,
-        their batch values, weights on the negatives)``; ``C_q`` is ``(E, ..., Q)``, one row for the counter's
-        threshold and one for each of ``eps_values``."""
+        their batch values)``; ``C_q`` is ``(E, ..., Q)``, one row for the counter's threshold and one for each of
+        ``eps_values``."""
         q = view.scores.shape[-2]
         counts, w_sum, divisor, n = self._reduced(view, [self.eps, *eps_values])
         # (E, ..., Q), one row per threshold; as _count: (w > eps) over anchors and candidates, over the divisor
@@ -143,7 +143,7 @@ class SmoothAPCounter(Counter):
         comp_q = companion_values(neg_w)
         comp_q = {k: _pad_queries(v, q, torch.nan) for k, v in comp_q.items()}
         comp_b = nanmeans(comp_q)
-        return c_q, comp_q, comp_b, _pad_queries(neg_w, q, 0.0, dim=-2)
+        return c_q, comp_q, comp_b
 
     def _reduced(self, view: QueryView, thresholds) -> tuple:
         """``(counts, w_sum, divisor, n)``: the pair weights of the first ``n`` queries (:meth:`_weights`) counted
@@ -155,18 +155,18 @@ class SmoothAPCounter(Counter):
 
     def count_sweep(self, view: QueryView, eps_values=()) -> tuple[Count, dict[float, dict[str, torch.Tensor]]]:
         """The pair weights once for the count and every threshold; the thresholds' counts in one pass
-        (:func:`~cocos.losses.counts.counts_above_summed`). Equal to ``count`` and ``sweep``."""
+        (:func:`~cocos.losses.counts.counts_above_summed`). Equal to ``count`` (without its weights: the engine's
+        entry point) and ``sweep``."""
         # the published t2i anchors differ from the corrected ones; otherwise equal views (both modes of a
         # ranking batch, which has no same-image pairs) share one computation, the modes differing only in
         # the batch value of an empty batch (_batch)
         odd = view.compat and view.direction == "t2i"
         eps_values = [float(e) for e in eps_values]
-        c_q, comp_q, comp_b, neg_w = per_view(
+        c_q, comp_q, comp_b = per_view(
             view, ("smoothap", self.tau, self.eps, tuple(eps_values), odd, *view_key(view)),
             lambda: self._per_query(view, eps_values))
         batch = self._batch(c_q, view.compat)  # every threshold at once, each row as alone: (E, ...)
-        main = Count({"C_q": c_q[0], **comp_q}, {**{k: v[0] for k, v in batch.items()}, **comp_b}, view.n_excluded,
-                     weights=neg_w)
+        main = Count({"C_q": c_q[0], **comp_q}, {**{k: v[0] for k, v in batch.items()}, **comp_b}, view.n_excluded)
         return main, {e: {k: v[j] for k, v in batch.items()} for j, e in enumerate(eps_values, 1)}
 
 
