@@ -471,6 +471,7 @@ class _SharedView(QueryView):
     # what depends on the masks alone (cocos.losses.counts.positives), kept with the layout: across chunks where
     # the masks are the same tensors (the ranking layout's)
     mask_memo: dict | None = field(default=None, compare=False, repr=False)
+    excludes: bool | None = field(default=None, compare=False, repr=False)  # whether any pair is excluded, if known
 
     @cached_property
     def candidates(self) -> torch.Tensor:
@@ -483,7 +484,7 @@ class _SharedView(QueryView):
         return _n_excluded(self.pos, self.neg)
 
     def excludes_any(self) -> bool:
-        return bool(self.n_excluded.any())
+        return self.excludes if self.excludes is not None else bool(self.n_excluded.any())
 
 
 def _n_excluded(pos: torch.Tensor, neg: torch.Tensor) -> torch.Tensor:
@@ -552,7 +553,7 @@ def _row_stacks(layout: BatchLayout, scores: torch.Tensor, memo: dict) -> tuple[
         parts["neg"] += [neg.reshape(n, k), neg2.reshape(n, k)[changed[d]]]
     view = _SharedView(scores=rows[:, None, :], pos=torch.cat(parts["pos"])[:, None, :],
                        neg=torch.cat(parts["neg"])[:, None, :], direction="i2t", group_size=layout.group_size,
-                       memo=memo)
+                       memo=memo, excludes=True)  # the corrected rows exclude the same-image pairs
     return oriented, {d: RowStack(view, n, changed[d], start[d]) for d in DIRECTIONS}
 
 
