@@ -386,7 +386,7 @@ def test_mode_rows_are_the_rows_whose_masks_differ_between_the_modes():
 def test_companions_and_threshold_sums_from_given_sums_and_maxima_equal_their_own(empty_rows):
     """NT-Xent hands its weights' row sums and maxima to both: the largest share from them (largest / total) and
     the sums and counts equal what each computes itself, bit for bit."""
-    from cocos.losses.counts import COMPANIONS, companion_values, companion_rows, thresholded_sums_stacked
+    from cocos.losses.counts import COMPANIONS, companion_rows, companion_values, thresholded_sums_stacked
 
     g = torch.Generator().manual_seed(10)
     p = torch.rand(4, 9, 128, generator=g) ** 6
