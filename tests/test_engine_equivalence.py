@@ -107,6 +107,15 @@ def test_own_threshold_outside_the_sweep_and_no_sweep():
     _compare(emb, ["ntxent", "smoothap"], chunks=(32,), batch_size=8, modes=["compat"])
 
 
+def _assert_threshold_sums_are_direct(p, mask, eps):
+    """``thresholded_sums`` equals one comparison per threshold, bit for bit."""
+    for e, (count, above, below) in zip(eps, thresholded_sums(p, mask, eps), strict=True):
+        hit = mask & (p > e)
+        assert torch.equal(count, hit.sum(-1))
+        assert torch.equal(above, torch.where(hit, p, 0.0).sum(-1))
+        assert torch.equal(below, torch.where(mask & (p < e), p, 0.0).sum(-1))
+
+
 def test_threshold_counts_and_sums_equal_one_comparison_per_threshold():
     g = torch.Generator().manual_seed(0)
     p = torch.rand(3, 7, 40, generator=g) ** 4
@@ -114,11 +123,7 @@ def test_threshold_counts_and_sums_equal_one_comparison_per_threshold():
     mask = torch.rand(3, 7, 40, generator=g) > 0.2
     mask[1, 2] = False  # a row without entries
     eps = [0.0, 1e-3, 0.01, 0.1, 0.5, 0.9]
-    for e, (count, above, below) in zip(eps, thresholded_sums(p, mask, eps), strict=True):
-        hit = mask & (p > e)
-        assert torch.equal(count, hit.sum(-1))
-        assert torch.equal(above, torch.where(hit, p, 0.0).sum(-1))  # bit for bit
-        assert torch.equal(below, torch.where(mask & (p < e), p, 0.0).sum(-1))
+    _assert_threshold_sums_are_direct(p, mask, eps)
     for e, count in zip(eps, counts_above(p, eps), strict=True):
         assert torch.equal(count, (p > e).sum(-1))
 
@@ -255,11 +260,7 @@ def test_threshold_sums_by_gathered_rows_and_by_whole_rows_equal_one_comparison_
     p[:partial_rows] = torch.rand(partial_rows, 16, generator=g)  # these rows straddle every threshold below
     mask = torch.rand(24, 16, generator=g) > 0.1
     eps = [0.2, 0.5, 0.7]
-    for e, (count, above, below) in zip(eps, thresholded_sums(p, mask, eps), strict=True):
-        hit = mask & (p > e)
-        assert torch.equal(count, hit.sum(-1))
-        assert torch.equal(above, torch.where(hit, p, 0.0).sum(-1))
-        assert torch.equal(below, torch.where(mask & (p < e), p, 0.0).sum(-1))
+    _assert_threshold_sums_are_direct(p, mask, eps)
 
 
 def test_counts_above_by_blocks_equal_one_comparison_per_threshold():
@@ -287,11 +288,7 @@ def test_threshold_sums_of_negative_and_infinite_entries_equal_one_comparison_pe
     mask = torch.rand(6, 32, generator=g) > 0.3
     eps = [0.0, 0.1, 0.5, 2.0]
     for x in (p, torch.where(~mask & (torch.arange(32) == 3), torch.inf, p), p.abs() - 0.2):
-        for e, (count, above, below) in zip(eps, thresholded_sums(x, mask, eps), strict=True):
-            hit = mask & (x > e)
-            assert torch.equal(count, hit.sum(-1))
-            assert torch.equal(above, torch.where(hit, x, 0.0).sum(-1))
-            assert torch.equal(below, torch.where(mask & (x < e), x, 0.0).sum(-1))
+        _assert_threshold_sums_are_direct(x, mask, eps)
 
 
 def test_nanmean_and_stacked_companions_equal_their_formulas_bit_for_bit():

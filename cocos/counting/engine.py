@@ -518,8 +518,8 @@ def _views(layout: BatchLayout, scores: torch.Tensor, modes, intra: dict) -> dic
                 continue
             masks[mode] = layout.masks(d, mode == "compat", shape=s.shape)
         for mode, (pos, neg) in masks.items():
-            known = excluded.get(mode, excluded.get("corrected") if equal else None)  # equal masks: equal counts
-            if known is None:  # counted once per pair of masks, for as long as the layout keeps them
+            known = excluded.get(mode)  # a direction's masks are the other's transposed: the same counts
+            if known is None:  # counted once per pair of masks (both modes' where equal), while the layout keeps them
                 key = ("n_excluded", id(pos), id(neg))
                 if key not in mask_memo:  # the masks stay referenced with the value: their ids are not reused
                     mask_memo[key] = (_n_excluded(pos, neg), pos, neg)
@@ -544,7 +544,7 @@ def _row_stacks(layout: BatchLayout, scores: torch.Tensor, memo: dict) -> tuple[
     rows[:n] = scores.reshape(n, k)
     rows[start["t2i"]:start["t2i"] + n].view(scores.shape).copy_(scores.transpose(-1, -2))
     oriented = {d: rows[start[d]:start[d] + n].view(scores.shape) for d in DIRECTIONS}
-    parts = {"scores": [], "pos": [], "neg": []}
+    parts = {"pos": [], "neg": []}
     for d in DIRECTIONS:
         (pos, neg), (pos2, neg2) = layout.masks(d, False, shape=scores.shape), layout.masks(d, True, shape=scores.shape)
         main = rows[start[d]:start[d] + n]

@@ -242,13 +242,6 @@ def positives(view: QueryView) -> tuple[torch.Tensor, torch.Tensor]:
     return mask_memo[key][0]
 
 
-def float_mask(view: QueryView, which: str, dtype: torch.dtype) -> torch.Tensor:
-    """The view's ``pos`` or ``neg`` mask as 0/1 floats, made once per view (``x * float_mask`` is ``x * mask``
-    bit for bit, without converting the booleans every time)."""
-    mask = getattr(view, which)
-    return per_view(view, ("float_mask", which, dtype, *view_key(view)), lambda: mask.to(dtype))
-
-
 def view_key(view: QueryView) -> tuple:
     """The identity of a view's scores and masks, for :func:`per_view` keys."""
     return (id(view.scores), id(view.pos), id(view.neg), view.direction)
@@ -365,14 +358,12 @@ def thresholded_sums_stacked(p: torch.Tensor, mask: torch.Tensor, eps_values, ma
     if fast:
         high = high.neg_()
 
-    buffer = []
+    buffer = torch.empty_like(low) if fast else None  # every threshold's kept entries, in cache between passes
 
     def whole_row(j: int, above: bool) -> tuple:
         e = float(eps[j, 0])
-        if fast:  # one buffer for every threshold's kept entries (in cache from one pass to the next)
-            if not buffer:
-                buffer.append(torch.empty_like(low))
-            kept = torch.threshold(low if above else high, e if above else -e, 0.0, out=buffer[0])
+        if fast:
+            kept = torch.threshold(low if above else high, e if above else -e, 0.0, out=buffer)
             if not above:
                 return None, 0.0 - kept.sum(-1)
             value = kept.sum(-1)

@@ -20,7 +20,6 @@ from cocos.losses.counts import (
     Counter,
     companion_rows,
     companions,
-    float_mask,
     nanmean,
     per_query,
     per_view,
@@ -85,7 +84,7 @@ class NTXentCounter(Counter):
         if idx.shape[-1] == 1:  # one positive at most: the row's sum of p * pos is its entry (the others add 0)
             on_pos = torch.where(valid[..., 0], p.gather(-1, idx)[..., 0], 0.0)
         else:
-            on_pos = (p * float_mask(view, "pos", p.dtype)).sum(-1)
+            on_pos = torch.where(view.pos, p, 0.0).sum(-1)
         w_pos = 1.0 - on_pos.to(torch.float64)
         rows = torch.cat([above.to(torch.float64), w_above.to(torch.float64), w_below.to(torch.float64), w_pos[None],
                           companion_rows(neg_p, total=neg_sum, largest=neg_max)])

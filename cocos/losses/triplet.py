@@ -72,9 +72,9 @@ class TripletCounter(Counter):
                 v = torch.zeros(hinge.shape[:-2] + hinge.shape[-1:], dtype=torch.int64, device=hinge.device)
                 return v.scatter_(-1, first[..., 0, :], hit[..., 0, :].to(torch.int64))
             return torch.zeros_like(hinge, dtype=torch.bool).scatter_(-1, first, hit).sum(-2)
-        hit = hinge > 0
-        # one positive: the 0/1 violations as float64 (exact; the companions compute in float64)
-        return hit[..., 0, :].to(torch.float64) if hinge.shape[-2] == 1 else hit.sum(-2)
+        if hinge.shape[-2] == 1:  # one positive: the 0/1 violations (as weights; the counts use the booleans)
+            return self._hits(view).to(torch.float64)
+        return (hinge > 0).sum(-2)
 
     def _per_query(self, view: QueryView) -> dict[str, torch.Tensor]:
         """``C^q`` of each query and the companions of its violations (row by row)."""
