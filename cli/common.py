@@ -188,26 +188,27 @@ def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
 
         steady_heap()  # freed tensors are reused from the heap (see cocos.device.steady_heap)
         with _interrupt_handling(), _library_warnings():
-            try:
-                set_threads(threads)
-                result = func(*args, **kwargs)
-            except CocosError as exc:
+            try:  # a Ctrl-C (or torchrun's SIGTERM) while an error is being handled below is an interruption too
+                try:
+                    set_threads(threads)
+                    result = func(*args, **kwargs)
+                except CocosError as exc:
+                    if interrupt_pending():
+                        _interrupted()
+                    fail(str(exc))
+                except FileNotFoundError as exc:
+                    if interrupt_pending():
+                        _interrupted()
+                    fail(f"{exc.filename or exc}: no such file")
+                except OSError as exc:  # a folder where a file was expected, no permission, disk full, ...
+                    if interrupt_pending():
+                        _interrupted()
+                    fail(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "))
                 if interrupt_pending():
                     _interrupted()
-                fail(str(exc))
-            except FileNotFoundError as exc:
-                if interrupt_pending():
-                    _interrupted()
-                fail(f"{exc.filename or exc}: no such file")
-            except OSError as exc:  # a folder where a file was expected, no permission, disk full, ...
-                if interrupt_pending():
-                    _interrupted()
-                fail(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "))
+                return result
             except KeyboardInterrupt:
                 _interrupted()
-            if interrupt_pending():
-                _interrupted()
-            return result
 
     _with_threads_option(wrapper, func)
     return wrapper

@@ -477,3 +477,31 @@ def test_undefined_statistics_in_the_track_are_kept_not_refused(world, tmp_path)
     (run / "cocos_track.csv").write_text("\n".join([lines[0], ",".join(cells), *lines[2:]]) + "\n")
     with pytest.raises(CocosError, match="no value in column stat"):
         read_logs(run)
+
+
+def test_an_interrupt_while_an_error_is_handled_is_one_interrupted_line_and_exit_130(monkeypatch):
+    """torchrun's SIGTERM can arrive just as a rank handles the error of a lost peer: the signal's
+    KeyboardInterrupt, raised inside the error handling, still gives the interrupted line and 130."""
+    import typer
+
+    import cocos.io
+    from cocos_cli.common import INTERRUPTED, handle_errors
+
+    calls = []
+
+    def pending():  # the signal lands during the first check, inside the CocosError handler
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return True
+
+    monkeypatch.setattr(cocos.io, "interrupt_pending", pending)
+
+    @handle_errors
+    def command():
+        raise CocosError("rank 0: another process stopped")
+
+    app_ = typer.Typer()
+    app_.command()(command)
+    res = runner.invoke(app_, [])
+    assert res.exit_code == 130 and res.output.strip().splitlines() == [INTERRUPTED], (res.exit_code, res.output)
