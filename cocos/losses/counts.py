@@ -254,53 +254,69 @@ def counts_above(w: torch.Tensor, eps_values) -> list[torch.Tensor]:
     them; one ``bucketize`` sorts those between the thresholds, and one ``bincount``
     per (row, bucket) gives every count (exact integer counts, equal to
     ``(w > e).sum(-1)`` for each ``e``, without one pass over ``w`` per threshold).
-    Where the entries that pass are few (SmoothAP's pair weights), the comparison runs only on the blocks of
-    :data:`BLOCK` entries whose largest entry passes (one ``amax`` finds them). The thresholds are compared in
+    The comparison runs only on the blocks whose largest entry passes (:func:`_entries_above`): where the
+    entries that pass are few (SmoothAP's pair weights), a small part of ``w``. The thresholds are compared in
     ``w``'s dtype, as ``w > e`` compares them."""
     eps_values = [float(e) for e in eps_values]
     if not eps_values:
         return []
-    width = w.shape[-1]
-    flat = w.reshape(-1, width)
-    n_rows = flat.shape[0]
+    flat = w.reshape(-1, w.shape[-1])
     least = torch.tensor(min(eps_values), dtype=w.dtype, device=w.device)
-    rows, values = None, None
-    if width % BLOCK == 0 and flat.numel():
-        blocks = flat.reshape(-1, BLOCK)
-        top = blocks.amax(-1)
-        if not bool(torch.isnan(top).any()):  # amax would hide an entry that passes beside a NaN
-            hot = (top > least).nonzero().squeeze(-1)  # the blocks with an entry that passes
-            sub = blocks[hot]
-            at = (sub > least).reshape(-1).nonzero().squeeze(-1)
-            rows, values = hot[at // BLOCK] // (width // BLOCK), sub.reshape(-1)[at]
-    if rows is None:
-        at = (flat > least).reshape(-1).nonzero().squeeze(-1)
-        rows, values = at // width, flat.reshape(-1)[at]
-    return _bucket_counts(rows, values, n_rows, eps_values, w.shape[:-1])
+    found = _entries_above(flat, least)
+    if found is None:  # a NaN (it passes no threshold, but hides its block's largest entry): every entry compared
+        rows, cols = (flat > least).nonzero(as_tuple=True)
+        found = rows, flat[rows, cols]
+    return _bucket_counts(found[0], found[-1], flat.shape[0], eps_values, w.shape[:-1])
 
 
 def counts_above_summed(w: torch.Tensor, w_sum: torch.Tensor, eps_values) -> list[torch.Tensor]:
     """:func:`counts_above` of non-negative ``w`` (``(..., A, K)``) over its last two axes, given ``w_sum =
     w.sum(-2)``: a rounded sum of non-negative numbers is at least each of them, so an entry can pass a threshold
     only where its column's sum does, and only those columns' ``A`` entries are compared (SmoothAP's pair weights,
-    summed over the anchors for the companions anyway). Exact counts; with a NaN, :func:`counts_above`."""
+    summed over the anchors for the companions anyway; the columns found as :func:`_entries_above` finds
+    entries). Exact counts; with a NaN, :func:`counts_above`."""
     eps_values = [float(e) for e in eps_values]
     if not eps_values:
         return []
     a, k = w.shape[-2:]
     cols = w_sum.reshape(-1, k)
-    if not cols.numel() or bool(torch.isnan(cols).any()):
-        return counts_above(w.reshape(*w.shape[:-2], -1), eps_values)
     least = torch.tensor(min(eps_values), dtype=w.dtype, device=w.device)
-    row, col = (cols > least).nonzero(as_tuple=True)  # the columns whose sum passes
+    found = _entries_above(cols, least)
+    if found is None:
+        return counts_above(w.reshape(*w.shape[:-2], -1), eps_values)
+    row, col, _ = found  # the columns whose sum passes
     values = w.reshape(-1, a, k)[row, :, col]  # (h, A)
     hit, anchor = (values > least).nonzero(as_tuple=True)
     return _bucket_counts(row[hit], values[hit, anchor], cols.shape[0], eps_values, w.shape[:-2])
 
 
+def _entries_above(flat: torch.Tensor, least: torch.Tensor) -> tuple | None:
+    """``(rows, cols, values)`` of the entries of a 2-D ``flat`` above ``least``, or ``None`` where ``flat`` holds
+    a NaN. A first look at the largest entry of each block of :data:`BLOCK` entries (of each row, where the
+    width is not a multiple of it) finds the blocks with an entry that passes, and only those are compared: one
+    reduction over ``flat`` instead of a comparison and a scan of its booleans. ``amax`` propagates a NaN, which
+    is how one is found (beside it, an entry that passes would be hidden)."""
+    n_rows, width = flat.shape
+    if not flat.numel():
+        empty = torch.zeros(0, dtype=torch.int64, device=flat.device)
+        return empty, empty, flat.reshape(-1)
+    block = BLOCK if width % BLOCK == 0 else width
+    blocks = flat.reshape(-1, block)
+    top = blocks.amax(-1)
+    if bool(torch.isnan(top).any()):
+        return None
+    hot = (top > least).nonzero().squeeze(-1)  # the blocks with an entry that passes
+    sub = blocks[hot]
+    r, c = (sub > least).nonzero(as_tuple=True)
+    at, per_row = hot[r], width // block
+    return at // per_row, at % per_row * block + c, sub[r, c]
+
+
 def _bucket_counts(rows: torch.Tensor, values: torch.Tensor, n_rows: int, eps_values: list, shape) -> list:
     """Per row and threshold, the number of ``values`` (the entries above the smallest threshold, with their row)
     above it: one ``bucketize`` sorts them between the thresholds, one ``bincount`` per (row, bucket)."""
+    if not len(values):  # nothing passes (SmoothAP's caption queries, mostly)
+        return list(torch.zeros((len(eps_values), *shape), dtype=torch.int64, device=values.device).unbind(0))
     order = sorted(range(len(eps_values)), key=lambda j: eps_values[j])
     bounds = torch.tensor([eps_values[j] for j in order], dtype=values.dtype, device=values.device)
     bucket = torch.bucketize(values, bounds)  # number of thresholds strictly below each value
@@ -375,7 +391,9 @@ def thresholded_sums_stacked(p: torch.Tensor, mask: torch.Tensor, eps_values, ma
         count = torch.where(every, n_in, 0) if above else None
         value = torch.where(every, total, 0.0)
         partial = ~every & ~none
-        whole = partial.sum(-1) * 4 > partial.shape[-1]  # thresholds where many rows are partial: every row
+        # thresholds where more than a tenth of the rows are partial: every row (a pass over every row costs about
+        # as much as gathering a tenth of them and comparing those)
+        whole = partial.sum(-1) * 10 > partial.shape[-1]
         for j in whole.nonzero().squeeze(-1).tolist():
             c, value[j] = whole_row(j, above)  # every row: equal to the values above where not partial
             if above:
