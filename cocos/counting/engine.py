@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from cocos.data.layout import DIRECTIONS, BatchLayout, QueryView, _check_norms
+from cocos.data.layout import DIRECTIONS, BatchLayout, QueryView, _check_norms, any_along
 from cocos.data.samplers import pair_batches, ranking_batches
 from cocos.distributed import aligned_block, current, gather_blocks
 from cocos.errors import CocosError, check_params
@@ -472,6 +472,8 @@ class _SharedView(QueryView):
     # the masks are the same tensors (the ranking layout's)
     mask_memo: dict | None = field(default=None, compare=False, repr=False)
     excludes: bool | None = field(default=None, compare=False, repr=False)  # whether any pair is excluded, if known
+    # positive_index of pos, from the layout (cocos.losses.counts.positives), where known
+    positive: tuple | None = field(default=None, compare=False, repr=False)
 
     @cached_property
     def candidates(self) -> torch.Tensor:
@@ -496,18 +498,16 @@ def _n_excluded(pos: torch.Tensor, neg: torch.Tensor) -> torch.Tensor:
 
 def _views(layout: BatchLayout, scores: torch.Tensor, modes, intra: dict) -> dict[tuple[str, str], QueryView]:
     """``{(mode, direction): view}`` of a chunk's ``(nb, B, M)`` scores, as ``layout.view`` makes them, with the
-    transposed (t2i) scores copied once for both modes. Where the chunk has no same-image pair the masks of both
-    modes are the same tensors (:func:`cocos.losses.counts.per_view` keys by identity); where it has, every view
-    shares a :class:`~cocos.losses.counts.RowStack` of the corrected rows of both directions and the compat rows
-    whose masks differ (:func:`cocos.losses.counts.per_query`), the t2i scores copied straight into it. The
-    excluded pairs of a batch are counted once per mode (a direction's masks are the other's transposed)."""
-    equal = layout.image_ids is None or not bool(layout.same_image().any())
-    stacked = not equal and set(modes) == set(MODES) and scores.shape[-1] == scores.shape[-2]
+    transposed (t2i) scores copied once for both modes and the positives' indices from the layout
+    (:meth:`~cocos.data.layout.BatchLayout.positive_index`). Where the chunk has no same-image pair the masks of
+    both modes are the same tensors (:func:`cocos.losses.counts.per_view` keys by identity); where it has, every
+    view shares a :class:`~cocos.losses.counts.RowStack` (:func:`_stacked_views`). The excluded pairs of a batch
+    are counted once per mode (a direction's masks are the other's transposed)."""
+    equal = layout.image_ids is None or not bool(any_along(layout.same_image()))
+    if not equal and set(modes) == set(MODES) and scores.shape[-1] == scores.shape[-2]:
+        return _stacked_views(layout, scores, modes, intra)
     memo: dict = {}
-    if stacked:
-        oriented, stacks = _row_stacks(layout, scores, memo)
-    else:
-        oriented, stacks = {"i2t": scores, "t2i": scores.transpose(-1, -2).contiguous()}, {}
+    oriented = {"i2t": scores, "t2i": scores.transpose(-1, -2).contiguous()}
     out, excluded = {}, {}
     mask_memo = layout.memo
     for d in DIRECTIONS:
@@ -525,36 +525,72 @@ def _views(layout: BatchLayout, scores: torch.Tensor, modes, intra: dict) -> dic
                     mask_memo[key] = (_n_excluded(pos, neg), pos, neg)
                 known = mask_memo[key][0]
             view = _SharedView(scores=s, pos=pos, neg=neg, direction=d, group_size=layout.group_size,
-                               compat=mode == "compat", intra=intra.get(d), memo=memo, stack=stacks.get(d),
-                               excluded=known, mask_memo=mask_memo)
+                               compat=mode == "compat", intra=intra.get(d), memo=memo, excluded=known,
+                               mask_memo=mask_memo, positive=_repeated(layout.positive_index(d), s.shape[:-2]))
             excluded[mode] = view.n_excluded
             out[(mode, d)] = view
     return {key: out[key] for key in ((m, d) for m in modes for d in DIRECTIONS)}
 
 
-def _row_stacks(layout: BatchLayout, scores: torch.Tensor, memo: dict) -> tuple[dict, dict]:
-    """``(oriented scores, {direction: RowStack})`` of a square chunk with same-image pairs: one stack of one-query
-    views holding, per direction, the corrected rows and then the compat rows whose masks differ
-    (:meth:`~cocos.data.layout.BatchLayout.mode_rows`); the t2i scores are the transposed copy written into it."""
+def _repeated(index: tuple, lead) -> tuple:
+    """A layout's ``(Q, A)`` positive index for a view with leading dimensions ``lead``, without copies."""
+    return tuple(x.expand(*lead, *x.shape) for x in index)
+
+
+def _stacked_views(layout: BatchLayout, scores: torch.Tensor, modes, intra: dict) -> dict[tuple[str, str], QueryView]:
+    """:func:`_views` of a square chunk with same-image pairs, in both modes: one stack of one-query views holds,
+    per direction, the corrected rows and then the compat rows whose masks differ
+    (:meth:`~cocos.data.layout.BatchLayout.mode_rows`), and every view shares it
+    (:class:`~cocos.losses.counts.RowStack`; :func:`cocos.losses.counts.per_query` computes all rows in one pass).
+
+    The masks are made from the layout's parts, not from its full masks: the positives of a row are its query's
+    row of :meth:`~cocos.data.layout.BatchLayout.oriented_positives` (the same for every batch), and its negatives
+    are the other candidates but, in corrected rows, the same-image pairs. The corrected views' masks are the
+    stack's rows (the same values as ``layout.masks``); the compat views share the positives and take the
+    negatives ``~pos`` repeated over the batches (no same-image pair is excluded: none is counted either)."""
     k, lead = scores.shape[-1], scores.shape[:-1]
-    n = lead.numel()
+    n, q, nb = lead.numel(), scores.shape[-2], lead[:-1]
+    device = scores.device
+    same = layout.same_image()  # (nb, B, M): the pairs corrected mode excludes
     changed = {d: layout.mode_rows(d).reshape(-1).nonzero().squeeze(-1) for d in DIRECTIONS}
     start = {"i2t": 0, "t2i": n + len(changed["i2t"])}
-    rows = torch.empty(2 * n + sum(len(c) for c in changed.values()), k, dtype=scores.dtype, device=scores.device)
-    rows[:n] = scores.reshape(n, k)
-    rows[start["t2i"]:start["t2i"] + n].view(scores.shape).copy_(scores.transpose(-1, -2))
-    oriented = {d: rows[start[d]:start[d] + n].view(scores.shape) for d in DIRECTIONS}
-    parts = {"pos": [], "neg": []}
+    total = 2 * n + sum(len(c) for c in changed.values())
+    rows = torch.empty(total, k, dtype=scores.dtype, device=device)
+    pos = torch.empty(total, k, dtype=torch.bool, device=device)
+    excluded = torch.zeros(total, k, dtype=torch.bool, device=device)
+    index = {d: layout.positive_index(d) for d in DIRECTIONS}
+    same_width = index["i2t"][0].shape[-1] == index["t2i"][0].shape[-1]
+    idx = torch.empty(total, index["i2t"][0].shape[-1], dtype=torch.int64, device=device) if same_width else None
+    valid = torch.empty_like(idx, dtype=torch.bool) if same_width else None
     for d in DIRECTIONS:
-        (pos, neg), (pos2, neg2) = layout.masks(d, False, shape=scores.shape), layout.masks(d, True, shape=scores.shape)
-        main = rows[start[d]:start[d] + n]
-        rows[start[d] + n:start[d] + n + len(changed[d])] = main[changed[d]]
-        parts["pos"] += [pos.reshape(n, k), pos2.reshape(n, k)[changed[d]]]
-        parts["neg"] += [neg.reshape(n, k), neg2.reshape(n, k)[changed[d]]]
-    view = _SharedView(scores=rows[:, None, :], pos=torch.cat(parts["pos"])[:, None, :],
-                       neg=torch.cat(parts["neg"])[:, None, :], direction="i2t", group_size=layout.group_size,
-                       memo=memo, excludes=True)  # the corrected rows exclude the same-image pairs
-    return oriented, {d: RowStack(view, n, changed[d], start[d]) for d in DIRECTIONS}
+        a, m = start[d], len(changed[d])
+        main = rows[a:a + n]
+        main.view(scores.shape).copy_(scores if d == "i2t" else scores.transpose(-1, -2))
+        torch.index_select(main, 0, changed[d], out=rows[a + n:a + n + m])
+        excluded[a:a + n].view(scores.shape).copy_(same if d == "i2t" else same.transpose(-1, -2))
+        query = torch.cat([torch.arange(n, device=device) % q, changed[d] % q])  # each stacked row's query
+        torch.index_select(layout.oriented_positives(d), 0, query, out=pos[a:a + n + m])
+        if same_width:
+            torch.index_select(index[d][0], 0, query, out=idx[a:a + n + m])
+            torch.index_select(index[d][1], 0, query, out=valid[a:a + n + m])
+    neg = torch.bitwise_or(pos, excluded).logical_not_()
+    memo: dict = {}
+    stack = _SharedView(scores=rows[:, None, :], pos=pos[:, None, :], neg=neg[:, None, :], direction="i2t",
+                        group_size=layout.group_size, memo=memo, excludes=True,  # the corrected rows exclude pairs
+                        positive=(idx[:, None, :], valid[:, None, :]) if same_width else None)
+    n_excluded = {"corrected": same.reshape(*nb, -1).sum(-1, dtype=torch.int32).to(torch.int64),
+                  "compat": torch.zeros(nb, dtype=torch.int64, device=device)}
+    out = {}
+    for d in DIRECTIONS:
+        a = start[d]
+        corrected = (pos[a:a + n].view(scores.shape), neg[a:a + n].view(scores.shape))
+        compat = (corrected[0], layout.oriented_positives(d).logical_not().expand(scores.shape))
+        for mode, (p, ng) in (("corrected", corrected), ("compat", compat)):
+            out[(mode, d)] = _SharedView(
+                scores=rows[a:a + n].view(scores.shape), pos=p, neg=ng, direction=d, group_size=layout.group_size,
+                compat=mode == "compat", intra=intra.get(d), memo=memo, stack=RowStack(stack, n, changed[d], a),
+                excluded=n_excluded[mode], positive=_repeated(index[d], nb))
+    return {key: out[key] for key in ((m, d) for m in modes for d in DIRECTIONS)}
 
 
 def _count_chunk(emb, cap, img, layout_name, batch_size, specs, modes, sweep_eps, collect,
@@ -566,18 +602,19 @@ def _count_chunk(emb, cap, img, layout_name, batch_size, specs, modes, sweep_eps
     direction; every counter counts those views at its own threshold and at every threshold of the sweep
     from the same per-query weights (:meth:`~cocos.losses.counts.Counter.count_sweep`). Rows are collected
     in the order of the per-threshold loop this replaces (``tests/reference_engine.py``). ``layouts``: the
-    ranking layouts (the same for every chunk, with their masks) kept from one chunk to the next."""
+    layouts (the same for every chunk, with their masks; the pair layout without the batches' images) kept from
+    one chunk to the next."""
     device = emb.images.device
     c, i = torch.as_tensor(cap, device=device), torch.as_tensor(img, device=device)
     images, captions = rows_of(emb.images, i), rows_of(emb.captions, c)
     scores = images @ captions.transpose(-1, -2)  # (nb, B, M)
-    if layout_name == "pair":
-        layout = BatchLayout.build(batch_size, batch_size, torch.arange(batch_size, device=device), image_ids=i)
-    else:
-        layouts = {} if layouts is None else layouts
-        if c.shape[-1] not in layouts:
-            layouts[c.shape[-1]] = BatchLayout.build(batch_size, c.shape[-1], device=device)
-        layout = layouts[c.shape[-1]]
+    layouts = {} if layouts is None else layouts
+    if (layout_name, c.shape[-1]) not in layouts:
+        caption_image = torch.arange(batch_size, device=device) if layout_name == "pair" else None
+        layouts[(layout_name, c.shape[-1])] = BatchLayout.build(batch_size, c.shape[-1], caption_image, device=device)
+    layout = layouts[(layout_name, c.shape[-1])]
+    if layout_name == "pair":  # the batches' images: the same-image pairs (the positives stay the layout's)
+        layout = layout.with_image_ids(i)
     intra = {}
     if any(getattr(counter, "needs_intra", False) for _, counter in specs):  # the queries' own similarities (IMC)
         intra = intra_similarities(images, captions)

@@ -28,6 +28,33 @@ from cocos.errors import CocosError
 DIRECTIONS = ("i2t", "t2i")
 
 
+def positive_index(pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Indices of each query's positives in a ``(..., Q, K)`` mask, padded: ``(idx, valid)``, both ``(..., Q, A)``.
+
+    ``A`` is the largest number of positives of any query (1 in a pair batch, ``k``
+    for image queries of a ranking batch). Positives keep their candidate order.
+    """
+    counts = pos.sum(-1, dtype=torch.int32)  # int32: 3x faster than summing booleans to int64
+    a = max(int(counts.max()), 1) if pos.numel() else 1
+    if a == 1:  # the booleans read as bytes (no copy)
+        idx = (pos.view(torch.uint8) if pos.dtype == torch.bool else pos.to(torch.uint8)).argmax(-1, keepdim=True)
+    elif bool((counts == a).all()):  # every query has a positives: no padding, no sort
+        idx = pos.nonzero()[:, -1].reshape(*pos.shape[:-1], a)
+        return idx, torch.ones_like(idx, dtype=torch.bool)
+    else:
+        idx = torch.sort(pos.to(torch.uint8), dim=-1, descending=True, stable=True).indices[..., :a]
+    return idx, torch.gather(pos, -1, idx)
+
+
+def any_along(mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """``mask.any(dim)`` (over everything for ``None``) of a boolean mask, as the largest of its bytes (0 or 1):
+    four times faster on the CPU than ``any``, whose boolean reduction is not vectorised."""
+    if not mask.numel():  # amax has no value for an empty reduction
+        return mask.any() if dim is None else mask.any(dim)
+    top = mask.view(torch.uint8).amax() if dim is None else mask.view(torch.uint8).amax(dim)
+    return top.view(torch.bool)
+
+
 @dataclass(frozen=True)
 class BatchLayout:
     """Which caption belongs to which image row, and which rows hold the same image.
@@ -84,6 +111,14 @@ class BatchLayout:
                 )
         return cls(caption_image=caption_image, n_images=n_images, image_ids=image_ids)
 
+    def with_image_ids(self, image_ids) -> BatchLayout:
+        """This layout for batches holding the images ``image_ids`` (``(..., B)``), keeping what does not depend on
+        them (the positives and their indices) already computed."""
+        out = BatchLayout.build(self.n_images, self.n_captions, self.caption_image, image_ids=image_ids)
+        out._cache.update({key: value for key, value in self._cache.items()
+                           if isinstance(key, tuple) and key[0] in ("oriented_positives", "positive_index")})
+        return out
+
     @property
     def n_captions(self) -> int:
         return int(self.caption_image.shape[0])
@@ -102,6 +137,23 @@ class BatchLayout:
         """``(B, M)`` bool: caption ``c`` belongs to image row ``b``."""
         rows = torch.arange(self.n_images, device=self.caption_image.device)
         return rows[:, None] == self.caption_image[None, :]
+
+    def oriented_positives(self, direction: str) -> torch.Tensor:
+        """``(Q, K)`` bool: the positives of one direction (queries x candidates), the same for every batch of the
+        layout (only the negatives depend on ``image_ids``), computed once."""
+        key = ("oriented_positives", direction)
+        if key not in self._cache:
+            pos = self.positives()
+            self._cache[key] = pos.T.contiguous() if direction == "t2i" else pos
+        return self._cache[key]
+
+    def positive_index(self, direction: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """:func:`positive_index` of :meth:`oriented_positives` (``(Q, A)`` each, the same for every batch),
+        computed once: equal to that of any view's positives, which repeat these rows."""
+        key = ("positive_index", direction)
+        if key not in self._cache:
+            self._cache[key] = positive_index(self.oriented_positives(direction))
+        return self._cache[key]
 
     def same_image(self) -> torch.Tensor:
         """``(..., B, M)`` bool: not a positive, but the caption's image row holds the same image."""
@@ -156,8 +208,7 @@ class BatchLayout:
     def mode_rows(self, direction: str) -> torch.Tensor:
         """``(..., Q)`` bool: the query rows of a direction whose masks differ between the two counting modes,
         those with a same-image pair (a negative in compat mode, excluded otherwise)."""
-        same = self.same_image()
-        return same.any(-1) if direction == "i2t" else same.any(-2)
+        return any_along(self.same_image(), -1 if direction == "i2t" else -2)
 
     def view(self, scores: torch.Tensor, direction: str, compat: bool = False,
              intra: torch.Tensor | None = None) -> QueryView:

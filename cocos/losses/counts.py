@@ -230,9 +230,12 @@ def per_query(view: QueryView, key: tuple, compute) -> dict[str, torch.Tensor]:
 
 
 def positives(view: QueryView) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`~cocos.losses.functional.positive_index` of the view's positives, made once per mask: in the view's
-    ``mask_memo`` where it has one (the engine's: kept with masks that serve many chunks, the ranking layout's),
-    otherwise in its memo."""
+    """:func:`~cocos.losses.functional.positive_index` of the view's positives: given with the view where its maker
+    knows them (the engine's views: its ``positive``, from the layout), otherwise made once per mask: in the view's
+    ``mask_memo`` where it has one (kept with masks that serve many chunks), otherwise in its memo."""
+    known = getattr(view, "positive", None)
+    if known is not None:
+        return known
     mask_memo = getattr(view, "mask_memo", None)
     if mask_memo is None:
         return per_view(view, ("positive_index", id(view.pos)), lambda: positive_index(view.pos))

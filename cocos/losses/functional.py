@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from cocos.data.layout import QueryView
+from cocos.data.layout import QueryView, positive_index  # noqa: F401  (re-exported)
 from cocos.defaults import DEFAULT_MARGIN, DEFAULT_TAU_NTXENT, DEFAULT_TAU_SMOOTHAP
 
 SIGMOID_CLAMP = 50.0  # SmoothAP: the sigmoid's exponent is clamped to [-50, 50]
@@ -47,24 +47,6 @@ def sigmoid_vectorised(x: torch.Tensor) -> torch.Tensor:
     flat = x.new_zeros(size)
     flat[:n] = x.reshape(-1)
     return flat.sigmoid_()[:n].view(x.shape)
-
-
-def positive_index(pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Indices of each query's positives, padded: ``(idx, valid)``, both ``(..., Q, A)``.
-
-    ``A`` is the largest number of positives of any query (1 in a pair batch, ``k``
-    for image queries of a ranking batch). Positives keep their candidate order.
-    """
-    counts = pos.sum(-1, dtype=torch.int32)  # int32: 3x faster than summing booleans to int64
-    a = max(int(counts.max()), 1) if pos.numel() else 1
-    if a == 1:  # the booleans read as bytes (no copy)
-        idx = (pos.view(torch.uint8) if pos.dtype == torch.bool else pos.to(torch.uint8)).argmax(-1, keepdim=True)
-    elif bool((counts == a).all()):  # every query has a positives: no padding, no sort
-        idx = pos.nonzero()[:, -1].reshape(*pos.shape[:-1], a)
-        return idx, torch.ones_like(idx, dtype=torch.bool)
-    else:
-        idx = torch.sort(pos.to(torch.uint8), dim=-1, descending=True, stable=True).indices[..., :a]
-    return idx, torch.gather(pos, -1, idx)
 
 
 def triplet_hinge(view: QueryView, margin: float, positives: tuple | None = None) -> torch.Tensor:
