@@ -345,44 +345,51 @@ def thresholded_sums_stacked(p: torch.Tensor, mask: torch.Tensor, eps_values, ma
     and the sum of the masked entries ``> e`` and the sum of those ``< e``, bit for bit
     ``(mask & (p > e)).sum(-1)``, ``where(mask & (p > e), p, 0).sum(-1)`` and ``where(mask & (p < e), p, 0).sum(-1)``.
 
-    A row whose masked entries all pass holds the same tensor as ``where(mask, p, 0)`` (its sum, computed
-    once, is that row's value) and a row where none passes sums zeros (0); only the other (row, threshold)
-    pairs are summed again: on every row at once for a threshold where many rows have entries on both sides,
-    otherwise on the gathered rows, all thresholds in one gather (each row of a contiguous ``(n, K)`` reduction
-    is summed the same way whatever ``n``). Thresholds are compared in ``p``'s dtype, as ``p > e`` compares them.
+    A row whose masked entries all stay on one side of a threshold has a known value there: the row's masked
+    sum (its sum of ``where(mask, p, 0)``, computed once) or zero. Only the other (row, threshold) pairs are
+    summed again: on every row at once for a threshold where many rows are partial, otherwise on the gathered
+    rows, all thresholds in one gather (each row of a contiguous ``(n, K)`` reduction is summed the same way
+    whatever ``n``). Thresholds are compared in ``p``'s dtype, as ``p > e`` compares them.
 
-    For finite ``p`` and thresholds ``>= 0`` (as the counters pass them) a whole-row sum selects by
-    :func:`torch.nn.functional.threshold` (``x if x > e else 0``, in ``p``'s dtype: the tensor of ``where``,
-    without a boolean mask or its conversion): on ``p * mask`` (``where(mask, p, 0)`` bit for bit, its entries
-    outside the mask never above ``e >= 0``; ``masked``, when given, is that tensor) above the threshold, and on
-    the negated entries (``-p > -e``, exact) below it, whose sum is the negated sum (rounding is symmetric); the
-    count above is the number of nonzero kept entries (all ``> e >= 0``), summed as exact small integers.
-    ``masked_sum``, ``masked_max``: ``masked.sum(-1)`` and ``masked.amax(-1)``, where the caller has them."""
+    For finite ``p`` and thresholds ``>= 0`` (as the counters pass them) the rows are told apart by their
+    largest masked entry alone (a row whose entries all pass above counts as partial), and sums select from
+    ``p * mask`` (``where(mask, p, 0)`` bit for bit; ``masked``, when given, is that tensor), whose entries
+    outside the mask are zeros: never above ``e >= 0``, and adding a zero below changes no sum (at most the
+    sign of a zero sum). A whole-row sum selects by :func:`torch.nn.functional.threshold` (``x if x > e else
+    0``, in ``p``'s dtype: the tensor of ``where``, without a boolean mask or its conversion): above the
+    threshold on ``p * mask``, below it on the negated entries (``-p > -e``, exact), whose sum is the negated
+    sum (rounding is symmetric); the count above is the number of nonzero kept entries (all ``> e >= 0``),
+    summed as exact small integers. ``masked_sum``, ``masked_max``: ``masked.sum(-1)`` and ``masked.amax(-1)``,
+    where the caller has them."""
     k = p.shape[-1]
     rows, m = p.reshape(-1, k), mask.reshape(-1, k)
     eps = torch.tensor([float(e) for e in eps_values], dtype=p.dtype, device=p.device)[:, None]  # (E, 1)
-    # boolean counts in int32 (up to K; 3x faster than the int64 default), int64 at the end
-    n_in = m.sum(-1, dtype=torch.int32)
     # p * mask is where(mask, p, 0) bit for bit (p * 1 = p, p * 0 = +-0) where p is finite (its sum is finite)
     given = masked is not None and masked_sum is not None and masked_max is not None
     low = masked.reshape(-1, k) if masked is not None else rows * m.to(rows.dtype)
     total = masked_sum.reshape(-1) if given else low.sum(-1)
     fast = bool(len(eps_values)) and bool(eps.min() >= 0) and bool(torch.isfinite(total).all())
-    if not fast:
+    if fast:  # where fast, a row without entries has hi 0: the same outcome
+        hi, lo, n_in, high = masked_max.reshape(-1) if given else low.amax(-1), None, None, None
+    else:  # the masked entries, the others never above (-inf) or below (+inf) a threshold
         low, total = torch.where(m, rows, float("-inf")), torch.where(m, rows, 0.0).sum(-1)
-    # the masked entries, the others never below a threshold (+inf); negated where fast
-    high = torch.where(m, rows, float("inf"))
-    # where fast, a row without entries has hi 0: the same outcome
-    hi, lo = masked_max.reshape(-1) if (given and fast) else low.amax(-1), high.amin(-1)
-    if fast:
-        high = high.neg_()
-
+        high = torch.where(m, rows, float("inf"))
+        hi, lo = low.amax(-1), high.amin(-1)
+        n_in = m.sum(-1, dtype=torch.int32)  # boolean counts in int32 (3x faster than int64), int64 at the end
     buffer = torch.empty_like(low) if fast else None  # every threshold's kept entries, in cache between passes
+    negated = []  # where fast, -low for the sums below, made when first needed
+
+    def below_source() -> torch.Tensor:
+        if not fast:
+            return high
+        if not negated:
+            negated.append(low.neg())
+        return negated[0]
 
     def whole_row(j: int, above: bool) -> tuple:
         e = float(eps[j, 0])
         if fast:
-            kept = torch.threshold(low if above else high, e if above else -e, 0.0, out=buffer)
+            kept = torch.threshold(low if above else below_source(), e if above else -e, 0.0, out=buffer)
             if not above:
                 return None, 0.0 - kept.sum(-1)
             value = kept.sum(-1)
@@ -391,9 +398,15 @@ def thresholded_sums_stacked(p: torch.Tensor, mask: torch.Tensor, eps_values, ma
         return (hit.sum(-1, dtype=torch.int32) if above else None), torch.where(hit, rows, 0.0).sum(-1)
 
     def side(every, none, above):
-        count = torch.where(every, n_in, 0) if above else None
-        value = torch.where(every, total, 0.0)
-        partial = ~every & ~none
+        """``every``: rows whose masked entries all pass, ``none``: rows where none does (either ``None``: not
+        known)."""
+        partial = ~every if none is None else ~none if every is None else ~every & ~none
+        if every is None:
+            count = torch.zeros(partial.shape, dtype=torch.int32, device=p.device) if above else None
+            value = torch.zeros(partial.shape, dtype=rows.dtype, device=p.device)
+        else:
+            count = torch.where(every, n_in, 0) if above else None
+            value = torch.where(every, total, 0.0)
         # thresholds where more than a tenth of the rows are partial: every row (a pass over every row costs about
         # as much as gathering a tenth of them and comparing those)
         whole = partial.sum(-1) * 10 > partial.shape[-1]
@@ -403,17 +416,16 @@ def thresholded_sums_stacked(p: torch.Tensor, mask: torch.Tensor, eps_values, ma
                 count[j] = c
         e_idx, r_idx = (partial & ~whole[:, None]).nonzero(as_tuple=True)
         if len(r_idx):  # the others: only the partial rows, all thresholds in one gather
-            sub = (low if above else high)[r_idx]  # equal to p where the mask holds, never passing elsewhere
-            if fast and not above:
-                sub = sub.neg()
+            # equal to p where the mask holds; elsewhere never passing, or (fast, below) zeros that add nothing
+            sub = (low if above or fast else high)[r_idx]
             hit = (sub > eps[e_idx]) if above else (sub < eps[e_idx])
             if above:
                 count[e_idx, r_idx] = hit.sum(-1, dtype=torch.int32)
             value[e_idx, r_idx] = torch.where(hit, sub, 0.0).sum(-1)
         return count, value
 
-    count, w_above = side(lo > eps, hi <= eps, True)  # (E, rows)
-    _, w_below = side(hi < eps, lo >= eps, False)
+    count, w_above = side(None if fast else lo > eps, hi <= eps, True)  # (E, rows)
+    _, w_below = side(hi < eps, None if fast else lo >= eps, False)
     shape = (len(eps_values), *p.shape[:-1])
     return count.to(torch.int64).reshape(shape), w_above.reshape(shape), w_below.reshape(shape)
 
