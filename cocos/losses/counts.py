@@ -84,36 +84,40 @@ def batch_counts(c_q: torch.Tensor) -> dict[str, torch.Tensor]:
     return {"C_q": mean, "C_B": c_b, "C_0": c_0}
 
 
-def companions(weights: torch.Tensor, binary: bool = False) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+def companions(weights: torch.Tensor, binary: bool = False, counts: torch.Tensor | None = None
+               ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Threshold-free companions from each query's non-negative weights on its negatives.
 
     With ``u_n = w_n / sum w``: effective number of negatives ``exp(H(u))``, inverse
     Simpson ``1 / sum u_n^2`` and the largest share ``max u_n``. Queries whose
     negatives carry no weight get NaN; the batch value is the mean over the others.
-    ``(per_query, batch)``; :func:`companion_values` gives the per-query values alone.
+    ``(per_query, batch)``; :func:`companion_values` gives the per-query values alone. ``counts``: with
+    ``binary``, the weights' row sums where the caller has them (:func:`_binary_companion_rows`).
     """
-    per_query = companion_values(weights, binary)
+    per_query = companion_values(weights, binary, counts)
     return per_query, nanmeans(per_query)
 
 
-def companion_values(weights: torch.Tensor, binary: bool = False) -> dict[str, torch.Tensor]:
+def companion_values(weights: torch.Tensor, binary: bool = False, counts: torch.Tensor | None = None
+                     ) -> dict[str, torch.Tensor]:
     """The per-query values of :func:`companions` (float64, ``(..., Q)`` each), views of :func:`companion_rows`."""
-    return dict(zip(COMPANIONS, companion_rows(weights, binary).unbind(0), strict=True))
+    return dict(zip(COMPANIONS, companion_rows(weights, binary, counts=counts).unbind(0), strict=True))
 
 
 def companion_rows(weights: torch.Tensor, binary: bool = False, total: torch.Tensor | None = None,
-                   largest: torch.Tensor | None = None) -> torch.Tensor:
+                   largest: torch.Tensor | None = None, counts: torch.Tensor | None = None) -> torch.Tensor:
     """The per-query values of :func:`companions` as one float64 tensor ``(3, ..., Q)``, in the order of
     :data:`COMPANIONS`.
 
     Every operation is row by row (the same bits for any number of rows): where fewer than half of the queries
     have weight only those rows are computed, otherwise every row and the others set to NaN after. Two full-size
-    temporaries. ``binary``: the weights are 0 or 1 (or booleans), see :func:`_binary_companion_rows`. ``total``,
+    temporaries. ``binary``: the weights are 0 or 1 (or booleans), see :func:`_binary_companion_rows` (``counts``:
+    their row sums, where the caller has them). ``total``,
     ``largest``: ``weights.sum(-1)`` and ``weights.amax(-1)`` of float weights, where the caller has them (the
     largest share ``max u`` is then ``largest / total``: division by a positive number keeps the order, so the
     largest quotient is the quotient of the largest, correctly rounded alike)."""
     if binary:
-        return _binary_companion_rows(weights)
+        return _binary_companion_rows(weights, counts)
     given = total is not None and largest is not None and weights.is_floating_point()
     w, total = weights, (total.unsqueeze(-1) if given else weights.sum(-1, keepdim=True))  # ints: exact sums
     has = total.squeeze(-1) > 0
@@ -142,14 +146,14 @@ def companion_rows(weights: torch.Tensor, binary: bool = False, total: torch.Ten
     return values.reshape(len(COMPANIONS), *shape)
 
 
-def _binary_companion_rows(weights: torch.Tensor) -> torch.Tensor:
+def _binary_companion_rows(weights: torch.Tensor, counts: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`companion_rows` of 0/1 weights (the triplet losses' violations with one positive), in float64 as
     for any integer weights, without making them floats: ``u`` is ``1 / n`` on a query's ``n`` violations and 0
     elsewhere, so ``u log u`` and ``u^2`` are computed once per query and spread over its row by ``where`` (the
     elementwise products' values: ``-0`` for ``0 * log(tiny)``, ``+0`` for ``0 * 0``), the same tensors, summed
-    alike, at a third of the memory traffic."""
+    alike, at a third of the memory traffic. ``counts``: the number of ones in each row, where known."""
     hit = weights if weights.dtype == torch.bool else weights > 0
-    n = hit.sum(-1, keepdim=True, dtype=torch.int32).to(torch.float64)
+    n = (hit.sum(-1, dtype=torch.int32) if counts is None else counts).unsqueeze(-1).to(torch.float64)
     tiny = torch.finfo(torch.float64).tiny
     u = 1.0 / n.clamp(min=tiny)  # (..., 1): u on a violation
     spread = torch.where(hit, u.clamp(min=tiny).log().mul_(u), -0.0)

@@ -59,8 +59,12 @@ def triplet_hinge(view: QueryView, margin: float, positives: tuple | None = None
     idx, valid = positive_index(view.pos) if positives is None else positives
     s_pos = torch.gather(view.scores, -1, idx)  # (..., Q, A)
     hinge = margin + view.scores[..., None, :] - s_pos[..., :, None]
-    mask = valid[..., :, None] & view.neg[..., None, :]
-    return hinge.masked_fill_(~mask, float("-inf"))  # in place: hinge is a new tensor
+    # every positive valid (pair batches, and every caption query): the negatives alone
+    mask = view.neg[..., None, :] if bool(valid.all()) else valid[..., :, None] & view.neg[..., None, :]
+    fill = hinge.new_full((), float("-inf"))
+    if hinge.requires_grad:  # training
+        return torch.where(mask, hinge, fill)
+    return torch.where(mask, hinge, fill, out=hinge)  # in place: hinge is a new tensor
 
 
 def triplet_direction(view: QueryView, margin: float = DEFAULT_MARGIN, hardest: bool = False) -> torch.Tensor:

@@ -89,7 +89,8 @@ class TripletCounter(Counter):
             return {"C_q": hit.to(torch.int64), **dict.fromkeys(COMPANIONS, ones)}
         if hinge.shape[-2] == 1:  # one positive: the violations are 0/1, counted from the booleans
             hit = self._hits(view)
-            return {"C_q": hit.sum(-1, dtype=torch.int32).to(torch.int64), **companion_values(hit, binary=True)}
+            n = hit.sum(-1, dtype=torch.int32)
+            return {"C_q": n.to(torch.int64), **companion_values(hit, binary=True, counts=n)}
         v = self.violations(view)
         counts = v.sum(-1)
         if self.hardest:  # 1 if the hardest negative violates for any positive (0 or 1 per query)
@@ -110,8 +111,9 @@ class TripletCounter(Counter):
             # by negative image: image i's entry collects the caption queries it violates for
             if positives(view)[0].shape[-1] == 1:  # one positive: the violations are 0/1, kept as booleans
                 hit = self._hits(view)
-                grouped = hit.sum(-2, dtype=torch.int32).to(torch.int64)
-                comp_q, comp_b = companions(hit.transpose(-1, -2), binary=True)
+                n = hit.sum(-2, dtype=torch.int32)
+                grouped = n.to(torch.int64)
+                comp_q, comp_b = companions(hit.transpose(-1, -2), binary=True, counts=n)
             else:
                 v = self.violations(view)
                 grouped = v.sum(-2)
