@@ -207,27 +207,31 @@ class RowStack:
         return rows
 
 
-def per_query(view: QueryView, key: tuple, compute) -> dict[str, torch.Tensor]:
-    """``compute(view)``, a dict of per-query tensors (each ``(..., Q, *rest)``), memoised like :func:`per_view`.
+def per_query(view: QueryView, key: tuple, compute, rest_first: bool = False) -> dict[str, torch.Tensor]:
+    """``compute(view)``, a dict of per-query tensors (each ``(..., Q, *rest)``, or ``(*rest, ..., Q)`` with
+    ``rest_first``: one row of queries per value, as means over the queries read them), memoised like
+    :func:`per_view`.
 
     A view with a :class:`RowStack` (``view.stack``, the engine's views of a chunk holding same-image pairs) takes
     its values from one ``compute`` of the stacked rows, shared by both modes (and directions): the corrected view
-    its rows, the compat view the same with the changed rows replaced by the stacked ones after them. Every
-    ``compute`` given here works row by row (the same bits for any number and arrangement of rows) and does not
-    read the view's direction, so this equals ``compute(view)``."""
+    its rows (with ``rest_first`` a view of them, no copy), the compat view the same with the changed rows
+    replaced by the stacked ones after them. Every ``compute`` given here works row by row (the same bits for any
+    number and arrangement of rows) and does not read the view's direction, so this equals ``compute(view)``."""
     stack = getattr(view, "stack", None)
     if stack is None:
         return per_view(view, (*key, *view_key(view)), lambda: compute(view))
 
     def split() -> dict[str, torch.Tensor]:
         rows = stack.view
-        full = per_view(rows, (*key, *view_key(rows)), lambda: compute(rows))  # (N, 1, *rest)
+        full = per_view(rows, (*key, *view_key(rows)), lambda: compute(rows))  # (N, 1, *rest) or (*rest, N, 1)
         lead, n = view.scores.shape[:-1], stack.n_main
+        axis = -2 if rest_first else 0
         out = {}
         for name, value in full.items():
             # compat: the corrected rows, but the changed ones from after them
-            main = value.index_select(0, stack.compat_rows) if view.compat else value[stack.offset:stack.offset + n]
-            out[name] = main.reshape(*lead, *value.shape[2:])
+            main = (value.index_select(axis, stack.compat_rows) if view.compat
+                    else value.narrow(axis, stack.offset, n))
+            out[name] = main.reshape(*value.shape[:-2], *lead) if rest_first else main.reshape(*lead, *value.shape[2:])
         return out
 
     return per_view(view, (*key, *view_key(view)), split)

@@ -71,8 +71,8 @@ class NTXentCounter(Counter):
         return {float(e): self._count(p, view, float(e), extras=False) for e in eps_values}
 
     def _per_query(self, view: QueryView, thresholds) -> dict[str, torch.Tensor]:
-        """Every per-query value of :meth:`count_sweep` (row by row) as one float64 tensor ``{"stats": (..., Q,
-        S)}``, in this order: the counts (``C_qv-``), the weights above (``W_qv-``) and below (``W_low``) each of
+        """Every per-query value of :meth:`count_sweep` (row by row) as one float64 tensor ``{"stats": (S, ...,
+        Q)}``, in this order: the counts (``C_qv-``), the weights above (``W_qv-``) and below (``W_low``) each of
         the ``E`` thresholds, ``W_qv+`` and the three companions. The weights on the negatives go to the view's
         memo."""
         p = self.probabilities(view)
@@ -88,7 +88,7 @@ class NTXentCounter(Counter):
         w_pos = 1.0 - on_pos.to(torch.float64)
         rows = torch.cat([above.to(torch.float64), w_above.to(torch.float64), w_below.to(torch.float64), w_pos[None],
                           companion_rows(neg_p, total=neg_sum, largest=neg_max)])
-        return {"stats": rows.movedim(0, -1)}
+        return {"stats": rows}
 
     def _neg_key(self, view: QueryView) -> tuple:
         return ("ntxent_neg_p", self.tau, *view_key(view))
@@ -101,12 +101,13 @@ class NTXentCounter(Counter):
         (:func:`~cocos.losses.counts.per_query`). Equal to ``count`` (without its weights: the engine's entry
         point) and ``sweep``."""
         thresholds = (self.eps, *(float(e) for e in eps_values))
-        q = per_query(view, ("ntxent", self.tau, thresholds), lambda v: self._per_query(v, thresholds))["stats"]
-        rows = q.movedim(-1, 0).contiguous()  # (S, ..., Q), _per_query's rows
+        rows = per_query(view, ("ntxent", self.tau, thresholds), lambda v: self._per_query(v, thresholds),
+                         rest_first=True)["stats"]  # (S, ..., Q), _per_query's rows
         n = len(thresholds)
         c_at, w_at, low_at, pos_at, comp_at = 0, n, 2 * n, 3 * n, 3 * n + 1
-        means = rows[:comp_at].mean(-1)  # every threshold at once, each row as alone
-        comp_b = nanmean(rows[comp_at:])
+        means = rows[:comp_at].mean(-1).unbind(0)  # every threshold at once, each row as alone
+        comp_b = nanmean(rows[comp_at:]).unbind(0)
+        rows = rows.unbind(0)
 
         def at(j: int) -> dict[str, torch.Tensor]:
             return {"C_qv-": means[c_at + j], "W_qv-": means[w_at + j], "W_qv+": means[pos_at],

@@ -165,7 +165,8 @@ class SmoothAPCounter(Counter):
         c_q, comp_q, comp_b = per_view(
             view, ("smoothap", self.tau, self.eps, tuple(eps_values), odd, *view_key(view)),
             lambda: self._per_query(view, eps_values))
-        batch = self._batch(c_q, view.compat)  # every threshold at once, each row as alone: (E, ...)
+        # every threshold at once, each row as alone: (E, ...), one value per threshold
+        batch = {k: v.unbind(0) for k, v in self._batch(c_q, view.compat).items()}
         main = Count({"C_q": c_q[0], **comp_q}, {**{k: v[0] for k, v in batch.items()}, **comp_b}, view.n_excluded)
         return main, {e: {k: v[j] for k, v in batch.items()} for j, e in enumerate(eps_values, 1)}
 
