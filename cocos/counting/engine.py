@@ -325,9 +325,10 @@ class _Collector:
             values.append(np.concatenate(arrays) if arrays else np.zeros(0))
         if keys:  # one frame from whole columns: each key repeated over its batches
             sizes = [len(v) for v in values]
-            columns = zip(*keys, strict=True)
-            loss, d, mode, eps, stat = (np.repeat(np.array(col, dtype=object), sizes) for col in columns)
-            batches = pd.DataFrame({"loss": loss, "direction": d, "mode": mode, "eps": eps.astype(float),
+            loss, d, mode, eps, stat = zip(*keys, strict=True)
+            loss, d, mode, stat = (_text_column(col, sizes) for col in (loss, d, mode, stat))
+            batches = pd.DataFrame({"loss": loss, "direction": d, "mode": mode,
+                                    "eps": np.repeat(np.array(eps, dtype=float), sizes),
                                     "batch": np.concatenate([np.arange(n) for n in sizes]), "stat": stat,
                                     "value": np.concatenate(values)})
         else:
@@ -347,6 +348,16 @@ class _Collector:
                 qparts.append(pd.DataFrame(frame))
             queries = pd.concat(qparts, ignore_index=True) if qparts else pd.DataFrame()
         return batches, queries
+
+
+TEXT = pd.Series(np.array(["text"], dtype=object)).dtype  # the dtype pandas gives a column of names
+
+
+def _text_column(names, sizes):
+    """A column of names, ``names[i]`` repeated ``sizes[i]`` times, with the dtype pandas infers for names
+    (:data:`TEXT`): from categorical codes, without the inference over every row (measured: half the time)."""
+    categories, codes = np.unique(np.array(names, dtype=object), return_inverse=True)
+    return pd.Categorical.from_codes(np.repeat(codes, sizes), categories).astype(TEXT)
 
 
 def _check_defined(batches: pd.DataFrame, allowed: dict[str, tuple[str, ...]]) -> None:
