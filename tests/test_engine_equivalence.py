@@ -185,16 +185,27 @@ def test_vectorised_whole_follows_torchs_loop_split_and_sigmoid_vectorised_gives
 def test_both_modes_of_a_chunk_with_same_image_pairs_count_one_stack_of_rows():
     """In a chunk with same-image pairs both modes' views of a direction share a stack of the corrected query rows
     and the compat rows whose masks differ; the counters compute that stack once (``per_query``), and every value
-    of either mode equals counting its view from scratch (a plain view without a stack) and the reference loop."""
+    of either mode equals counting its view from scratch (a plain view without a stack) and the reference loop.
+    The views' masks, positives' indices and excluded pairs, made from the layout's parts, are the layout's."""
     from cocos.counting import engine
+    from cocos.data.layout import positive_index
+    from cocos.losses.counts import positives
 
     emb = EmbeddingSet.from_arrays(*_world(n=12, k=5, seed=6))  # 60 captions of 12 images: pairs of one image
     seen = []
     views = engine._views
 
-    def spy(*args, **kw):
-        out = views(*args, **kw)
-        seen.extend(v for v in out.values() if v.stack is not None)
+    def spy(layout, *args, **kw):
+        out = views(layout, *args, **kw)
+        for v in out.values():
+            if v.stack is not None:  # masks made from the layout's parts: the layout's masks, indices, exclusions
+                seen.append(v)
+                pos, neg = layout.masks(v.direction, v.compat)
+                assert torch.equal(v.pos, pos.expand_as(v.pos)) and torch.equal(v.neg, neg.expand_as(v.neg))
+                for u in (v, v.stack.view):
+                    assert all(torch.equal(a, b) for a, b in zip(positives(u), positive_index(u.pos), strict=True))
+                    assert torch.equal(u.excluded_pairs(), ~(u.pos | u.neg))
+                assert torch.equal(v.n_excluded, engine._n_excluded(v.pos, v.neg))
         return out
 
     with pytest.MonkeyPatch.context() as mp:

@@ -366,10 +366,9 @@ def _check_defined(batches: pd.DataFrame, allowed: dict[str, tuple[str, ...]]) -
     ``allowed`` maps a loss to the statistics its spec declares may be undefined in a batch.
     """
     nan = batches[batches["value"].isna()]  # usually few rows: the names compared on those only
-    ok = nan["stat"].isin(MAY_BE_UNDEFINED)
+    bad = nan[~nan["stat"].isin(MAY_BE_UNDEFINED)]  # usually none left: each loss's own list read on the others
     for loss, stats in allowed.items():
-        ok |= (nan["loss"] == loss) & nan["stat"].isin(stats)
-    bad = nan[~ok]
+        bad = bad[~((bad["loss"] == loss) & bad["stat"].isin(stats))]
     if len(bad):
         row = bad.iloc[0]
         raise CocosError(f"{row['loss']} {row['direction']} {row['stat']} is not a number in batch {row['batch']}")
@@ -486,9 +485,15 @@ class _SharedView(QueryView):
     # positive_index of pos, from the layout (cocos.losses.counts.positives), where known
     positive: tuple | None = field(default=None, compare=False, repr=False)
 
+    # the pairs in neither mask, where known (the stacked views': the same-image pairs of their corrected rows)
+    outside: torch.Tensor | None = field(default=None, compare=False, repr=False)
+
     @cached_property
     def candidates(self) -> torch.Tensor:
-        return self.pos | self.neg
+        return self.pos | self.neg if self.outside is None else ~self.outside
+
+    def excluded_pairs(self) -> torch.Tensor:
+        return ~self.candidates if self.outside is None else self.outside
 
     @cached_property
     def n_excluded(self) -> torch.Tensor:
@@ -586,8 +591,9 @@ def _stacked_views(layout: BatchLayout, scores: torch.Tensor, modes, intra: dict
             torch.index_select(index[d][1], 0, query, out=valid[a:a + n + m])
     neg = torch.bitwise_or(pos, excluded).logical_not_()
     memo: dict = {}
+    # the corrected rows exclude the same-image pairs (excludes, outside)
     stack = _SharedView(scores=rows[:, None, :], pos=pos[:, None, :], neg=neg[:, None, :], direction="i2t",
-                        group_size=layout.group_size, memo=memo, excludes=True,  # the corrected rows exclude pairs
+                        group_size=layout.group_size, memo=memo, excludes=True, outside=excluded[:, None, :],
                         positive=(idx[:, None, :], valid[:, None, :]) if same_width else None)
     n_excluded = {"corrected": same.reshape(*nb, -1).sum(-1, dtype=torch.int32).to(torch.int64),
                   "compat": torch.zeros(nb, dtype=torch.int64, device=device)}
@@ -600,7 +606,8 @@ def _stacked_views(layout: BatchLayout, scores: torch.Tensor, modes, intra: dict
             out[(mode, d)] = _SharedView(
                 scores=rows[a:a + n].view(scores.shape), pos=p, neg=ng, direction=d, group_size=layout.group_size,
                 compat=mode == "compat", intra=intra.get(d), memo=memo, stack=RowStack(stack, n, changed[d], a),
-                excluded=n_excluded[mode], positive=_repeated(index[d], nb))
+                excluded=n_excluded[mode], positive=_repeated(index[d], nb),
+                outside=excluded[a:a + n].view(scores.shape) if mode == "corrected" else None)
     return {key: out[key] for key in ((m, d) for m in modes for d in DIRECTIONS)}
 
 

@@ -250,6 +250,10 @@ class QueryView:
     def candidates(self) -> torch.Tensor:
         return self.pos | self.neg
 
+    def excluded_pairs(self) -> torch.Tensor:
+        """``(..., Q, K)`` bool: the pairs in neither mask (same-image pairs outside compat mode)."""
+        return ~self.candidates
+
     @property
     def n_excluded(self) -> torch.Tensor:
         """Per batch: number of (query, candidate) pairs excluded as same-image pairs."""

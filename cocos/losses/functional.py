@@ -83,7 +83,7 @@ def ntxent_log_probs(view: QueryView, tau: float) -> torch.Tensor:
     """Log-softmax over each query's candidates of ``s / tau``; excluded pairs get weight 0."""
     logits = view.scores / tau
     if view.excludes_any():  # most batches exclude nothing
-        logits.masked_fill_(~view.candidates, float("-inf"))  # in place: logits is a new tensor
+        logits.masked_fill_(view.excluded_pairs(), float("-inf"))  # in place: logits is a new tensor
     return torch.log_softmax(logits, dim=-1)
 
 

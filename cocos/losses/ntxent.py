@@ -86,8 +86,10 @@ class NTXentCounter(Counter):
         else:
             on_pos = torch.where(view.pos, p, 0.0).sum(-1)
         w_pos = 1.0 - on_pos.to(torch.float64)
-        rows = torch.cat([above.to(torch.float64), w_above.to(torch.float64), w_below.to(torch.float64), w_pos[None],
-                          companion_rows(neg_p, total=neg_sum, largest=neg_max)])
+        parts = (above, w_above, w_below, w_pos[None], companion_rows(neg_p, total=neg_sum, largest=neg_max))
+        rows = torch.empty((sum(len(x) for x in parts), *w_pos.shape), dtype=torch.float64, device=w_pos.device)
+        for x, out in zip(parts, rows.split([len(x) for x in parts]), strict=True):
+            out.copy_(x)  # to float64 on the way
         return {"stats": rows}
 
     def _neg_key(self, view: QueryView) -> tuple:
