@@ -51,6 +51,9 @@ class Counter:
     # whether counting fewer batches at a time gives the same bits where the chunks are tail-free
     # (cocos.losses.functional.vectorised_whole); the engine then counts ranking batches in smaller chunks
     chunk_invariant: ClassVar[bool] = False
+    # whether counting may need autograd (the generic counter's gradients, and any counter not known not to): the
+    # engine counts under torch.no_grad then, otherwise under torch.inference_mode (less bookkeeping per operation)
+    autograd: ClassVar[bool] = True
 
     def params(self) -> dict:
         return {}

@@ -655,6 +655,7 @@ class GoalCounter(Counter):
     """Per query: the negatives whose designed weight ``T·P−`` exceeds ``eps``; ``T``, ``P+``, ``P−`` recorded."""
 
     uses_eps = True
+    autograd = False
 
     def __init__(self, eps: float = DEFAULT_EPS, **params) -> None:
         check_params(eps=eps)

@@ -64,6 +64,7 @@ class IMCCounter(Counter):
     """Triplet SH's cross-modal count, and per query the in-band intra-modal negatives ``C_intra``."""
 
     needs_intra = True
+    autograd = False
 
     def __init__(self, margin: float = DEFAULT_MARGIN, lam: float = 1.0, mu_down: float = 0.05,
                  mu_up: float = 0.5) -> None:

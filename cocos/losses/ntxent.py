@@ -34,6 +34,7 @@ from cocos.losses.spec import Note, Objective
 class NTXentCounter(Counter):
     uses_eps = True
     chunk_invariant = True
+    autograd = False
 
     def __init__(self, tau: float = DEFAULT_TAU_NTXENT, eps: float = DEFAULT_EPS) -> None:
         check_params(tau=tau, eps=eps)

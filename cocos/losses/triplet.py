@@ -42,6 +42,7 @@ class TripletCounter(Counter):
 
     hardest = False
     chunk_invariant = True
+    autograd = False
 
     def __init__(self, margin: float = DEFAULT_MARGIN) -> None:
         check_params(margin=margin)
