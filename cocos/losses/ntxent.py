@@ -45,7 +45,8 @@ class NTXentCounter(Counter):
         return {"tau": self.tau, "eps": self.eps}
 
     def probabilities(self, view: QueryView) -> torch.Tensor:
-        return ntxent_log_probs(view, self.tau).exp()
+        logp = ntxent_log_probs(view, self.tau)
+        return logp.exp() if logp.requires_grad else logp.exp_()  # in place where nothing records it
 
     def _count(self, p: torch.Tensor, view: QueryView, eps: float, extras: bool = True) -> Count:
         neg_p = torch.where(view.neg, p, 0.0)
