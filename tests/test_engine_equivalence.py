@@ -53,8 +53,8 @@ def _same(new, old, what: str) -> None:
     if old is None:
         assert new is None, what
         return
-    pd.testing.assert_frame_equal(new.reset_index(drop=True), old.reset_index(drop=True), check_exact=False,
-                                  rtol=0, atol=1e-12, obj=what)
+    pd.testing.assert_frame_equal(new.reset_index(drop=True), old.reset_index(drop=True), check_exact=True,
+                                  obj=what)
 
 
 def _compare(emb, losses, chunks=(32, 1, 3), **kw):
@@ -426,3 +426,61 @@ def test_counts_above_from_the_column_sums_equal_one_comparison_per_threshold():
         x_sum = x.sum(-2)
         for e, count in zip(eps, counts_above_summed(x, x_sum, eps), strict=True):
             assert torch.equal(count, (x > e).sum((-1, -2))), e
+
+
+def test_pair_layouts_of_every_chunk_share_the_positives_computed_once():
+    """The positives do not depend on the batches' images: every chunk's layout (``with_image_ids``) shares the
+    base layout's indices, which equal those of the chunk's own masks; the same-image pairs are the chunk's."""
+    from cocos.counting import engine
+    from cocos.data.layout import BatchLayout, positive_index
+
+    base = BatchLayout.build(6, 6, torch.arange(6))
+    ids = [torch.tensor([[0, 1, 2, 3, 4, 5], [7, 7, 1, 2, 3, 4]]), torch.tensor([[9, 8, 9, 8, 1, 2]])]
+    layouts = [base.with_image_ids(i) for i in ids]
+    for d in ("i2t", "t2i"):
+        for layout in layouts:
+            assert layout.positive_index(d) is base.positive_index(d)
+            want = positive_index(layout.masks(d)[0])
+            assert all(torch.equal(a.expand_as(b), b) for a, b in zip(layout.positive_index(d), want, strict=True))
+    assert [int(x.same_image().sum()) for x in layouts] == [2, 4]
+
+    seen = []
+    views = engine._views
+
+    def spy(layout, *args, **kw):
+        seen.append(layout)
+        return views(layout, *args, **kw)
+
+    emb = EmbeddingSet.from_arrays(*_world(n=12, k=5, seed=6))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(engine, "_views", spy)
+        count_embeddings(emb, ["triplet"], batch_size=8, chunk=2, modes=MODES)
+    assert len(seen) > 2 and len({id(x.positive_index("i2t")[0]) for x in seen}) == 1
+
+
+def test_any_along_is_any():
+    from cocos.data.layout import any_along
+
+    g = torch.Generator().manual_seed(12)
+    masks = [torch.rand(2, 5, 7, generator=g) > 0.9, (torch.rand(2, 7, 5, generator=g) > 0.95).transpose(-1, -2),
+             torch.zeros(3, 4, dtype=torch.bool), torch.zeros(0, 3, dtype=torch.bool), torch.zeros(3, 0, dtype=torch.bool)]
+    for m in masks:
+        assert bool(any_along(m)) == bool(m.any())
+        for dim in (-1, -2):
+            assert torch.equal(any_along(m, dim), m.any(dim)), (m.shape, dim)
+
+
+def test_counts_above_without_entries_or_passing_ones_and_with_a_nan_at_any_width():
+    from cocos.losses.counts import counts_above_summed
+
+    eps = [0.1, 0.01]
+    for w in (torch.zeros(2, 3, 64), torch.zeros(2, 3, 40), torch.zeros(0, 3, 64), torch.zeros(2, 0, 64)):
+        for count in counts_above(w, eps):
+            assert torch.equal(count, torch.zeros(w.shape[:-1], dtype=torch.int64))
+    for w in (torch.zeros(0, 5, 64), torch.rand(3, 5, 40)):
+        for e, count in zip(eps, counts_above_summed(w, w.sum(-2), eps), strict=True):
+            assert torch.equal(count, (w > e).sum((-1, -2)))
+    x = torch.rand(3, 4, 40, generator=torch.Generator().manual_seed(13))  # a width that is not a multiple of 64
+    x[1, 2, 7] = torch.nan  # hides nothing: the other entries of its row still count
+    for e, count in zip(eps, counts_above(x, eps), strict=True):
+        assert torch.equal(count, (x > e).sum(-1))

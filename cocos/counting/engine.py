@@ -481,13 +481,9 @@ class _SharedView(QueryView):
     # computes them in one pass)
     stack: RowStack | None = field(default=None, compare=False, repr=False)
     excluded: torch.Tensor | None = field(default=None, compare=False, repr=False)  # n_excluded, where known
-    # what depends on the masks alone (cocos.losses.counts.positives), kept with the layout: across chunks where
-    # the masks are the same tensors (the ranking layout's)
-    mask_memo: dict | None = field(default=None, compare=False, repr=False)
     excludes: bool | None = field(default=None, compare=False, repr=False)  # whether any pair is excluded, if known
     # positive_index of pos, from the layout (cocos.losses.counts.positives), where known
     positive: tuple | None = field(default=None, compare=False, repr=False)
-
     # the pairs in neither mask, where known (the stacked views': the same-image pairs of their corrected rows)
     outside: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
@@ -528,7 +524,8 @@ def _views(layout: BatchLayout, scores: torch.Tensor, modes, intra: dict) -> dic
     memo: dict = {}
     oriented = {"i2t": scores, "t2i": scores.transpose(-1, -2).contiguous()}
     out, excluded = {}, {}
-    mask_memo = layout.memo
+    mask_memo = layout.memo  # the excluded pairs' counts, kept with the layout's masks (the ranking layout's serve
+    # every chunk)
     for d in DIRECTIONS:
         s, masks = oriented[d], {}
         for mode in sorted(modes, key=MODES.index):
@@ -545,7 +542,7 @@ def _views(layout: BatchLayout, scores: torch.Tensor, modes, intra: dict) -> dic
                 known = mask_memo[key][0]
             view = _SharedView(scores=s, pos=pos, neg=neg, direction=d, group_size=layout.group_size,
                                compat=mode == "compat", intra=intra.get(d), memo=memo, excluded=known,
-                               mask_memo=mask_memo, positive=_repeated(layout.positive_index(d), s.shape[:-2]))
+                               positive=_repeated(layout.positive_index(d), s.shape[:-2]))
             excluded[mode] = view.n_excluded
             out[(mode, d)] = view
     return {key: out[key] for key in ((m, d) for m in modes for d in DIRECTIONS)}
@@ -577,10 +574,11 @@ def _stacked_views(layout: BatchLayout, scores: torch.Tensor, modes, intra: dict
     rows = torch.empty(total, k, dtype=scores.dtype, device=device)
     pos = torch.empty(total, k, dtype=torch.bool, device=device)
     excluded = torch.zeros(total, k, dtype=torch.bool, device=device)
+    # square, and every image row has a caption (BatchLayout.build refuses one without): one positive per query,
+    # both ways, so one index width for the whole stack
     index = {d: layout.positive_index(d) for d in DIRECTIONS}
-    same_width = index["i2t"][0].shape[-1] == index["t2i"][0].shape[-1]
-    idx = torch.empty(total, index["i2t"][0].shape[-1], dtype=torch.int64, device=device) if same_width else None
-    valid = torch.empty_like(idx, dtype=torch.bool) if same_width else None
+    idx = torch.empty(total, 1, dtype=torch.int64, device=device)
+    valid = torch.empty_like(idx, dtype=torch.bool)
     for d in DIRECTIONS:
         a, m = start[d], len(changed[d])
         main = rows[a:a + n]
@@ -589,15 +587,14 @@ def _stacked_views(layout: BatchLayout, scores: torch.Tensor, modes, intra: dict
         excluded[a:a + n].view(scores.shape).copy_(same if d == "i2t" else same.transpose(-1, -2))
         query = torch.cat([torch.arange(n, device=device) % q, changed[d] % q])  # each stacked row's query
         torch.index_select(layout.oriented_positives(d), 0, query, out=pos[a:a + n + m])
-        if same_width:
-            torch.index_select(index[d][0], 0, query, out=idx[a:a + n + m])
-            torch.index_select(index[d][1], 0, query, out=valid[a:a + n + m])
+        torch.index_select(index[d][0], 0, query, out=idx[a:a + n + m])
+        torch.index_select(index[d][1], 0, query, out=valid[a:a + n + m])
     neg = torch.bitwise_or(pos, excluded).logical_not_()
     memo: dict = {}
     # the corrected rows exclude the same-image pairs (excludes, outside)
     stack = _SharedView(scores=rows[:, None, :], pos=pos[:, None, :], neg=neg[:, None, :], direction="i2t",
                         group_size=layout.group_size, memo=memo, excludes=True, outside=excluded[:, None, :],
-                        positive=(idx[:, None, :], valid[:, None, :]) if same_width else None)
+                        positive=(idx[:, None, :], valid[:, None, :]))
     n_excluded = {"corrected": same.reshape(*nb, -1).sum(-1, dtype=torch.int32).to(torch.int64),
                   "compat": torch.zeros(nb, dtype=torch.int64, device=device)}
     out = {}

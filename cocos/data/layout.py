@@ -112,8 +112,10 @@ class BatchLayout:
         return cls(caption_image=caption_image, n_images=n_images, image_ids=image_ids)
 
     def with_image_ids(self, image_ids) -> BatchLayout:
-        """This layout for batches holding the images ``image_ids`` (``(..., B)``), keeping what does not depend on
-        them (the positives and their indices) already computed."""
+        """This layout for batches holding the images ``image_ids`` (``(..., B)``), sharing what does not depend on
+        them (the positives and their indices), computed once in this layout."""
+        for direction in DIRECTIONS:
+            self.positive_index(direction)  # with oriented_positives
         out = BatchLayout.build(self.n_images, self.n_captions, self.caption_image, image_ids=image_ids)
         out._cache.update({key: value for key, value in self._cache.items()
                            if isinstance(key, tuple) and key[0] in ("oriented_positives", "positive_index")})

@@ -14,10 +14,9 @@ from typing import ClassVar
 
 import torch
 
-from cocos.data.layout import QueryView
+from cocos.data.layout import QueryView, positive_index
 from cocos.defaults import DEFAULT_EPS  # noqa: F401  (re-exported for the counters)
 from cocos.errors import CocosError
-from cocos.losses.functional import positive_index
 
 COMPANIONS = ("N_eff", "N_invsimpson", "top1_share")
 BLOCK = 64  # entries per block of counts_above's first look
@@ -241,19 +240,13 @@ def per_query(view: QueryView, key: tuple, compute, rest_first: bool = False) ->
 
 
 def positives(view: QueryView) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`~cocos.losses.functional.positive_index` of the view's positives: given with the view where its maker
-    knows them (the engine's views: its ``positive``, from the layout), otherwise made once per mask: in the view's
-    ``mask_memo`` where it has one (kept with masks that serve many chunks), otherwise in its memo."""
+    """:func:`~cocos.data.layout.positive_index` of the view's positives: given with the view where its maker
+    knows them (the engine's views: its ``positive``, from the layout), otherwise made once per mask in the
+    view's memo."""
     known = getattr(view, "positive", None)
     if known is not None:
         return known
-    mask_memo = getattr(view, "mask_memo", None)
-    if mask_memo is None:
-        return per_view(view, ("positive_index", id(view.pos)), lambda: positive_index(view.pos))
-    key = ("positive_index", id(view.pos))
-    if key not in mask_memo:  # the mask stays referenced with the value: its id is not reused meanwhile
-        mask_memo[key] = (positive_index(view.pos), view.pos)
-    return mask_memo[key][0]
+    return per_view(view, ("positive_index", id(view.pos)), lambda: positive_index(view.pos))
 
 
 def view_key(view: QueryView) -> tuple:
@@ -279,8 +272,9 @@ def counts_above(w: torch.Tensor, eps_values) -> list[torch.Tensor]:
     found = _entries_above(flat, least)
     if found is None:  # a NaN (it passes no threshold, but hides its block's largest entry): every entry compared
         rows, cols = (flat > least).nonzero(as_tuple=True)
-        found = rows, flat[rows, cols]
-    return _bucket_counts(found[0], found[-1], flat.shape[0], eps_values, w.shape[:-1])
+        found = rows, cols, flat[rows, cols]
+    rows, _, values = found
+    return _bucket_counts(rows, values, flat.shape[0], eps_values, w.shape[:-1])
 
 
 def counts_above_summed(w: torch.Tensor, w_sum: torch.Tensor, eps_values) -> list[torch.Tensor]:
@@ -363,7 +357,8 @@ def thresholded_sums_stacked(p: torch.Tensor, mask: torch.Tensor, eps_values, ma
     whatever ``n``). Thresholds are compared in ``p``'s dtype, as ``p > e`` compares them.
 
     For finite ``p`` and thresholds ``>= 0`` (as the counters pass them) the rows are told apart by their
-    largest masked entry alone (a row whose entries all pass above counts as partial), and sums select from
+    largest masked entry alone (a row whose entries all pass above, or none below, counts as partial: summed
+    like the others), and sums select from
     ``p * mask`` (``where(mask, p, 0)`` bit for bit; ``masked``, when given, is that tensor), whose entries
     outside the mask are zeros: never above ``e >= 0``, and adding a zero below changes no sum (at most the
     sign of a zero sum). A whole-row sum selects by :func:`torch.nn.functional.threshold` (``x if x > e else
@@ -380,7 +375,7 @@ def thresholded_sums_stacked(p: torch.Tensor, mask: torch.Tensor, eps_values, ma
     low = masked.reshape(-1, k) if masked is not None else rows * m.to(rows.dtype)
     total = masked_sum.reshape(-1) if given else low.sum(-1)
     fast = bool(len(eps_values)) and bool(eps.min() >= 0) and bool(torch.isfinite(total).all())
-    if fast:  # where fast, a row without entries has hi 0: the same outcome
+    if fast:  # rows told apart by their largest masked entry (a row without entries has hi 0: none passes above)
         hi, lo, n_in, high = masked_max.reshape(-1) if given else low.amax(-1), None, None, None
     else:  # the masked entries, the others never above (-inf) or below (+inf) a threshold
         low, total = torch.where(m, rows, float("-inf")), torch.where(m, rows, 0.0).sum(-1)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from cocos.data.layout import QueryView, positive_index  # noqa: F401  (re-exported)
+from cocos.data.layout import QueryView, positive_index
 from cocos.defaults import DEFAULT_MARGIN, DEFAULT_TAU_NTXENT, DEFAULT_TAU_SMOOTHAP
 
 SIGMOID_CLAMP = 50.0  # SmoothAP: the sigmoid's exponent is clamped to [-50, 50]

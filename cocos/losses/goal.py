@@ -94,11 +94,11 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from cocos.data.layout import DIRECTIONS, BatchLayout, QueryView
+from cocos.data.layout import DIRECTIONS, BatchLayout, QueryView, positive_index
 from cocos.defaults import DEFAULT_MARGIN
 from cocos.errors import CocosError, check_params
 from cocos.losses.counts import DEFAULT_EPS, Count, Counter, batch_counts, companions, nanmean
-from cocos.losses.functional import positive_index, triplet_direction
+from cocos.losses.functional import triplet_direction
 from cocos.losses.spec import Objective
 
 CIR_OFFSET = 0.5  # what the authors' code subtracts inside the T_cir exponent
