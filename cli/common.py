@@ -170,6 +170,16 @@ def _with_threads_option(wrapper: Callable[..., Any], func: Callable[..., Any]) 
     wrapper.__annotations__ = {**getattr(func, "__annotations__", {}), "threads": Optional[int]}  # noqa: UP045
 
 
+def _error_line(exc: Exception) -> str:
+    """The one line a command prints for a user's error: the library's message, or the file an OS error names."""
+    if isinstance(exc, CocosError):
+        return str(exc)
+    if isinstance(exc, FileNotFoundError):
+        return f"{exc.filename or exc}: no such file"
+    # a folder where a file was expected, no permission, disk full, ...
+    return f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": ")
+
+
 def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
     """Turn CocosError (bad input) into one clear line and exit code 2, never a traceback.
 
@@ -192,18 +202,10 @@ def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
                 try:
                     set_threads(threads)
                     result = func(*args, **kwargs)
-                except CocosError as exc:
+                except (CocosError, OSError) as exc:
                     if interrupt_pending():
                         _interrupted()
-                    fail(str(exc))
-                except FileNotFoundError as exc:
-                    if interrupt_pending():
-                        _interrupted()
-                    fail(f"{exc.filename or exc}: no such file")
-                except OSError as exc:  # a folder where a file was expected, no permission, disk full, ...
-                    if interrupt_pending():
-                        _interrupted()
-                    fail(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "))
+                    fail(_error_line(exc))
                 if interrupt_pending():
                     _interrupted()
                 return result

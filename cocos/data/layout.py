@@ -199,11 +199,10 @@ class BatchLayout:
         key = (direction, compat)
         if key not in self._cache:
             neg = self.negatives(compat)
-            if ("pos", direction) not in self._cache:
-                pos = self.positives().expand(neg.shape)
-                self._cache[("pos", direction)] = (pos.transpose(-1, -2) if direction == "t2i" else pos).contiguous()
             if direction == "t2i":
                 neg = neg.transpose(-1, -2)
+            if ("pos", direction) not in self._cache:  # one tensor for both modes
+                self._cache[("pos", direction)] = self.oriented_positives(direction).expand(neg.shape).contiguous()
             self._cache[key] = (self._cache[("pos", direction)], neg.contiguous())
         return self._cache[key]
 
@@ -259,11 +258,11 @@ class QueryView:
     @property
     def n_excluded(self) -> torch.Tensor:
         """Per batch: number of (query, candidate) pairs excluded as same-image pairs."""
-        return (~self.candidates).sum(dim=(-1, -2))
+        return self.excluded_pairs().sum(dim=(-1, -2))
 
     def excludes_any(self) -> bool:
         """Whether any (query, candidate) pair is excluded."""
-        return bool((~self.candidates).any())
+        return bool(self.excluded_pairs().any())
 
 
 def batch_similarity(

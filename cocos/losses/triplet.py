@@ -120,14 +120,12 @@ class TripletCounter(Counter):
                 grouped = v.sum(-2)
                 comp_q, comp_b = companions(v.transpose(-1, -2))
             item_kind = "image"
-            v = self.violations(view) if keep_weights else None
         else:
             q = per_query(view, ("triplet_queries", self.margin, self.hardest), self._per_query)
             grouped, item_kind = q["C_q"], None
             comp_q = {k: q[k] for k in COMPANIONS}
             comp_b = nanmeans(comp_q)
-            # the violations as weights, where asked for (not by the engine)
-            v = self.violations(view) if keep_weights else None
+        v = self.violations(view) if keep_weights else None  # the violations as weights, if asked (not by the engine)
         batch = batch_counts(grouped)
         batch.update(comp_b)
         return Count(
