@@ -450,6 +450,68 @@ def remove_stale_temporaries(folder: str | os.PathLike, names=(), patterns=(), o
     return removed
 
 
+# -- one writer per output: an exclusive lock beside it ----------------------------------------------
+
+LOCK_SUFFIX = ".lock"
+
+
+def lock_path(path: str | os.PathLike) -> Path:
+    """The lock file of the output ``path``: ``.NAME.lock`` beside it."""
+    path = Path(path)
+    return path.parent / f".{path.name}{LOCK_SUFFIX}"
+
+
+@contextlib.contextmanager
+def output_lock(path: str | os.PathLike) -> Iterator[Path]:
+    """Hold an exclusive lock on the output ``path`` (a file or folder, present or not) while the block runs.
+
+    A second cocos process that locks the same output is refused at once with one :class:`CocosError` line (it
+    does not wait: a user sees why). The lock is an ``fcntl.flock`` on ``.NAME.lock`` beside ``path``, opened
+    without following a link; it is released by the kernel when the process dies, so a killed run never leaves
+    the output locked. The lock file is removed on release (under the lock; a waiter that then holds a removed
+    file tries again), and missing parent folders made for it are removed again if they stay empty.
+    """
+    path = Path(path)
+    lock = lock_path(path)
+    created = make_dirs(lock.parent)
+    try:
+        import fcntl
+    except ImportError:  # no flock (not POSIX): no lock
+        fcntl = None
+    fd = -1
+    try:
+        while fcntl is not None:
+            try:
+                fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0),
+                             0o666 & ~_umask())
+            except OSError as exc:
+                raise CocosError(f"{path}: cannot lock the output ({lock.name}: {exc.strerror or exc})") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                fd = -1
+                raise CocosError(f"{path}: another cocos process is writing this output now; wait for it to finish "
+                                 "or choose another output") from None
+            try:
+                same = os.stat(lock, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
+            except OSError:
+                same = False
+            if same:
+                break
+            os.close(fd)  # the holder before us removed the file we locked: lock the new one
+            fd = -1
+        yield lock
+    finally:
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.unlink(lock)
+            os.close(fd)
+        for folder in reversed(created):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+
+
 # -- Ctrl-C: a request that stays pending, so an interrupt swallowed on its way up is raised again ----
 
 _INTERRUPT = {"pending": False}
