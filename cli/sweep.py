@@ -31,24 +31,35 @@ def sweep(
 ) -> None:
     """Train and analyse every (model, loss, seed) of a grid and merge them into one report (mean ± std)."""
     from cocos.errors import CocosError
-    from cocos.pipelines.sweep import load_grid, plan, run_sweep, slurm_params, train_command
+    from cocos.pipelines.sweep import (
+        analyze_command,
+        check_inputs,
+        check_outputs,
+        load_grid,
+        plan,
+        run_sweep,
+        slurm_params,
+        train_command,
+    )
 
     if executor not in ("local", "slurm"):
         raise CocosError(f"unknown executor '{executor}' (choose from local, slurm)")
+    if jobs < 1:
+        raise CocosError(f"--jobs must be at least 1, got {jobs}")
     grid = load_grid(grid_file, reports=reports, checkpoints=checkpoints)
     options = {"partition": partition, "time": time_limit, "gpus": gpus, "mem_gb": mem_gb,
                "array_parallelism": array_parallelism}
-    if dry_run:
+    if dry_run:  # the same checks as a real sweep makes before its first run: it catches what that would
         params = slurm_params(grid, options)
+        check_inputs(grid, executor)
+        check_outputs(grid)
         typer.echo(f"sweep {grid.name}: {len(grid.runs)} runs; checkpoints in {grid.checkpoints / grid.name}/, "
                    f"reports in {grid.report_dir}/, merged report in {grid.summary}/")
-        known = Path(grid.data, "train_ims.npy").exists()
-        steps = plan(grid, resume, retrain) if known else [(r, "train") for r in grid.runs]
-        for run, step in steps:
+        for run, step in plan(grid, resume, retrain):
             typer.echo(f"  {run.name}: {step}")
             if step != "skip":
                 typer.echo(f"    {train_command(run)}")
-                typer.echo(f"    cocos analyze {run.train['out']}/model_best.pt --out {run.report}")
+                typer.echo(f"    {analyze_command(run)}")
         typer.echo(f"  then: cocos report {grid.report_dir} --out {grid.summary}")
         if executor == "slurm":
             typer.echo(f"  slurm: one array job ({params}), the merge as a job depending on it")

@@ -25,6 +25,13 @@ Example::
     params = { tau = 0.1 }
     train = { epochs = 12 }       # per-loss overrides of [train] (SmoothAP's longer schedule)
 
+The file is checked whole before anything runs, by ``--dry-run`` and a real sweep alike (one
+``error:`` line naming the file, the table and the key, exit 2, nothing written): a regular file of
+at most 1 MB, every key known and every value of its type, at most 10,000 runs (counted before
+they are built), each run's ``TrainConfig`` validated as ``cocos train`` validates it, ``[analyze]``
+as ``cocos analyze`` takes its options, and the data each run reads (its splits, the analysis batch
+size against the training split, ``[train]``'s files, the device).
+
 Idempotent: a run whose checkpoint was trained with exactly these settings on exactly this
 data (the fingerprint test of ``cocos demo``) is not trained again, and one whose
 ``results.json`` was computed from that very checkpoint file (its sha256) with the same
@@ -36,9 +43,13 @@ epoch with the same settings) continues only with ``--resume``; without it it st
 from __future__ import annotations
 
 import json
+import math
 import multiprocessing as mp
 import os
 import re
+import reprlib
+import shlex
+import stat
 import time
 import traceback
 from collections.abc import Callable
@@ -48,8 +59,9 @@ from pathlib import Path
 
 import torch
 
-from cocos.data.precomp import data_fingerprint
+from cocos.data.precomp import SPLIT_ALIASES, _open_features, data_fingerprint, find_karpathy_json
 from cocos.defaults import DEFAULT_EPS
+from cocos.device import resolve_device
 from cocos.errors import CocosError
 from cocos.io import MARKER, check_output_dir, sha256_file
 from cocos.objectives import get_objective
@@ -70,6 +82,17 @@ RUN_KEYS = {"data", "model", "loss", "out", "seed", "params"}  # set by the grid
 ANALYZE_KEYS = {"batch_size", "split", "compat", "eps"}
 SLURM_KEYS = {"partition", "time", "gpus", "mem_gb", "cpus", "array_parallelism"}
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+GRID_BYTES = 1 << 20  # a grid file is a few hundred bytes of TOML; anything over 1 MB is not one
+MAX_RUNS = 10_000  # the paper's grid is 40 runs per dataset; the count is checked before any run is built
+PATH_KEYS = ("vocab", "ltd_targets", "cnn_weights")  # [train] keys that name a file every run reads
+INT64 = 2**63  # TOML integers are 64-bit signed (tomllib itself reads any length)
+KINDS = {"str": "a string", "int": "an integer", "num": "a finite number", "bool": "true or false",
+         "table": "a table"}
+DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?", re.IGNORECASE)
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = _REPR.maxlong = 40
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict = 2, 4, 4
 
 
 @dataclass
@@ -91,6 +114,7 @@ class Grid:
     reports: Path
     checkpoints: Path
     slurm: dict = field(default_factory=dict)
+    source: str = ""  # the grid file, named in errors
 
     @property
     def report_dir(self) -> Path:
@@ -101,6 +125,44 @@ class Grid:
         return self.report_dir / "summary"
 
 
+# -- the grid file's schema ---------------------------------------------------------------------
+#
+# Every value is checked for its type where it is read (one CocosError line naming the file, the table, the key
+# and what was expected), then every run's TrainConfig is built and validated as cocos train validates it, and
+# [analyze] as cocos analyze checks its options; check_inputs then looks at the data each run reads (files and
+# .npy headers, not the rows: NaN rows, captions that do not match their images or a full disk still fail a run).
+
+
+def _shown(value) -> str:
+    """A value for an error line: short, one line, whatever its size or nesting."""
+    if isinstance(value, dict):
+        return "a table"
+    return _REPR.repr(value)
+
+
+def _is(value, kind: str) -> bool:
+    """Whether a TOML value is of a kind (see KINDS): integers are not booleans, numbers are finite, strings
+    hold no NUL (no path or name can), integers fit 64 bits."""
+    if kind == "str":
+        return isinstance(value, str) and "\0" not in value
+    if kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool) and -INT64 <= value < INT64
+    if kind == "num":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        return (-INT64 <= value < INT64) if isinstance(value, int) else math.isfinite(value)
+    if kind == "bool":
+        return isinstance(value, bool)
+    return isinstance(value, dict)
+
+
+def _expect(where: str, value, kind: str, what: str | None = None):
+    """``value`` if it is of ``kind``; else one line: ``<where>: expected <what>, got <value>``."""
+    if not _is(value, kind):
+        raise CocosError(f"{where}: expected {what or KINDS[kind]}, got {_shown(value)}")
+    return value
+
+
 def _unknown(where: str, given, allowed) -> None:
     extra = sorted(set(given) - set(allowed))
     if extra:
@@ -108,91 +170,236 @@ def _unknown(where: str, given, allowed) -> None:
                          f"(allowed: {', '.join(sorted(allowed))})")
 
 
+def _train_kinds() -> dict[str, str | None]:
+    """The keys of [train] and the kind of each: the type of its TrainConfig field, as cocos train's option
+    parses it (``X | None``: the key may be left out; a field of another type is left to ``validate``)."""
+    base = {"int": "int", "float": "num", "str": "str", "bool": "bool"}
+    out = {}
+    for f in fields(TrainConfig):
+        if f.name not in RUN_KEYS:
+            annotation = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+            out[f.name] = base.get(annotation.split("|")[0].strip())
+    return out
+
+
 def _train_keys() -> set[str]:
 
-    return {f.name for f in fields(TrainConfig)} - RUN_KEYS
+    return set(_train_kinds())
 
 
-def _loss_entries(raw: dict, where: str) -> list[tuple[str, dict, dict, str | None]]:
+def _train_table(where: str, table) -> dict:
+    """A [train] table, or a loss's ``train = {...}``: a table of known keys, each of its option's type."""
+    _expect(where, table, "table", "a table of cocos train options")
+    kinds = _train_kinds()
+    _unknown(where, table, kinds)
+    for key, value in table.items():
+        if kinds[key] is not None:
+            _expect(f"{where} {key}", value, kinds[key])
+    return dict(table)
+
+
+def _analyze_table(where: str, table) -> dict:
+    """[analyze] as cocos analyze takes its options: batch_size a positive integer (default: the training one),
+    split a split name (whether the data has it: check_inputs), compat true or false, eps a finite number >= 0.
+    The split is stored normalised (``val`` -> ``dev``), as the analysis records it."""
+    _expect(f"{where}: analyze", table, "table", "a table [analyze] of cocos analyze options")
+    _unknown(f"{where}: [analyze]", table, ANALYZE_KEYS)
+    what = {"batch_size": ("int", "a positive integer (default: the training batch size)"),
+            "split": ("str", "a split name: train, dev or test"), "compat": ("bool", None),
+            "eps": ("num", "a finite number >= 0")}
+    out = {"batch_size": None, "split": "test", "compat": False, "eps": DEFAULT_EPS}
+    for key, value in table.items():
+        out[key] = _expect(f"{where}: [analyze] {key}", value, *what[key])
+    if out["batch_size"] is not None and out["batch_size"] < 1:
+        raise CocosError(f"{where}: [analyze] batch_size: expected {what['batch_size'][1]}, got {out['batch_size']}")
+    if out["eps"] < 0:
+        raise CocosError(f"{where}: [analyze] eps: expected {what['eps'][1]}, got {out['eps']}")
+    split = out["split"]
+    if not split or not split.replace("_", "").isalnum():
+        raise CocosError(f"{where}: [analyze] split: expected {what['split'][1]}, got {_shown(split)}")
+    out["split"] = SPLIT_ALIASES.get(split.lower(), split.lower())
+    return out
+
+
+def check_slurm(values: dict, name: Callable[[str], str]) -> None:
+    """Slurm settings (a grid's [slurm] table, or the command line's options; ``None`` = not given): partition a
+    string, time ``HH:MM:SS``, ``D-HH:MM:SS`` or minutes (at least one), gpus an integer >= 0, mem_gb, cpus and
+    array_parallelism integers >= 1. ``name(key)`` says where a key came from in the error line."""
+    for key, value in values.items():
+        if value is None:
+            continue
+        if key == "partition":
+            _expect(name(key), value, "str")
+        elif key == "time":
+            _expect(name(key), value, "int" if isinstance(value, int) else "str", "HH:MM:SS, D-HH:MM:SS or minutes")
+            try:
+                minutes = _minutes(value)
+            except CocosError as exc:
+                raise CocosError(f"{name(key)}: {exc}") from None
+            if minutes < 1:
+                raise CocosError(f"{name(key)}: expected at least one minute, got {_shown(value)}")
+        else:
+            least = 0 if key == "gpus" else 1
+            if not _is(value, "int") or value < least:
+                raise CocosError(f"{name(key)}: expected an integer >= {least}, got {_shown(value)}")
+
+
+def _loss_entry(entry, where: str) -> tuple[str, dict, dict, str]:
+    """(id, loss name + params, train overrides, label) of one [[loss]] table."""
+    _expect(where, entry, "table", 'a table with a name = "..." (see cocos losses)')
+    if "name" not in entry:
+        raise CocosError(f"{where}: needs a name")
+    name = _expect(f"{where} name", entry["name"], "str", "a loss name (see cocos losses)")
+    where = f"{where} ({name})"
+    _unknown(where, entry, LOSS_KEYS)
+    try:
+        spec = get_objective(name)  # unknown losses: one line naming the registered ones
+    except CocosError as exc:
+        raise CocosError(f"{where} name: {exc}") from None
+    params = dict(_expect(f"{where} params", entry.get("params", {}), "table",
+                          "a table of the loss's parameters, e.g. params = { tau = 0.1 }"))
+    for key, value in params.items():
+        if not (_is(value, "str") or _is(value, "num") or _is(value, "bool")):
+            raise CocosError(f"{where} params {key}: expected a number, a name or true/false, got {_shown(value)}")
+    try:
+        spec.params(**params)  # the family's typed parameters: unknown names and bad values fail here
+    except CocosError as exc:
+        raise CocosError(f"{where} params: {exc}") from None
+    overrides = _train_table(f"{where} train", entry.get("train", {}))
+    ident = entry.get("id")
+    if ident is not None:
+        _expect(f"{where} id", ident, "str")
+    ident = str(ident or "_".join([spec.name, *(str(v) for v in params.values())]))
+    label = " x ".join(str(v) for v in params.values()) or ident
+    return ident, {"loss": spec.name, "params": params or None}, overrides, label
+
+
+def _loss_entries(entries: list, where: str) -> list[tuple[str, dict, dict, str | None]]:
     """(id, loss name + params, per-loss train overrides, label) for each [[loss]]."""
 
-    entries = raw.get("loss", [])
-    if not isinstance(entries, list):
-        raise CocosError(f"{where}: [[loss]] must be an array of tables")
-    out = []
-    for i, entry in enumerate(entries):
-        if not isinstance(entry, dict) or "name" not in entry:
-            raise CocosError(f"{where}: loss {i + 1} needs a name")
-        _unknown(f"{where}: loss {entry['name']}", entry, LOSS_KEYS)
-        spec = get_objective(str(entry["name"]))  # unknown losses: one line naming the registered ones
-        params = dict(entry.get("params", {}))
-        spec.params(**params)  # the family's typed parameters: unknown names and bad values fail here
-        overrides = dict(entry.get("train", {}))
-        _unknown(f"{where}: loss {spec.name} train", overrides, _train_keys())
-        ident = str(entry.get("id") or "_".join([spec.name, *(str(v) for v in params.values())]))
-        label = " x ".join(str(v) for v in params.values()) or ident
-        out.append((ident, {"loss": spec.name, "params": params or None}, overrides, label))
+    out = [_loss_entry(entry, f"{where}: [[loss]] {i}") for i, entry in enumerate(entries, 1)]
     families = [loss["loss"] for _, loss, _, _ in out]
     # a label tells runs of one family apart in reports (else they would be taken for replicates)
     return [(i, loss, o, label if families.count(loss["loss"]) > 1 else None) for i, loss, o, label in out]
 
 
-def _as_list(value, what: str, where: str) -> list:
-    value = value if isinstance(value, list) else [value]
-    if not value:
-        raise CocosError(f"{where}: '{what}' is empty: the grid expands to zero runs")
-    return value
+def _as_list(raw: dict, key: str, default, kind: str, what: str, where: str) -> list:
+    """A value or an array of values, each of ``kind``; never empty."""
+    value = raw.get(key, default)
+    items = value if isinstance(value, list) else [value]
+    for item in items:
+        if not _is(item, kind):
+            raise CocosError(f"{where}: {key}: expected {what}, got {_shown(value)}")
+    if not items:
+        raise CocosError(f"{where}: '{key}' is empty: the grid expands to zero runs")
+    return items
+
+
+def read_grid(path: str | os.PathLike) -> dict:
+    """A grid file's TOML, read with a bound: a regular file of at most GRID_BYTES (a device, a FIFO or a folder
+    is refused before a byte is read; at most GRID_BYTES + 1 bytes are ever read), UTF-8 (a BOM is skipped),
+    nested no deeper than the parser's recursion allows. Every failure is one CocosError line."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO opens without a writer
+    except FileNotFoundError:
+        raise CocosError(f"{path}: no such grid file") from None
+    except OSError as exc:
+        raise CocosError(f"{path}: cannot read the grid file ({exc.strerror or exc})") from None
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise CocosError(f"{path}: is a folder, not a grid file")
+        if not stat.S_ISREG(info.st_mode):
+            raise CocosError(f"{path}: not a regular file (a device, FIFO or socket); a grid is a TOML file")
+        if info.st_size > GRID_BYTES:
+            raise CocosError(f"{path}: {info.st_size:,} bytes; a grid file is at most {GRID_BYTES:,} bytes of TOML")
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            data = fh.read(GRID_BYTES + 1)
+    except OSError as exc:
+        raise CocosError(f"{path}: cannot read the grid file ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
+    if len(data) > GRID_BYTES:  # it grew since fstat
+        raise CocosError(f"{path}: more than {GRID_BYTES:,} bytes; a grid file is at most that much TOML")
+    try:
+        return tomllib.loads(data.decode("utf-8-sig"))
+    except UnicodeDecodeError as exc:
+        raise CocosError(f"{path}: not a readable TOML grid (not UTF-8 text: {exc.reason} at byte {exc.start})") \
+            from None
+    except RecursionError:
+        raise CocosError(f"{path}: not a readable TOML grid (nested too deeply)") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise CocosError(f"{path}: not a readable TOML grid ({exc})") from None
 
 
 def load_grid(path: str | os.PathLike, reports: str | None = None, checkpoints: str | None = None) -> Grid:
-    """Read and check a grid file and expand it to runs; nothing is written."""
+    """Read and check a grid file whole and expand it to runs; nothing is written.
 
+    Checked here, before any run is built: the file (read_grid), every key and the type of every value (one
+    line naming the file, the table and the key), the number of runs (models x losses x seeds, at most
+    MAX_RUNS), each loss's parameters (as cocos train -p), [analyze] (as cocos analyze's options) and [slurm];
+    then the TrainConfig of every run is validated as cocos train validates it. What the runs read (the data,
+    its splits, [train]'s files, the device) is check_inputs', which needs the data on this machine.
+    """
     path = Path(path)
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CocosError(f"{path}: no such grid file") from None
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise CocosError(f"{path}: not a readable TOML grid ({exc})") from None
+    raw = read_grid(path)
     where = str(path)
     _unknown(where, raw, TOP_KEYS)
     for key in ("data", "loss"):
         if key not in raw:
             raise CocosError(f"{where}: '{key}' is missing")
-    name = str(raw.get("name", path.stem))
+    name = _expect(f"{where}: name", raw.get("name", path.stem), "str")
     if not NAME.fullmatch(name):
         raise CocosError(f"{where}: name '{name}' must be letters, digits, '_', '.', '-'")
-    shared = dict(raw.get("train", {}))
-    _unknown(f"{where}: [train]", shared, _train_keys())
-    analyze = {"batch_size": None, "split": "test", "compat": False, "eps": DEFAULT_EPS, **raw.get("analyze", {})}
-    _unknown(f"{where}: [analyze]", analyze, ANALYZE_KEYS)
-    slurm = dict(raw.get("slurm", {}))
+    data = _expect(f"{where}: data", raw["data"], "str", "the data folder's path")
+    for key in ("reports", "checkpoints"):
+        if key in raw:
+            _expect(f"{where}: {key}", raw[key], "str", "a folder's path")
+    shared = _train_table(f"{where}: [train]", raw.get("train", {}))
+    analyze = _analyze_table(where, raw.get("analyze", {}))
+    slurm = dict(_expect(f"{where}: slurm", raw.get("slurm", {}), "table", "a table [slurm]"))
     _unknown(f"{where}: [slurm]", slurm, SLURM_KEYS)
-    losses = _loss_entries(raw, where)
-    models = _as_list(raw.get("models", ["vsepp"]), "models", where)
-    seeds = _as_list(raw.get("seeds", [0]), "seeds", where)
-    if not losses:
+    check_slurm(slurm, lambda key: f"{where}: [slurm] {key}")
+    models = _as_list(raw, "models", ["vsepp"], "str", "a model name or an array of them", where)
+    seeds = _as_list(raw, "seeds", [0], "int", "an integer or an array of integers", where)
+    entries = raw["loss"]
+    if not isinstance(entries, list):
+        raise CocosError(f"{where}: loss: expected an array of tables [[loss]], got {_shown(entries)}")
+    if not entries:
         raise CocosError(f"{where}: no [[loss]]: the grid expands to zero runs")
+    count = len(models) * len(entries) * len(seeds)
+    if count > MAX_RUNS:
+        raise CocosError(f"{where}: the grid expands to {count:,} runs ({len(models)} models x {len(entries)} "
+                         f"losses x {len(seeds)} seeds); at most {MAX_RUNS:,}: split it into several grids")
+    losses = _loss_entries(entries, where)
     reports = Path(reports or raw.get("reports", "reports"))
     checkpoints = Path(checkpoints or raw.get("checkpoints", "checkpoints"))
-    runs, seen = [], {}
+    runs = _expand(where, name, data, models, losses, seeds, shared, analyze, reports, checkpoints)
+    return Grid(name, data, runs, reports, checkpoints, slurm, where)
+
+
+def _expand(where: str, name: str, data: str, models: list, losses: list, seeds: list, shared: dict,
+            analyze: dict, reports: Path, checkpoints: Path) -> list[SweepRun]:
+    """One run per (model, loss, seed), each with the TrainConfig cocos train would validate."""
+    runs, seen = [], set()
     for model in models:
         for ident, loss, overrides, label in losses:
             for seed in seeds:
                 run_name = f"{model}_{ident}_s{seed}"
                 if run_name in seen:
                     raise CocosError(f"{where}: two runs are named '{run_name}'; give one loss an id = \"...\"")
-                seen[run_name] = True
+                seen.add(run_name)
                 if not NAME.fullmatch(run_name):
                     raise CocosError(f"{where}: run name '{run_name}' must be letters, digits, '_', '.', '-'")
-                cfg = {**shared, **overrides, **loss, "data": str(raw["data"]), "model": model, "seed": seed,
+                cfg = {**shared, **overrides, **loss, "data": data, "model": model, "seed": seed,
                        "out": str(checkpoints / name / run_name)}
                 try:
                     TrainConfig(**cfg).validate()  # bad settings: one line, before anything is written
-                except TypeError as exc:
+                except (CocosError, TypeError) as exc:
                     raise CocosError(f"{where}: run {run_name}: {exc}") from None
                 runs.append(SweepRun(run_name, cfg, dict(analyze), label, str(reports / name / run_name)))
-    return Grid(name, str(raw["data"]), runs, reports, checkpoints, slurm)
+    return runs
 
 
 # -- one run: train (unless reusable), analyse (unless up to date) ------------------------------
@@ -324,8 +531,12 @@ def run_local(runs: list[SweepRun], jobs: int, logs: Path, **kw) -> list[dict]:
 
 
 def slurm_params(grid: Grid, options: dict) -> dict:
-    """submitit parameters from the grid's [slurm] table, overridden by the command line's options."""
-    s = {**grid.slurm, **{k: v for k, v in options.items() if v is not None}}
+    """submitit parameters from the grid's [slurm] table, overridden by the command line's options (checked
+    here as the grid's are in load_grid)."""
+    given = {k: v for k, v in options.items() if v is not None}
+    _unknown("slurm options", given, SLURM_KEYS)
+    check_slurm(given, lambda key: f"--{key.replace('_', '-')}")
+    s = {**grid.slurm, **given}
     params = {"timeout_min": _minutes(s.get("time", "24:00:00")), "slurm_array_parallelism": s.get(
         "array_parallelism", 16)}
     if s.get("partition"):
@@ -387,12 +598,64 @@ def _slurm_task(run: SweepRun, kw: dict) -> dict:
 # -- the sweep ----------------------------------------------------------------------------------
 
 
+def check_inputs(grid: Grid, executor: str = "local") -> None:
+    """What every run reads, before anything runs (``--dry-run`` and a real sweep alike); nothing is written.
+
+    The data folder holds the splits training reads (train, and dev for validation) and each run's [analyze]
+    split, each an .npy array (its header is read) with its captions; the analysis batch size (the training one
+    unless [analyze] sets it) fits the training split, as cocos analyze requires; [train]'s files (vocab,
+    ltd_targets, cnn_weights) exist; the device is one a run can use (on the local executor: available here).
+    """
+    where = grid.source or grid.name
+    data = Path(grid.data)
+    if not (data / "train_ims.npy").exists():
+        raise CocosError(f"{where}: data: {data}: no train_ims.npy (make one with cocos data synth)")
+    n_images = _split_rows(data, "train", f"{where}: data")
+    _split_rows(data, "dev", f"{where}: data (dev: the validation split of training)")
+    for split in sorted({run.analyze["split"] for run in grid.runs} - {"train", "dev"}):
+        _split_rows(data, split, f"{where}: [analyze] split")
+    devices = set()
+    for run in grid.runs:
+        batch = run.analyze["batch_size"] or run.train.get("batch_size", TrainConfig.batch_size)
+        if batch > n_images:
+            key = "[analyze] batch_size" if run.analyze["batch_size"] else \
+                "[train] batch_size (the analysis counts at the training batch size unless [analyze] sets one)"
+            raise CocosError(f"{where}: run {run.name}: {key}: {batch} is larger than the training split "
+                             f"({n_images} images)")
+        for key in PATH_KEYS:
+            if run.train.get(key) and not Path(run.train[key]).is_file():
+                raise CocosError(f"{where}: run {run.name}: {key}: {run.train[key]}: no such file")
+        devices.add(run.train.get("device", TrainConfig.device))
+    for device in sorted(devices):
+        if not DEVICE.fullmatch(device):
+            raise CocosError(f"{where}: [train] device: unknown device '{device}' (use auto, cpu, cuda or cuda:N)")
+        if executor == "local":
+            try:
+                resolve_device(device)
+            except CocosError as exc:
+                raise CocosError(f"{where}: [train] device: {exc}") from None
+
+
+def _split_rows(data: Path, split: str, where: str) -> int:
+    """The number of images of a split of a precomputed-feature folder (its .npy header), or one line."""
+    path = data / f"{split}_ims.npy"
+    if not path.is_file():
+        have = sorted(p.name[:-len("_ims.npy")] for p in data.glob("*_ims.npy"))
+        raise CocosError(f"{where}: {data} has no split '{split}' (no {path.name}; its splits: "
+                         f"{', '.join(have) or 'none'})")
+    try:
+        rows = int(_open_features(path).shape[0])
+    except CocosError as exc:
+        raise CocosError(f"{where}: {exc}") from None
+    if not (data / f"{split}_caps.txt").is_file() and find_karpathy_json(data) is None:
+        raise CocosError(f"{where}: {data / f'{split}_caps.txt'}: no such caption file (and no dataset_*.json)")
+    return rows
+
+
 def check_outputs(grid: Grid) -> None:
     """Every folder the sweep writes can be written, and none holds its data; nothing is created here."""
 
     data = Path(grid.data)
-    if not (data / "train_ims.npy").exists():
-        raise CocosError(f"{data}: no train_ims.npy (make one with cocos data synth)")
     for folder in (grid.report_dir, grid.checkpoints / grid.name):
         check_output_dir(folder, inputs=[data])
         probe = folder
@@ -432,6 +695,20 @@ def train_command(run: SweepRun) -> str:
     return " ".join(parts)
 
 
+def analyze_command(run: SweepRun) -> str:
+    """The cocos analyze command line equivalent of a run's analysis (for --dry-run)."""
+    a = run.analyze
+    parts = [f"cocos analyze {run.train['out']}/model_best.pt --out {run.report} --split {a['split']}",
+             f"--eps {a['eps']:g}", f"--seed {run.train['seed']}"]
+    if a["batch_size"] is not None:
+        parts.append(f"--batch-size {a['batch_size']}")
+    if a["compat"]:
+        parts.append("--compat")
+    if run.label is not None:
+        parts.append(f"--label {shlex.quote(run.label)}")
+    return " ".join(parts)
+
+
 def merge_report(grid: Grid) -> Path:
     """Tables 1-4 (mean ± sample std over seeds), figures and LaTeX of every finished run."""
 
@@ -467,6 +744,7 @@ def run_sweep(grid: Grid, *, executor: str = "local", jobs: int = 1, resume: boo
     params = slurm_params(grid, slurm or {})
     if executor == "slurm":
         import_submitit()
+    check_inputs(grid, executor)
     check_outputs(grid)
     start = time.perf_counter()
     steps = plan(grid, resume, retrain)
