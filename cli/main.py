@@ -36,11 +36,24 @@ def main(
     """COCOS gradient diagnostics for contrastive image-caption retrieval."""
 
 
+def configure_process(argv: list[str] | None = None) -> str | None:
+    """Process-wide settings that must precede loading torch: OpenMP's wait policy for the command named in
+    ``argv`` (``sys.argv[1:]``), :func:`cocos.openmp.configure`; returns the policy in force."""
+    import sys
+
+    from cocos.openmp import configure
+
+    args = sys.argv[1:] if argv is None else argv
+    command = next((a for a in args if not a.startswith("-")), None)
+    return configure(command)
+
+
 def run() -> None:
     """The console script: a Ctrl-C before a command starts or after it returns is one line and exit code 130."""
     from .common import install_late_interrupt
 
     install_late_interrupt()
+    configure_process()
     try:
         app()
     finally:  # the command has finished (its outputs are written): a Ctrl-C while Python shuts down changes nothing
