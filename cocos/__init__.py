@@ -8,7 +8,7 @@ gradient with respect to each query. Exact definitions live in
 The library follows the data; each layer imports only the layers before it (never a
 later one, checked over the real imports by ``tests/test_layers.py``):
 
-1. base: ``errors``, ``defaults``, ``io``, ``safeload``, ``progress``, ``device``,
+1. base: ``errors``, ``defaults``, ``io``, ``safeload``, ``progress``, ``device``, ``openmp``,
    ``distributed``, ``presentation``, ``typed`` (records checked against their annotations), ``results``
    (the typed ``results.json``);
 2. ``data``: datasets, batch layouts, samplers;

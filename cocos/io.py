@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import tempfile
 import zipfile
 from collections.abc import Iterator
@@ -165,9 +166,16 @@ def atomic_dir(path: str | os.PathLike, inputs=(), overwrite: bool = False) -> I
 
     If ``path`` exists (and :func:`check_output_dir` allows replacing it) it is
     replaced only after the new folder is complete; on error nothing is left
-    behind and the old folder is untouched.
+    behind and the old folder is untouched. The output is locked (:func:`output_lock`) from the check to the
+    rename: a second process writing the same folder is refused in one line, never interleaved.
     """
-    path = check_output_dir(path, inputs, overwrite)
+    with output_lock(path):
+        with _atomic_dir(check_output_dir(path, inputs, overwrite)) as tmp:
+            yield tmp
+
+
+@contextlib.contextmanager
+def _atomic_dir(path: Path) -> Iterator[Path]:
     remove_stale(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -537,6 +545,83 @@ def check_interrupt() -> None:
     e.g. a finaliser running when the signal arrived); long loops call this between steps."""
     if _INTERRUPT["pending"]:
         raise KeyboardInterrupt
+
+
+# -- files that are never written or read through a link -------------------------------------------------
+
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def create_exclusive(name: str | os.PathLike, dir_fd: int | None = None, mode: int | None = None) -> int:
+    """A new file opened read-write: ``O_CREAT | O_EXCL | O_NOFOLLOW``, so an existing file or a planted link of
+    that name is never opened, let alone written through (``OSError`` then). ``name`` is relative to ``dir_fd``
+    when given; the mode is ``0o666`` less the umask unless ``mode``."""
+    return os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | NOFOLLOW,
+                   0o666 & ~_umask() if mode is None else mode, dir_fd=dir_fd)
+
+
+def sha256_fd(fd: int, size: int | None = None) -> str:
+    """The SHA-256 hex digest of the first ``size`` bytes (all, when None) of the open file ``fd``, read with
+    ``pread`` in 1 MB blocks (the file position is not moved)."""
+    h = hashlib.sha256()
+    end = os.fstat(fd).st_size if size is None else size
+    at = 0
+    while at < end:
+        block = os.pread(fd, min(1 << 20, end - at), at)
+        if not block:
+            break
+        h.update(block)
+        at += len(block)
+    return h.hexdigest()
+
+
+def read_npy_checked(path: str | os.PathLike, sha256: str) -> np.ndarray:
+    """The array of the ``.npy`` file ``path`` read whole (no pickle, no link followed: a link is refused), the
+    SHA-256 of its bytes computed while reading and compared with ``sha256``.
+
+    One :class:`CocosError` line when the file is missing, not a regular file, not a readable ``.npy`` array
+    (header, size: trailing or missing bytes), larger than the memory available, or when its hash differs
+    (the message then says the file does not match its recorded sha256). The file is read once; the array
+    is a view of the bytes read (no second copy)."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW)  # a FIFO never blocks
+    except FileNotFoundError:
+        raise CocosError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise CocosError(f"{path}: cannot be read ({exc.strerror or exc}; a link is never followed)") from None
+    with os.fdopen(fd, "rb") as fh:
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise CocosError(f"{path}: not a regular file")
+            size = st.st_size
+            shape, fortran, dtype, declared = _npy_header(fh)
+            offset = fh.tell()
+            if dtype.hasobject:
+                raise CocosError(f"{path}: holds Python objects; expected a numeric array")
+            check_declared_size(path, declared, size - offset)
+            if declared != size - offset:
+                raise CocosError(f"{path}: {size - offset - declared} bytes after the array its header declares: "
+                                 "the file is damaged")
+            fh.seek(0)
+            h = hashlib.sha256(fh.read(offset))
+            raw = np.empty(declared, dtype=np.uint8)
+            view, got = memoryview(raw), 0
+            while got < declared:
+                n = fh.readinto(view[got:])
+                if not n:
+                    raise CocosError(f"{path}: shorter than its header declares: the file is truncated")
+                got += n
+        except CocosError:
+            raise
+        except (ValueError, OSError, EOFError) as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise CocosError(f"{path}: not a readable .npy array ({first})") from None
+    h.update(raw)
+    if h.hexdigest() != sha256:
+        raise CocosError(f"{path}: does not match its recorded sha256 (the file was changed after it was written)")
+    return raw.view(dtype).reshape(shape, order="F" if fortran else "C")
 
 
 def sha256_file(path: str | os.PathLike) -> str:

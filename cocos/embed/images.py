@@ -94,7 +94,12 @@ class ImageSource:
         return load_image_split(self.data, split, use_restval=self.use_restval)
 
     def open(self, model: torch.nn.Module, split: str, device, progress: bool = False) -> PooledSplit:
-        """``split`` as pooled features of ``model``'s CNN: from a matching cache, else computed from the images."""
+        """``split`` as pooled features of ``model``'s CNN: from a matching cache, else computed from the images.
+
+        A matching cache is used only when its rows still have the sha256 its manifest records
+        (:func:`cocos.embed.features.cached_features`); a changed or damaged one is not used: one
+        :class:`~cocos.embed.features.FeatureCacheWarning` line names it (``cocos analyze`` prints it as a
+        ``warning:``) and the images are encoded instead, so the analysis is the uncached one."""
         images = load_image_split(self.data, split, use_restval=self.use_restval)
         cnn = model.cnn
         folders = candidate_caches(self.data, self.features)
