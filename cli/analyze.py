@@ -8,12 +8,41 @@ import typer
 
 from cocos.defaults import DEFAULT_EPS
 
-from .common import check_latex_width, handle_errors
+from .common import check_input_dir, check_input_file, check_input_path, check_latex_width, handle_errors
 from .main import app
 
 
+def _check_paths(args: dict) -> None:
+    """The paths, before the heavy imports: checkpoints are files, --vocab a file, --data and --features exist,
+    an explicit --out (one checkpoint) or --save-embeddings is allowed."""
+    from cocos.errors import CocosError
+    from cocos.io import check_output_dir, check_output_file
+
+    checkpoints = args.get("checkpoints") or []
+    if len(checkpoints) > 1 and args.get("label") is not None:
+        raise CocosError("--label names one checkpoint; analyse several without it (cocos report --label epoch "
+                         "tells epochs apart)")
+    if len(set(checkpoints)) < len(checkpoints):
+        raise CocosError("a checkpoint is given twice")
+    for checkpoint in checkpoints:
+        check_input_file(checkpoint, "checkpoint")
+    if args.get("vocab") is not None:
+        check_input_file(args["vocab"], "vocabulary file")
+    if args.get("data") is not None:
+        check_input_path(args["data"], "data folder or file list")
+    for folder in args.get("features") or []:
+        check_input_dir(folder, "feature cache folder")
+    inputs = [p for p in (*checkpoints, args.get("data"), args.get("vocab")) if p is not None]
+    overwrite = bool(args.get("overwrite"))
+    if args.get("out") is not None and len(checkpoints) == 1:
+        check_output_dir(args["out"], inputs, overwrite)
+    if args.get("save_embeddings") is not None:
+        check_output_file(args["save_embeddings"], inputs + ([args["out"]] if args.get("out") else []),
+                          overwrite=overwrite, runs=checkpoints)
+
+
 @app.command("analyze")
-@handle_errors
+@handle_errors(check=_check_paths)
 def analyze(
     checkpoints: list[Path] = typer.Argument(..., metavar="CHECKPOINT...",
                                              help="Checkpoints written by cocos train (model_best.pt; several, "
@@ -68,11 +97,6 @@ def analyze(
     from cocos.pipelines.analyze import analyze_checkpoint, refuse_embeddings
     from cocos.pipelines.folder import default_out
 
-    if len(checkpoints) > 1 and label is not None:
-        raise CocosError("--label names one checkpoint; analyse several without it (cocos report --label epoch "
-                         "tells epochs apart)")
-    if len(set(checkpoints)) < len(checkpoints):
-        raise CocosError("a checkpoint is given twice")
     several = len(checkpoints) > 1
     if several and save_embeddings is not None:
         raise CocosError("--save-embeddings takes one checkpoint")

@@ -87,24 +87,40 @@ def _on_sigint(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+def _install(signum: int, handler) -> Any:
+    """``signal.signal(signum, handler)`` unless the signal is ignored (``SIG_IGN``: the process was started with it
+    ignored, as ``nohup ... &`` and batch systems start it, or the caller chose so): an ignored signal stays
+    ignored, as Python itself leaves an inherited ignored SIGINT. Returns the handler found (``False``: not the
+    main thread, nothing changed)."""
+    try:
+        previous = signal.getsignal(signum)
+        if previous is not signal.SIG_IGN:
+            signal.signal(signum, handler)
+        return previous
+    except (ValueError, OSError, AttributeError):  # not the main thread: leave signals alone
+        return False
+
+
+def _restore(signum: int, previous, default) -> None:
+    if previous is not False:
+        signal.signal(signum, previous if previous is not None else default)
+
+
 @contextlib.contextmanager
 def _interrupt_handling() -> Iterator[None]:
-    """Install :func:`_on_sigint` for the command's duration (main thread only), then restore."""
+    """Install :func:`_on_sigint` for the command's duration (main thread only, and only for a signal that is not
+    ignored), then restore the handler found."""
     from cocos.io import clear_interrupt
 
     clear_interrupt()
-    try:
-        previous = signal.signal(signal.SIGINT, _on_sigint)
-        # SIGTERM (torchrun stopping the other workers when one dies, a batch system's kill) cleans up the same way
-        previous_term = signal.signal(signal.SIGTERM, _on_sigint)
-    except (ValueError, OSError, AttributeError):  # not the main thread: leave signals alone
-        previous = previous_term = False
+    previous = _install(signal.SIGINT, _on_sigint)
+    # SIGTERM (torchrun stopping the other workers when one dies, a batch system's kill) cleans up the same way
+    previous_term = _install(signal.SIGTERM, _on_sigint) if previous is not False else False
     try:
         yield
     finally:
-        if previous is not False:
-            signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
-            signal.signal(signal.SIGTERM, previous_term if previous_term is not None else signal.SIG_DFL)
+        _restore(signal.SIGINT, previous, signal.default_int_handler)
+        _restore(signal.SIGTERM, previous_term, signal.SIG_DFL)
         clear_interrupt()
 
 
@@ -140,9 +156,8 @@ def _late_interrupt(signum, frame) -> None:
 def install_late_interrupt() -> None:
     """For the console script: :func:`_late_interrupt` from the start to the end of the process (each command
     installs its own handler for its duration and restores this one)."""
-    with contextlib.suppress(ValueError, OSError, AttributeError):
-        signal.signal(signal.SIGINT, _late_interrupt)
-        signal.signal(signal.SIGTERM, _late_interrupt)
+    _install(signal.SIGINT, _late_interrupt)  # an ignored signal stays ignored (nohup, batch systems)
+    _install(signal.SIGTERM, _late_interrupt)
 
 
 def _interrupted() -> None:
@@ -180,32 +195,79 @@ def _error_line(exc: Exception) -> str:
     return f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": ")
 
 
-def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
+def check_input_file(path, what: str = "file") -> None:
+    """An input the command reads as a file: it exists and is not a folder (one line otherwise). Standard library
+    only: commands call it (through ``handle_errors(check=...)``) before importing torch, pandas and matplotlib,
+    which take seconds to load (a minute on a busy machine) that a mistyped path should not wait for."""
+    from pathlib import Path
+
+    path = Path(path)
+    if not path.exists():
+        raise CocosError(f"{path}: no such {what}")
+    if path.is_dir():
+        raise CocosError(f"{path}: is a folder, not a {what}")
+
+
+def check_input_dir(path, what: str = "folder") -> None:
+    """An input the command reads as a folder: it exists and is a folder (standard library only, as
+    :func:`check_input_file`)."""
+    from pathlib import Path
+
+    path = Path(path)
+    if not path.exists():
+        raise CocosError(f"{path}: no such {what}")
+    if not path.is_dir():
+        raise CocosError(f"{path}: is not a folder (expected a {what})")
+
+
+def check_input_path(path, what: str = "file or folder") -> None:
+    """An input that may be a file or a folder: it exists."""
+    from pathlib import Path
+
+    if not Path(path).exists():
+        raise CocosError(f"{path}: no such {what}")
+
+
+def handle_errors(func: Callable[..., Any] | None = None, *,
+                  check: Callable[[dict], None] | None = None) -> Callable[..., Any]:
     """Turn CocosError (bad input) into one clear line and exit code 2, never a traceback.
 
     Ctrl-C gives one line and exit code 130: also when something swallowed the KeyboardInterrupt
     (the request stays pending and is honoured when the command returns) or turned it into an
     error on its way up; a second Ctrl-C stops at once.
 
+    ``check`` (``@handle_errors(check=...)``): called with the command's arguments (a dict by parameter name)
+    before anything heavy is imported; it checks the paths the command reads and writes with the standard library
+    (and :mod:`cocos.io`), so that a missing file is one line at once, not after seconds of loading torch.
+
     Every command gets ``--threads N`` here (one definition, :data:`THREADS_OPTION`): torch's CPU threads are
-    set by :func:`cocos.device.set_threads` before the command runs, to N or to the default there.
+    set by :func:`cocos.device.set_threads` before the command runs (after ``check``), to N or to the default there.
     """
+    if func is None:
+        return functools.partial(handle_errors, check=check)
+    signature = inspect.signature(func)
 
     @functools.wraps(func)
     def wrapper(*args: Any, threads: int | None = None, **kwargs: Any) -> Any:
-        from cocos.device import set_threads, steady_heap
-        from cocos.io import interrupt_pending
-
-        steady_heap()  # freed tensors are reused from the heap (see cocos.device.steady_heap)
         with _interrupt_handling(), _library_warnings():
             try:  # a Ctrl-C (or torchrun's SIGTERM) while an error is being handled below is an interruption too
                 try:
+                    if check is not None:
+                        bound = signature.bind_partial(*args, **kwargs)
+                        check(dict(bound.arguments))
+                    from cocos.device import set_threads, steady_heap
+
+                    steady_heap()  # freed tensors are reused from the heap (see cocos.device.steady_heap)
                     set_threads(threads)
                     result = func(*args, **kwargs)
                 except (CocosError, OSError) as exc:
+                    from cocos.io import interrupt_pending
+
                     if interrupt_pending():
                         _interrupted()
                     fail(_error_line(exc))
+                from cocos.io import interrupt_pending
+
                 if interrupt_pending():
                     _interrupted()
                 return result

@@ -9,12 +9,24 @@ import typer
 from cocos.defaults import DEFAULT_EPS
 
 from . import lossflags
-from .common import check_latex_width, handle_errors
+from .common import check_input_file, check_latex_width, handle_errors
 from .main import app
 
 
+def _check_paths(args: dict) -> None:
+    """The paths, before the heavy imports: the embeddings file, and --out / --json allowed."""
+    from cocos.io import check_output_dir, check_output_file
+
+    embeddings, out, json_path = args.get("embeddings"), args.get("out"), args.get("json_path")
+    check_input_file(embeddings, "file")
+    if out is not None:
+        check_output_dir(out, [embeddings] + ([json_path] if json_path else []), bool(args.get("overwrite")))
+    if json_path is not None:
+        check_output_file(json_path, [embeddings] + ([out] if out else []), overwrite=bool(args.get("overwrite")))
+
+
 @app.command("count", context_settings=lossflags.CONTEXT, epilog=lossflags.HELP)
-@handle_errors
+@handle_errors(check=_check_paths)
 def count(
     ctx: typer.Context,
     embeddings: Path = typer.Argument(..., help="An .npz with 'images' (N, d), 'captions' (N*k, d) "

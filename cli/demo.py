@@ -10,8 +10,23 @@ from .common import handle_errors
 from .main import app
 
 
+def _check_paths(args: dict) -> None:
+    """The folders, before the heavy imports (the demo checks them again, with the rest, before any work): --data
+    and --checkpoints are folders where they exist, --out is allowed (:func:`cocos.io.check_output_dir`)."""
+    from cocos.errors import CocosError
+    from cocos.io import check_output_dir
+
+    images = bool(args.get("images"))
+    defaults = {"out": "reports/demo", "data": "data/synth", "checkpoints": "checkpoints/demo"}
+    paths = {k: Path(args.get(k) or (f"{v}_images" if images else v)) for k, v in defaults.items()}
+    for name in ("data", "checkpoints"):
+        if paths[name].exists() and not paths[name].is_dir():
+            raise CocosError(f"{paths[name]}: exists and is not a folder; choose another --{name}")
+    check_output_dir(paths["out"], [paths["data"], paths["checkpoints"]], bool(args.get("overwrite")))
+
+
 @app.command("demo")
-@handle_errors
+@handle_errors(check=_check_paths)
 def demo(
     out: Path = typer.Option(None, help="Report folder [default: reports/demo; reports/demo_images with --images]."),
     data: Path = typer.Option(None, help="Synthetic data folder, generated if absent [default: data/synth; "

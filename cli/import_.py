@@ -6,12 +6,27 @@ from pathlib import Path
 
 import typer
 
-from .common import handle_errors
+from .common import check_input_dir, check_input_file, handle_errors
 from .main import app
 
 
+def _check_paths(args: dict) -> None:
+    """The paths, before the heavy imports: the checkpoint and --vocab are files, --data a folder, --out allowed."""
+    from cocos.io import check_output_file
+
+    checkpoint, vocab, data, out = (args.get(k) for k in ("checkpoint", "vocab", "data", "out"))
+    check_input_file(checkpoint, "checkpoint")
+    if vocab is not None:
+        check_input_file(vocab, "vocabulary file")
+    if data is not None:
+        check_input_dir(data, "data folder")
+    if out is not None:
+        check_output_file(out, [p for p in (checkpoint, vocab, data) if p is not None],
+                          overwrite=bool(args.get("overwrite")), runs=[checkpoint])
+
+
 @app.command("import")
-@handle_errors
+@handle_errors(check=_check_paths)
 def import_checkpoint(
     checkpoint: Path = typer.Argument(..., help="model_best.pth.tar of the original VSE++ (fartashf/vsepp), VSRN "
                                                 "(KunpengLi1994/VSRN) or COCOS reproducibility code."),

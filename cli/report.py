@@ -6,14 +6,20 @@ from pathlib import Path
 
 import typer
 
-from .common import check_latex_width, handle_errors
+from .common import check_input_path, check_latex_width, handle_errors
 from .main import app
 
 COUNTING = {"own": None, "compat": True, "corrected": False}
 
 
+def _check_paths(args: dict) -> None:
+    """The inputs exist (files or folders), before the heavy imports."""
+    for path in args.get("results") or []:
+        check_input_path(path, "file")
+
+
 @app.command("report")
-@handle_errors
+@handle_errors(check=_check_paths)
 def report(
     results: list[Path] = typer.Argument(..., help="results.json files (of cocos analyze or cocos count) or "
                                                    "folders holding them."),

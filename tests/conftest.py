@@ -12,6 +12,7 @@ does it once per (font, glyphs) for the session, with byte-identical files.
 """
 
 import os
+import signal
 
 os.environ["OMP_NUM_THREADS"] = "1"
 
@@ -29,3 +30,13 @@ def _pdf_font_subsets_once():
     yield
     if undo is not None:
         undo()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _sigint_as_from_a_terminal():
+    """Tests send themselves SIGINT; under nohup or a batch system pytest starts with SIGINT ignored, which the CLI
+    (as Python itself) keeps ignored. The session gets a terminal's handler; its child processes start with the
+    default then."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)

@@ -187,16 +187,27 @@ def analyze_checkpoint(
                         + (f" ({label})" if label else ""),
                         kind=kind, hparams=ckpt["model"]["hparams"]),
         training=TrainingInfo(loss=trained, params=ckpt["loss"].get("params", {}),
-                              seed=int(lookup(ckpt, "train", "seed") or 0), ltd=ltd),
+                              seed=int(lookup(ckpt, "train", "seed") or 0), ltd=ltd, **_warmup(ckpt)),
         counting=counting_info(run, compat, sweep_eps),
         statistics=records(run.summary()),
-        evaluation=Evaluation(eval_split.split, metrics), cocos_version=__version__,
+        evaluation=Evaluation(eval_split.split, metrics, n_images=int(eval_split.n_images),
+                              n_captions=int(eval_split.n_captions)), cocos_version=__version__,
         presentation=presentations([*run.losses, trained], {**run.labels, trained: ckpt["loss"].get("label", trained)}),
     )
     results = Results.from_dict(results.to_dict())  # exactly what results.json will hold
     logs = read_logs(Path(checkpoint).parent, max_epoch=int(ckpt["epoch"]))  # beside the checkpoint, if any
     return Analysis(results=results, run=run, embeddings=emb, timings=timings, logs=logs or None,
                     warnings=data_warnings(frozen, train))
+
+
+def _warmup(ckpt: dict) -> dict:
+    """The run's warm-up as the checkpoint records it (``train.warmup_epochs``; the family trained during it is
+    the training loss's ``warmup_loss``): ``{"warmup_epochs", "warmup_loss"}`` for :class:`TrainingInfo`."""
+    epochs = lookup(ckpt, "train", "warmup_epochs")
+    spec = OBJECTIVES.get(ckpt["loss"]["name"])
+    if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1 or spec is None or not spec.warmup_loss:
+        return {"warmup_epochs": 0, "warmup_loss": None}
+    return {"warmup_epochs": epochs, "warmup_loss": spec.warmup_loss}
 
 
 def ltd_label(ltd: dict | None) -> str:

@@ -36,7 +36,7 @@ from cocos.pipelines.folder import diagram_points, write_results_folder
 from cocos.report.diagram import common_extent
 from cocos.report.merge import build_report, write_report
 from cocos.report.tables import to_markdown
-from cocos.results import cnn_name
+from cocos.results import cnn_name, lookup
 from cocos.training.checkpoint import load_checkpoint
 from cocos.training.trainer import IMAGE_FLAGS, OUTPUT_NAMES, OUTPUT_PATTERNS, TrainConfig, Trainer
 
@@ -136,21 +136,33 @@ def _train_config(cfg: DemoConfig, loss: str):
                        warmup_epochs=min(cfg.warmup_epochs, cfg.epochs - 1) if get_objective(loss).warmup_loss else 0)
 
 
-def _reusable(train_cfg, fingerprint: str) -> bool:
-    """A finished run with exactly these settings on exactly this data can be reused."""
-
+def _run_state(train_cfg, fingerprint: str) -> str:
+    """What the model's checkpoint folder holds for these settings on this data: ``"done"`` (a finished run:
+    reused), ``"interrupted"`` (a ``last.pt`` of an earlier epoch with exactly these settings: resumed, as
+    ``cocos train --resume``, which gives the same model as an uninterrupted run) or ``"none"`` (trained
+    from epoch 1: no run, another run's, or a ``last.pt`` that does not load)."""
 
     last = Path(train_cfg.out) / "last.pt"
-    if not last.exists() or not (Path(train_cfg.out) / "model_best.pt").exists():
-        return False
+    if not last.exists():
+        return "none"
     try:
         ckpt = load_checkpoint(last)
     except CocosError:
-        return False
+        return "none"
     wanted = asdict(train_cfg)
     wanted.pop("workers")  # decoding processes do not change the run
-    return (ckpt["data"]["fingerprint"] == fingerprint and ckpt["epoch"] == train_cfg.epochs
-            and {k: ckpt["train"].get(k) for k in wanted} == wanted)
+    if lookup(ckpt, "data", "fingerprint") != fingerprint or not isinstance(ckpt.get("train"), dict):
+        return "none"
+    if {k: ckpt["train"].get(k) for k in wanted} != wanted or not isinstance(ckpt.get("epoch"), int):
+        return "none"
+    if ckpt["epoch"] == train_cfg.epochs and (Path(train_cfg.out) / "model_best.pt").exists():
+        return "done"
+    return "interrupted" if 0 < ckpt["epoch"] < train_cfg.epochs else "none"
+
+
+def _reusable(train_cfg, fingerprint: str) -> bool:
+    """A finished run with exactly these settings on exactly this data can be reused."""
+    return _run_state(train_cfg, fingerprint) == "done"
 
 
 def _has_world(data: Path, images: bool) -> bool:
@@ -286,12 +298,16 @@ def _run(cfg: DemoConfig, runs: dict, out: Path, inputs: list, data: Path, gener
         loss = run.name
         train_cfg = _train_config(cfg, text)
         t0 = time.perf_counter()
-        if not cfg.retrain and _reusable(train_cfg, fingerprint):
+        state = "none" if cfg.retrain else _run_state(train_cfg, fingerprint)
+        if state == "done":
             reused.append(loss)
             log(f"[{loss}] reusing {train_cfg.out}/model_best.pt")
         else:
-            log(f"[{loss}] training {train_cfg.model} for {cfg.epochs} epochs")
-            Trainer(train_cfg, overwrite=True, progress=progress, log=lambda s, _l=loss: log(f"[{_l}] {s}")).fit()
+            resume = state == "interrupted"
+            log(f"[{loss}] " + (f"resuming the interrupted run in {train_cfg.out} (last.pt)" if resume
+                                else f"training {train_cfg.model} for {cfg.epochs} epochs"))
+            Trainer(train_cfg, resume=resume, overwrite=not resume, progress=progress,
+                    log=lambda s, _l=loss: log(f"[{_l}] {s}")).fit()
         t1 = time.perf_counter()
         check_interrupt()
         analyses[loss] = analyze_checkpoint(Path(train_cfg.out) / "model_best.pt", data, batch_size=cfg.batch_size,

@@ -23,6 +23,7 @@ from cocos.defaults import DEFAULT_EPS
 from cocos.presentation import ranked
 from cocos.report import style
 from cocos.report.tables import DIRECTIONS
+from cocos.results import CHANCE_NOISE_SD
 
 LOG_TAIL_RATIO = 50.0  # a log y axis when the tallest bar is this many times the smallest non-empty one
 
@@ -218,11 +219,18 @@ def plot_cocos_vs_rsum(rows, path_stem: str | os.PathLike, title: str | None = N
     and optionally rsum_std, cocos_std, n). ``data["points"]`` is the ``(n, 2)`` array ``(cocos,
     rsum)`` read back from the markers in row order, ``data["labels"]`` their labels, ``data["panels"]``
     the statistics, ``data["legend"]`` the legend's entries.
+
+    Honest reports (definitions file, "Chance"): where ``rows`` has ``chance`` and ``chance_sd`` (the chance rsum
+    of the test split), chance is a dashed line and the band up to ``CHANCE_NOISE_SD`` standard deviations above
+    it is shaded ("within noise of chance"), and the rsum axis always shows the line, so that models at chance are
+    not spread over an axis of noise; the caption says how many are in the band. A model whose checkpoint is a
+    warm-up epoch (``warmup``) is named so in the legend. ``data["chance"]`` holds ``(chance, top of the band)``
+    of each panel, read back from the drawn line and band (None without chance).
     """
 
     stats = list(dict.fromkeys(rows["stat"]))
     models = list(dict.fromkeys(rows["model"] if "model" in rows else ["model"] * len(rows)))
-    points, labels, legend = [], [], {}
+    points, labels, legend, chance = [], [], {}, []
     with style.paper_style():
         fig = style.figure(2.6 + 0.12 * len(set(zip(rows["loss"], rows.get("model", rows["loss"]), strict=True))))
         axes = fig.subplots(1, max(1, len(stats)), squeeze=False, sharey=True)[0]
@@ -235,21 +243,62 @@ def plot_cocos_vs_rsum(rows, path_stem: str | os.PathLike, title: str | None = N
                 xs, ys = _errorbar(ax, r, color, marker, filled=r["direction"] == "i2t")
                 points.append((xs, ys))
                 labels.append(f"{r['label']} ({r['direction']})")
-                legend.setdefault(f"{model}, {name}" if len(models) > 1 else name,
+                warm = " (warm-up epoch)" if bool(r.get("warmup", False)) else ""
+                legend.setdefault((f"{model}, {name}" if len(models) > 1 else name) + warm,
                                   Line2D([], [], color=color, marker=marker, linestyle="", markersize=5))
             spread = part["cocos_std"].fillna(0) if "cocos_std" in part else 0
             right = float(np.nanmax(part["cocos"] + spread)) if len(part) else 1.0
             ax.set_xlim(0, 1.15 * right if right > 0 else 1.0)
             ax.set_xlabel(f"{style.stat_math(stat)} of the training loss")
             ax.set_ylabel("rsum (test)")
+            chance.append(_chance_band(ax, part))
         handles = list(legend.values()) + [
             Line2D([], [], color="0.3", marker="o", linestyle="", markersize=5),
             Line2D([], [], color="0.3", marker="o", markerfacecolor="none", linestyle="", markersize=5)]
-        fig.legend(handles, [*legend, "i2t (filled)", "t2i (open)"], loc="outside lower center", ncols=2)
-        style.caption(fig, title or "COCOS at the selected checkpoint vs retrieval")
+        names = [*legend, "i2t (filled)", "t2i (open)"]
+        if any(c is not None for c in chance):
+            handles.append(Line2D([], [], color=style.GREY, linestyle="--", linewidth=1))
+            names.append(f"chance; shaded: within noise of chance (+{CHANCE_NOISE_SD:g} sd)")
+        fig.legend(handles, names, loc="outside lower center", ncols=2)
+        style.caption(fig, (title or "COCOS at the selected checkpoint vs retrieval") + _chance_caption(rows))
         paths = style.save(fig, path_stem)
     return FigureOutput(paths, {"points": np.array(points, dtype=np.float64).reshape(-1, 2), "labels": labels,
-                                "panels": stats, "legend": list(legend)})
+                                "panels": stats, "legend": list(legend), "chance": chance})
+
+
+def _chance_band(ax, part) -> tuple[float, float] | None:
+    """The chance rsum (dashed) and the band of noise above it (shaded) on one panel, the y axis widened to show
+    them; returns ``(chance, top of the band)`` as drawn, None where ``part`` has no chance."""
+    if "chance" not in part or not part["chance"].notna().any():
+        return None
+    chance = float(part["chance"].dropna().max())  # one test split per report; the largest where they differ
+    top = chance + CHANCE_NOISE_SD * float(part.loc[part["chance"] == chance, "chance_sd"].max())
+    line = ax.axhline(chance, color=style.GREY, linestyle="--", linewidth=1, zorder=1)
+    band = ax.axhspan(chance, top, color=style.GREY, alpha=0.15, linewidth=0, zorder=0)
+    low, high = ax.get_ylim()
+    pad = 0.05 * max(high - low, top - chance, 1.0)
+    ax.set_ylim(min(low, chance - pad), max(high, top + pad))
+    if hasattr(band, "get_height"):  # matplotlib >= 3.9: a Rectangle
+        drawn_top = band.get_y() + band.get_height()
+    else:  # a Polygon
+        drawn_top = np.max(np.asarray(band.get_xy())[:, 1])
+    return float(line.get_ydata()[0]), float(drawn_top)
+
+
+def _chance_caption(rows) -> str:
+    """``: 2 of 4 models within noise of chance; 1 at a warm-up epoch`` (empty when none is)."""
+    if not len(rows):
+        return ""
+    models = rows.drop_duplicates("label")
+    parts = []
+    if "chance" in models and models["chance"].notna().any():
+        top = models["chance"] + CHANCE_NOISE_SD * models["chance_sd"]
+        near = int((models["rsum"] < top).sum())
+        if near:
+            parts.append(f"{near} of {len(models)} models within noise of chance")
+    if "warmup" in models and models["warmup"].fillna(False).astype(bool).any():
+        parts.append(f"{int(models['warmup'].fillna(False).astype(bool).sum())} at a warm-up epoch")
+    return (": " + "; ".join(parts)) if parts else ""
 
 
 MODEL_MARKERS = ("o", "^", "s", "D", "v", "P", "X")

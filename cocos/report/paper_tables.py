@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -53,6 +53,7 @@ from cocos.report.tables import (
     latex_escape,
     mode_name,
 )
+from cocos.results import CHANCE_NOISE_SD
 
 # --------------------------------------------------------------------------- tables
 
@@ -146,9 +147,45 @@ def retrieval_table(groups: Sequence[Group]) -> Table | None:
     columns = tuple(Column(name, group, latex_std=not seeds or name == "rsum") for group, name, _, _ in TABLE1_KEYS)
     notes = [Footnote("Recalls and mAP@5 (image to text) in percent; rsum is the sum of the six recalls."
                       + (" In LaTeX only rsum shows its std (the others are in tables.md)." if seeds else ""))]
+    rows, flag_notes = _flag_rows(evaluated, rows)
     return Table(title, tuple(names[j] for j in keep), columns,
-                 [Row(tuple(labels[j] for j in keep), cells) for labels, cells in rows], notes, key="retrieval",
-                 stack=False)
+                 [Row(tuple(labels[j] for j in keep), cells) for labels, cells in rows], notes + flag_notes,
+                 key="retrieval", stack=False)
+
+
+RSUM_COLUMN = [name for _, name, _, _ in TABLE1_KEYS].index("rsum")
+
+
+def _flag_rows(groups: Sequence[Group], rows: list) -> tuple[list, list[Footnote]]:
+    """Rows whose numbers would mislead a reader get a mark on their rsum and a note (definitions file,
+    "Honest reports"): ``w`` a checkpoint that is a warm-up epoch (the model has been trained only with the
+    warm-up loss, so its row is that loss's, not its own), ``c`` a test rsum within noise of chance."""
+    warm = [any(r.warmup_selected for r in g.results) for g in groups]
+    chance = [any(r.at_chance for r in g.results) for g in groups]
+    out = []
+    for (labels, cells), w, c in zip(rows, warm, chance, strict=True):
+        mark = ("w" if w else "") + ("c" if c else "")
+        if mark:
+            cells = tuple(replace(cell, mark=mark) if j == RSUM_COLUMN else cell for j, cell in enumerate(cells))
+        out.append((labels, cells))
+    notes = []
+    if any(warm):
+        rows_ = ", ".join(str(i) for i, w in enumerate(warm, start=1) if w)
+        losses = sorted({r.training.warmup_loss for g, w in zip(groups, warm, strict=True) if w for r in g.results
+                         if r.warmup_selected})
+        notes.append(Footnote(f"Row {rows_}: the selected checkpoint (best validation rsum) is a warm-up epoch: the "
+                              f"model was trained only with the {', '.join(losses)} loss, so the row shows that "
+                              "loss, not the model's own.", "w"))
+    if any(chance):
+        parts = []
+        for i, (g, c) in enumerate(zip(groups, chance, strict=True), start=1):
+            if c:
+                mean, sd = next(r.chance for r in g.results if r.at_chance)
+                parts.append(f"{i} (chance {mean:.1f} ± {sd:.1f})")
+        notes.append(Footnote(f"Row {', '.join(parts)}: test rsum within noise of chance (below chance + "
+                              f"{CHANCE_NOISE_SD:g} sd of a random ranking): the model retrieves no better than "
+                              "chance, and its COCOS describe an untrained model.", "c"))
+    return out, notes
 
 
 def _metric_cells(g: Group) -> tuple[Cell, ...]:

@@ -21,6 +21,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 DIRECTIONS = ("i2t", "t2i")
+# The header of every generated tables.tex: how to \input many of them (docs/definitions.md, "Tables in a paper").
+MANY_TABLES = (
+    "Each table is a float: \\input of many tables.tex in a row stops pdflatex ('Too many unprocessed floats').",
+    "Put \\clearpage between groups of a few \\input (it prints the waiting floats), or \\input each file",
+    "in the section that discusses it; no package beyond booktabs and amsmath is needed.",
+)
+
 # Where the alternative counting mode differs by more than this, the cell gets a footnote.
 ALT_TOLERANCE = 0.005
 

@@ -101,6 +101,8 @@ class TrainingInfo:
     params: dict = field(default_factory=dict)
     seed: int = 0
     ltd: dict | None = None  # latent target decoding: {"mode", "eta", "beta"} when trained with cocos train --ltd
+    warmup_epochs: int = 0  # epochs 1..warmup_epochs were trained with warmup_loss (cocos train --warmup-epochs)
+    warmup_loss: str | None = None  # the family trained during the warm-up (Triplet SH: triplet), None without one
 
 
 @dataclass
@@ -119,6 +121,48 @@ class CountingInfo:
 class Evaluation:
     split: str
     metrics: dict
+    n_images: int | None = None  # images of the evaluated split (None in files before cocos 0.2: chance unknown)
+    n_captions: int | None = None  # its captions
+
+
+CHANCE_NOISE_SD = 3.0  # "within noise of chance": rsum below chance + 3 standard deviations of a random ranking
+RECALL_KS = (1, 5, 10)
+
+
+def _recall_moments(p_below) -> tuple[float, float]:
+    """Mean and variance of one query's ``X = sum_K 1[rank < K]`` over K in 1, 5, 10, where ``p_below(K)`` is
+    ``P(rank < K)`` (nested events: ``E[X^2] = sum_{K,K'} P(rank < min(K, K'))``)."""
+    p = {k: p_below(k) for k in RECALL_KS}
+    mean = sum(p.values())
+    second = sum(p[min(a, b)] for a in RECALL_KS for b in RECALL_KS)
+    return mean, max(second - mean * mean, 0.0)
+
+
+def chance_rsum(n_images: int, n_captions: int) -> tuple[float, float]:
+    """The rsum of a model that ranks at random, and its standard deviation (definitions file, "Chance").
+
+    t2i: a caption's one image is at a uniform rank among ``N`` images, ``P(rank < K) = K / N``. i2t: an image's
+    best rank among its ``k = n_captions // n_images`` captions in ``M = n_captions`` candidates,
+    ``P(rank < K) = 1 - C(M - k, K) / C(M, K)`` (no positive in the top K). The expected rsum is 100 times the sum
+    of these six probabilities. The standard deviation is bounded by ``100 * (sqrt(Var_i2t(X) / N) +
+    sqrt(Var_t2i(X) / M))``, ``X`` a query's number of recalls hit: queries of one direction are independent
+    under random scores, but the two directions share the score matrix (an image and its captions succeed
+    together), and ``sd(A + B) <= sd(A) + sd(B)`` holds for any correlation (N = 100, k = 5: chance 31.6,
+    bound 7.6; simulated: 31.8 and 7.0)."""
+    n, m = int(n_images), int(n_captions)
+    if n < 1 or m < n:
+        raise ValueError(f"chance rsum needs at least one image and a caption per image, got {n} and {m}")
+    k = m // n
+
+    def miss(K: int) -> float:  # C(m - k, K) / C(m, K) as a product (no huge integers)
+        out = 1.0
+        for j in range(min(K, m)):
+            out *= max(m - k - j, 0) / (m - j)
+        return out
+
+    i2t_mean, i2t_var = _recall_moments(lambda K: 1.0 - miss(K))
+    t2i_mean, t2i_var = _recall_moments(lambda K: min(K, n) / n)
+    return 100.0 * (i2t_mean + t2i_mean), 100.0 * (math.sqrt(i2t_var / n) + math.sqrt(t2i_var / m))
 
 
 @dataclass
@@ -148,6 +192,43 @@ class Results:
     @property
     def where(self) -> str:
         return self.path or self.source.path
+
+    @property
+    def chance(self) -> tuple[float, float] | None:
+        """``(chance rsum, its standard deviation)`` on the evaluated split (:func:`chance_rsum`); None where the
+        file does not record the split's size."""
+        e = self.evaluation
+        if e is None or not e.n_images or not e.n_captions or e.n_captions < e.n_images:
+            return None
+        return chance_rsum(e.n_images, e.n_captions)
+
+    @property
+    def at_chance(self) -> bool:
+        """Whether the test rsum is within noise of chance: below ``chance + CHANCE_NOISE_SD`` standard deviations
+        (definitions file, "Chance"). False where unknown."""
+        chance, rsum = self.chance, (self.evaluation.metrics.get("rsum") if self.evaluation else None)
+        return chance is not None and _is_number(rsum) and rsum < chance[0] + CHANCE_NOISE_SD * chance[1]
+
+    @property
+    def warmup_selected(self) -> bool:
+        """Whether the analysed checkpoint's last epoch is a warm-up epoch: the model was trained only with the
+        warm-up loss (Triplet SH's all-triplet warm-up), so its rows are not its loss's."""
+        t = self.training
+        return (t is not None and bool(t.warmup_loss) and t.warmup_epochs > 0 and self.source.epoch is not None
+                and self.source.epoch <= t.warmup_epochs)
+
+    def honesty_notes(self) -> list[str]:
+        """One sentence per reason a reader could be misled by this model's numbers (warm-up, chance)."""
+        notes = []
+        if self.warmup_selected:
+            notes.append(f"the selected checkpoint (epoch {self.source.epoch}) is a warm-up epoch: the model was "
+                         f"trained only with the {self.training.warmup_loss} loss so far")
+        if self.at_chance:
+            chance, sd = self.chance
+            notes.append(f"test rsum {self.evaluation.metrics['rsum']:.1f} is within noise of chance ({chance:.1f}, "
+                         f"+{CHANCE_NOISE_SD:g} sd = {chance + CHANCE_NOISE_SD * sd:.1f}): the model retrieves no "
+                         "better than a random ranking")
+        return notes
 
     def look(self, loss: str) -> Presentation:
         """How ``loss`` is shown, as this file says (a loss it does not describe: its name, grey)."""
