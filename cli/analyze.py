@@ -26,6 +26,7 @@ def _check_paths(args: dict) -> None:
         raise CocosError("a checkpoint is given twice")
     for checkpoint in checkpoints:
         check_input_file(checkpoint, "checkpoint")
+    _check_options(args)
     if args.get("vocab") is not None:
         check_input_file(args["vocab"], "vocabulary file")
     if args.get("data") is not None:
@@ -39,6 +40,26 @@ def _check_paths(args: dict) -> None:
     if args.get("save_embeddings") is not None:
         check_output_file(args["save_embeddings"], inputs + ([args["out"]] if args.get("out") else []),
                           overwrite=overwrite, runs=checkpoints)
+
+
+def _check_options(args: dict) -> None:
+    """The counting options, before minutes of encoding: --eps a finite number >= 0, --batch-size and --resize,
+    --crop-size positive when given, --workers not negative (as a sweep's [analyze] table is checked)."""
+    import math
+
+    from cocos.errors import CocosError
+
+    eps = args.get("eps", DEFAULT_EPS)
+    if eps is not None and not (math.isfinite(eps) and eps >= 0):
+        raise CocosError(f"--eps must be a finite number >= 0, got {eps}")
+    for name in ("batch_size", "resize", "crop_size"):
+        value = args.get(name)
+        if value is not None and value < 1:
+            raise CocosError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    if (args.get("workers") or 0) < 0:
+        raise CocosError(f"--workers must not be negative, got {args['workers']}")
+    if args.get("split") is not None and not str(args["split"]).strip():
+        raise CocosError("--split must name a split (train, dev or test)")
 
 
 @app.command("analyze")
@@ -85,7 +106,7 @@ def analyze(
     crop_size: int = typer.Option(None, "--crop-size", metavar="PX",
                                   help="Raw-image models: evaluation CenterCrop (default: as recorded, else 224; "
                                        "checkpoints of the original code: 224)."),
-    workers: int = typer.Option(0, "--workers", min=0, help="Raw-image models: DataLoader processes decoding images."),
+    workers: int = typer.Option(0, "--workers", help="Raw-image models: DataLoader processes decoding images."),
     trust_checkpoint: bool = typer.Option(False, "--trust-checkpoint",
                                           help="Load checkpoints with full pickle (weights_only=False): code in the "
                                                "file may run. Only for files you trust."),

@@ -18,6 +18,7 @@ from cocos.embed import encode_checkpoint
 from cocos.training.checkpoint import load_checkpoint, save_checkpoint
 from cocos.training.trainer import TrainConfig, Trainer
 from cocos_cli.main import app
+from tests.helpers import one_error_line
 from tests.test_report_tables import as_results
 
 runner = CliRunner()
@@ -303,3 +304,13 @@ def test_defaults_batch_size_from_checkpoint_label_and_folder_of_a_last_checkpoi
     assert res.exit_code == 0, res.output
     res = runner.invoke(app, ["report", str(best), str(unlabelled), "--out", str(tmp_path / "r2")])
     assert res.exit_code == 2 and "--label" in res.output and not (tmp_path / "r2").exists()
+
+
+@pytest.mark.parametrize("flags, says", [(["--eps", "nan"], "--eps"), (["--eps", "-0.5"], "--eps"),
+                                         (["--batch-size", "0"], "--batch-size"), (["--workers", "-1"], "--workers"),
+                                         (["--crop-size", "0"], "--crop-size")])
+def test_bad_counting_options_are_one_line_before_any_work(flags, says, tmp_path):
+    ckpt = tmp_path / "model_best.pt"
+    ckpt.write_bytes(b"not read: the options are checked first")
+    res = runner.invoke(app, ["analyze", str(ckpt), "--out", str(tmp_path / "r"), *flags])
+    assert says in one_error_line(res) and sorted(p.name for p in tmp_path.iterdir()) == ["model_best.pt"]
