@@ -224,3 +224,24 @@ def test_good_grid_plans_the_same_runs(tmp_path, data, monkeypatch):
     monkeypatch.setattr(sweep, "MAX_RUNS", 3)
     with pytest.raises(sweep.CocosError, match="expands to 4 runs"):
         sweep.load_grid(tmp_path / "g.toml")
+
+
+def test_a_second_sweep_of_a_grid_is_refused_while_one_runs(tmp_path, data, monkeypatch):
+    """One sweep of a grid at a time: with the grid's checkpoint folder locked by another sweep, a sweep is one
+    line and trains nothing; the lock gone, it would start (its first run is reached)."""
+    from cocos.io import output_lock
+    from cocos.pipelines import sweep
+
+    class Reached(Exception):
+        pass
+
+    def first_run(*a, **kw):
+        raise Reached
+
+    monkeypatch.setattr(sweep, "run_local", first_run)
+    (tmp_path / "g.toml").write_text(grid_text(data, tmp_path))
+    with output_lock(tmp_path / "ck" / "g"):
+        line = one_error_line(runner.invoke(app, ["sweep", str(tmp_path / "g.toml")]))
+    assert "another cocos process" in line and not (tmp_path / "reports").exists()
+    res = runner.invoke(app, ["sweep", str(tmp_path / "g.toml")])
+    assert isinstance(res.exception, Reached)

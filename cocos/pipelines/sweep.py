@@ -63,7 +63,7 @@ from cocos.data.precomp import SPLIT_ALIASES, _open_features, data_fingerprint, 
 from cocos.defaults import DEFAULT_EPS
 from cocos.device import resolve_device
 from cocos.errors import CocosError
-from cocos.io import MARKER, check_output_dir, sha256_file
+from cocos.io import MARKER, check_output_dir, output_lock, sha256_file
 from cocos.objectives import get_objective
 from cocos.pipelines.analyze import analyze_checkpoint
 from cocos.pipelines.folder import write_results_folder
@@ -745,6 +745,12 @@ def run_sweep(grid: Grid, *, executor: str = "local", jobs: int = 1, resume: boo
     if executor == "slurm":
         import_submitit()
     check_inputs(grid, executor)
+    with output_lock(grid.checkpoints / grid.name):  # one sweep of a grid at a time: a second is refused in one line
+        return _run_sweep(grid, executor, jobs, params, resume, retrain, progress, cluster, log)
+
+
+def _run_sweep(grid: Grid, executor: str, jobs: int, params: dict, resume: bool, retrain: bool, progress: bool,
+               cluster: str | None, log: Callable[[str], None]) -> list[dict]:
     check_outputs(grid)
     start = time.perf_counter()
     steps = plan(grid, resume, retrain)
