@@ -47,7 +47,7 @@ def import_checkpoint(
 ) -> None:
     """Convert a checkpoint of the original code into a cocos checkpoint (then analyze/evaluate need no --vocab)."""
     from cocos.errors import CocosError
-    from cocos.io import check_output_file
+    from cocos.io import check_output_file, output_lock
     from cocos.legacy import load_any_checkpoint
     from cocos.training.checkpoint import save_checkpoint
     from cocos.training.trainer import build_from_checkpoint
@@ -61,21 +61,22 @@ def import_checkpoint(
         raise CocosError(f"{vocab}: no such vocabulary file")
     if not data.is_dir():
         raise CocosError(f"{data}: no such data folder")
-    check_output_file(out, [checkpoint, vocab, data], overwrite=overwrite, runs=[checkpoint])
-    if trust_checkpoint:
-        typer.echo("warning: --trust-checkpoint: the checkpoint is loaded with full pickle, code in it may run",
-                   err=True)
-    ckpt, converted = load_any_checkpoint(checkpoint, vocab=vocab, data=data, trust=trust_checkpoint)
-    if not converted:  # not reached: a cocos checkpoint refuses --vocab
-        raise CocosError(f"{checkpoint}: already a cocos checkpoint")
-    if ckpt["model"]["kind"] == "vsepp_full":
-        from cocos.data.images import is_image_dataset
+    with output_lock(out):  # one writer of --out: a second import into it is refused in one line
+        check_output_file(out, [checkpoint, vocab, data], overwrite=overwrite, runs=[checkpoint])
+        if trust_checkpoint:
+            typer.echo("warning: --trust-checkpoint: the checkpoint is loaded with full pickle, code in it may run",
+                       err=True)
+        ckpt, converted = load_any_checkpoint(checkpoint, vocab=vocab, data=data, trust=trust_checkpoint)
+        if not converted:  # not reached: a cocos checkpoint refuses --vocab
+            raise CocosError(f"{checkpoint}: already a cocos checkpoint")
+        if ckpt["model"]["kind"] == "vsepp_full":
+            from cocos.data.images import is_image_dataset
 
-        if not is_image_dataset(data):
-            raise CocosError(f"{data}: not an image dataset (images/ and a dataset_*.json, or {{split}}_set.p); "
-                             f"{checkpoint} encodes raw images (EncoderImageFull)")
-    build_from_checkpoint(ckpt)  # the converted weights rebuild the model before anything is written
-    save_checkpoint(out, ckpt)
+            if not is_image_dataset(data):
+                raise CocosError(f"{data}: not an image dataset (images/ and a dataset_*.json, or {{split}}_set.p); "
+                                 f"{checkpoint} encodes raw images (EncoderImageFull)")
+        build_from_checkpoint(ckpt)  # the converted weights rebuild the model before anything is written
+        save_checkpoint(out, ckpt)
     hp = ckpt["model"]["hparams"]
     params = ", ".join(f"{k}={v:g}" for k, v in ckpt["loss"]["params"].items())
     typer.echo(f"wrote {out}: {ckpt['model']['kind']} (embed {hp['embed_size']}, {hp['vocab_size']} words), "
