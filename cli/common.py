@@ -168,7 +168,6 @@ def _interrupted() -> None:
 THREADS_OPTION = typer.Option(
     None,
     "--threads",
-    min=1,
     metavar="N",
     help="CPU threads of torch (default: OMP_NUM_THREADS when set, else the cores this process may use).",
 )

@@ -48,6 +48,31 @@ def configure_process(argv: list[str] | None = None) -> str | None:
     return configure(command)
 
 
+def _main() -> None:
+    """``app()`` with click's usage errors (a value of the wrong type or range, an unknown option or command) as one
+    ``error:`` line and exit code 2, as every other bad input: click's standalone mode prints a usage line, a hint
+    and the error over three or more lines. ``--help`` and a bare ``cocos`` print their help as before."""
+    import sys
+
+    try:  # typer >= 0.24 carries its own copy of click
+        from typer._click import exceptions
+    except ImportError:
+        from click import exceptions
+
+    try:
+        code = app(standalone_mode=False)
+    except exceptions.NoArgsIsHelpError as exc:  # a bare group: its help, exit 0 (as standalone mode)
+        typer.echo(exc.ctx.get_help() if exc.ctx else str(exc))
+        code = 0
+    except exceptions.UsageError as exc:
+        typer.echo(f"error: {' '.join(exc.format_message().split())}", err=True)
+        code = 2
+    except getattr(exceptions, "Abort", KeyboardInterrupt):  # click's own Ctrl-C at a prompt
+        typer.echo("interrupted", err=True)
+        code = 130
+    sys.exit(code if isinstance(code, int) else 0)
+
+
 def run() -> None:
     """The console script: a Ctrl-C before a command starts or after it returns is one line and exit code 130."""
     from .common import install_late_interrupt
@@ -55,7 +80,7 @@ def run() -> None:
     install_late_interrupt()
     configure_process()
     try:
-        app()
+        _main()
     finally:  # the command has finished (its outputs are written): a Ctrl-C while Python shuts down changes nothing
         import signal
 

@@ -54,7 +54,8 @@ def train(
     seed: int = typer.Option(0, help="Seed of initialisation and batch order."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     resume: bool = typer.Option(False, "--resume", help="Continue from OUT/last.pt."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Start over in an existing OUT."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Start over in an existing OUT (the previous run's "
+                                                              "checkpoints, logs and figures are removed)."),
     json_path: Path = typer.Option(None, "--json", help="Write the best validation metrics here."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
 ) -> None:
@@ -75,18 +76,30 @@ def train(
     cfg.validate()  # nonsense flags first, before any file is looked at
     if json_path is not None:
         _check_json(json_path, cfg, overwrite)
-    from cocos.distributed import context
+    import contextlib
 
-    with context() as group:  # under torchrun: every rank trains its block of each global batch
-        trainer = Trainer(cfg, resume=resume, overwrite=overwrite, progress=progress, log=typer.echo)
-        try:
-            metrics = trainer.fit()
-        except KeyboardInterrupt:
+    from cocos.distributed import context
+    from cocos.io import output_lock
+
+    # the run folder's lock, held by the main process from the checks of the folder to the last figure
+    with contextlib.ExitStack() as held:
+        with context() as group:  # under torchrun: every rank trains its block of each global batch
             if group.is_main:
-                typer.echo(interrupted_message(trainer), err=True)
-            raise typer.Exit(code=130) from None
-    if not group.is_main:
-        return
+                held.enter_context(output_lock(Path(cfg.out).resolve()))
+            trainer = Trainer(cfg, resume=resume, overwrite=overwrite, progress=progress, log=typer.echo,
+                              locked=group.is_main)
+            try:
+                metrics = trainer.fit()
+            except KeyboardInterrupt:
+                if group.is_main:
+                    typer.echo(interrupted_message(trainer), err=True)
+                raise typer.Exit(code=130) from None
+        if group.is_main:
+            _finish(trainer, metrics, json_path)
+
+
+def _finish(trainer, metrics: dict, json_path: Path | None) -> None:
+    """After training (the main process): the best rsum, the figures of the run's logs, ``--json``."""
     try:
         from cocos.io import check_interrupt
 

@@ -22,7 +22,7 @@ from cocos.data.synth import make_synthetic
 from cocos.errors import CocosError
 from cocos.io import MARKER
 from cocos.training.checkpoint import load_checkpoint, save_checkpoint
-from cocos.training.trainer import TrainConfig, Trainer
+from cocos.training.trainer import RUN_MARKER, TrainConfig, Trainer
 from cocos_cli.main import app
 from tests.helpers import one_error_line, snapshot
 
@@ -228,6 +228,7 @@ def test_a_failure_after_a_saved_epoch_keeps_it(world, tmp_path, monkeypatch):
     assert res.exit_code == 2 and len(lines) == 2 and lines[0].startswith("epoch   1"), res.output
     assert lines[1].startswith("error: ") and "No space left" in lines[1], res.output
     assert load_checkpoint(out / "last.pt")["epoch"] == 1  # the finished epoch stays
+    assert (out / RUN_MARKER).is_file()
 
 
 def test_stale_temporaries_of_its_own_outputs_are_removed_and_nothing_else(world, tmp_path):
@@ -255,7 +256,7 @@ def test_stale_temporaries_of_its_own_outputs_are_removed_and_nothing_else(world
     fresh = tmp_path / "fresh"
     fresh.mkdir()
     (fresh / "notes.txt").write_text("mine")
-    assert "exists; pass --resume" in one_error_line(_train(data, fresh, "--epochs", "1"))
+    assert "was not written by cocos train" in one_error_line(_train(data, fresh, "--epochs", "1"))
 
 
 # -- Ctrl-C --------------------------------------------------------------------------------------------------------
@@ -295,6 +296,8 @@ def test_ctrl_c_later_names_each_file_with_its_epoch(world, tmp_path, monkeypatc
     assert _last_line(res) == (f"interrupted in epoch 2: {out}/last.pt holds epoch 1, {out}/model_best.pt epoch 1; "
                                "continue with --resume")
     assert load_checkpoint(out / "last.pt")["epoch"] == 1
+    assert (out / RUN_MARKER).is_file()  # a resumable folder, marked as cocos train's
+    assert "stopped after epoch 1; continue it with --resume" in one_error_line(_train(data, out, "--epochs", "3"))
 
 
 def test_ctrl_c_between_model_best_and_last_names_both_epochs(world, tmp_path, monkeypatch):

@@ -31,6 +31,7 @@ wrong raises :class:`CocosError` with one line naming the file and the field.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import inspect
@@ -39,6 +40,7 @@ import math
 import os
 import re
 import struct
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,14 +70,28 @@ def save_checkpoint(path: str | os.PathLike, checkpoint: dict) -> None:
     """Serialise to memory first, then write atomically: a crash never leaves a broken file.
 
     The payload carries ``content_sha256``, the hash of everything else (:func:`content_hash`),
-    which :func:`load_checkpoint` recomputes.
+    which :func:`load_checkpoint` recomputes. Equal contents give equal bytes (:func:`_canonical`):
+    a resumed run's checkpoint is the file an uninterrupted run writes.
     """
     payload = {"format": FORMAT, "format_version": FORMAT_VERSION, "library_version": __version__,
                **{k: v for k, v in checkpoint.items() if k != HASH_KEY}}
     payload[HASH_KEY] = content_hash(payload)
     buffer = io.BytesIO()
-    torch.save(payload, buffer)
+    torch.save(_canonical(payload), buffer)
     write_bytes(path, buffer.getvalue())
+
+
+def _canonical(obj):
+    """``obj`` with fresh containers and every string interned: pickle refers back to an object it has written
+    (its memo is by identity), so without this the bytes would depend on which equal strings happen to be one
+    object (a key written by this process, or one read back from the checkpoint a run resumed from)."""
+    if type(obj) is str:
+        return sys.intern(obj)
+    if type(obj) in (dict, collections.OrderedDict):
+        return type(obj)((_canonical(k), _canonical(v)) for k, v in obj.items())
+    if type(obj) in (list, tuple):
+        return type(obj)(_canonical(v) for v in obj)
+    return obj
 
 
 def load_checkpoint(path: str | os.PathLike) -> dict:

@@ -9,7 +9,12 @@
 * **Sizes.** Training: ``RandomResizedCrop(crop_size)`` + flip (VSE++'s ``train`` transform);
   evaluation: ``Resize(resize)`` + ``CenterCrop(crop_size)`` with ``resize = round(256 ·
   crop_size / 224)`` (256 for the original 224; deviation for other crop sizes, which the
-  original code does not have: the same ratio of resize to crop).
+  original code does not have: the same ratio of resize to crop). The sizes are checked by
+  :func:`cocos.data.transforms.check_image_sizes` (commands call it up front, with the memory
+  check; :func:`batch_loader` again, the sizes only).
+* **Memory.** A worker decodes, transforms and lets go of a batch's images one at a time
+  (:class:`~cocos.data.images.ImageBatches`): a batch holds the ``(n, 3, c, c)`` float32 pixels
+  and at most one full-size decoded image, whatever the images' size.
 * **CUDA.** The CNN runs in channels-last memory format under bf16 autocast (when the GPU
   supports bf16); its pooled feature is cast back to float32 before the projection, so the
   projection, the caption encoder and the loss stay in float32. On the CPU nothing changes:
@@ -21,11 +26,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 
+import numpy as np
 import torch
 
 from cocos.data.images import ImageBatches, ImageSplit
-from cocos.data.transforms import CROP_SIZE, RESIZE, eval_transform, train_transform
+from cocos.data.transforms import CROP_SIZE, RESIZE, check_image_sizes, eval_transform, train_transform
 
 
 def eval_resize(crop_size: int) -> int:
@@ -42,7 +49,17 @@ def image_transform(train: bool, crop_size: int = CROP_SIZE):
 
 def batch_loader(split: ImageSplit, transform, plan: list, *, seed: int = 0, epoch: int = 0, workers: int = 0,
                  device: torch.device | str = "cpu") -> torch.utils.data.DataLoader:
-    """A DataLoader yielding the stacked pixels of each batch of ``plan`` in order (see the module docstring)."""
+    """A DataLoader yielding the stacked pixels of each batch of ``plan`` in order (see the module docstring).
+
+    The transform's sizes (a ``functools.partial`` of :func:`~cocos.data.transforms.train_transform` or
+    ``eval_transform``: its ``crop_size`` and ``resize``), the largest batch and ``workers`` are checked by
+    :func:`~cocos.data.transforms.check_image_sizes` without its memory check (memory is the caller's
+    up-front check; here it would change during a run).
+    """
+    sizes = getattr(transform, "keywords", None) or {}
+    largest = max((len(np.atleast_1d(images)) for images, _ in plan), default=1)
+    check_image_sizes(sizes.get("resize"), sizes.get("crop_size", CROP_SIZE), max(1, largest), workers,
+                      memory=sys.maxsize)
     dataset = ImageBatches(split, transform, plan, seed=seed, epoch=epoch)
     return torch.utils.data.DataLoader(dataset, batch_size=None, shuffle=False, num_workers=int(workers),
                                        pin_memory=torch.device(device).type == "cuda",

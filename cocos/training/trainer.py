@@ -25,11 +25,25 @@ loss first; ``ltd`` adds latent target decoding (:mod:`cocos.losses.ltd`) to any
 keeps ``epoch_NNN.pt`` every K epochs. Every step's losses (and LTD's ``λ`` and
 ``L_rec/η``) go to ``train_log.csv``. Both CSVs are rewritten atomically at the end
 of each epoch and cut back to the checkpoint's epoch on resume.
+
+The run folder (:meth:`Trainer.fit`): one writer at a time, the main process holding
+:func:`cocos.io.output_lock` on it for the whole run (``cocos train``: from its checks to its last figure), so a
+second run into the same folder is refused in one line. It is marked as cocos train's
+(:data:`RUN_MARKER`, ``.cocos-train``; not :data:`cocos.io.MARKER`, which would let any cocos command replace the
+folder) before anything else is written into it, and **a failed run (a full disk at any write,
+a CocosError, Ctrl-C) leaves either nothing or a resumable run folder, marked**: until the first epoch's
+``last.pt`` is on disk a failure removes the folder (if the run made it) or what the run added to it; after that
+the folder holds a ``last.pt`` that ``--resume`` continues (a run that failed at its figures: ``--resume`` trains
+nothing and writes them), and the same command without ``--resume`` is refused with a line that says what the
+folder holds. ``--overwrite`` starts over: the previous run's files (its checkpoints, logs and figures; nothing
+else) are removed when training starts.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -47,7 +61,17 @@ from cocos.data.text import Vocabulary, pad_batch
 from cocos.device import resolve_device
 from cocos.distributed import all_gather_with_grad, average_gradients, barrier, block, broadcast_buffers, current
 from cocos.errors import CocosError, check_params
-from cocos.io import check_interrupt, is_own_temporary, make_dirs, remove_created, remove_stale_temporaries, write_csv
+from cocos.io import (
+    available_memory,
+    check_interrupt,
+    is_own_temporary,
+    make_dirs,
+    output_lock,
+    remove_created,
+    remove_stale_temporaries,
+    write_csv,
+    write_text,
+)
 from cocos.losses.ltd import LatentTargetDecoding, LTDConfig
 from cocos.models import CNN_TYPES, MODELS, build_model
 from cocos.objectives import OBJECTIVES, get_loss, get_objective
@@ -69,9 +93,14 @@ from cocos.training.track import CocosTracker
 
 TRAIN_LOG = "train_log.csv"
 TRACK_LOG = "cocos_track.csv"
+# a run folder's marker, its first file. Not cocos.io.MARKER: that one tells every cocos command it may replace the
+# folder (cocos.io.check_output_dir), and a trained model is replaced only by cocos train --overwrite
+RUN_MARKER = ".cocos-train"
+RUN_MARKER_TEXT = ("written by cocos train: a training run folder (cocos train --resume continues it, --overwrite "
+                   "starts over)\n")
 # the files cocos train writes into its folder (and their temporaries, which a killed run leaves)
-OUTPUT_NAMES = ("last.pt", "model_best.pt", TRAIN_LOG, TRACK_LOG, "training.png", "training.pdf", "cocos_track.png",
-                "cocos_track.pdf")
+OUTPUT_NAMES = (RUN_MARKER, "last.pt", "model_best.pt", TRAIN_LOG, TRACK_LOG, "training.png", "training.pdf",
+                "cocos_track.png", "cocos_track.pdf")
 OUTPUT_PATTERNS = (r"epoch_\d+\.pt",)
 # flags that change what a run computes: a resumed run must keep them
 RESUME_FLAGS = ("lr", "lr_update", "batch_size", "embed_size", "word_dim", "seed", "k",
@@ -136,25 +165,16 @@ class TrainConfig:
         On raw-image data ``model`` ``vsepp`` becomes ``vsepp_full`` and ``cnn`` defaults to resnet50.
         """
 
+        for name in ("model", "loss", "device", "ltd_mode"):
+            if not isinstance(getattr(self, name), str):
+                raise CocosError(f"--{name.replace('_', '-')} must be a name, got {getattr(self, name)!r}")
         get_objective(self.loss)  # unknown names: one line listing the registered losses
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device, re.IGNORECASE):
+            raise CocosError(f"unknown device '{self.device}' (use auto, cpu or cuda)")
         self._validate_images()
         if self.model not in MODELS:
             raise CocosError(f"unknown model '{self.model}' (choose from {', '.join(MODELS)})")
-        for name in ("epochs", "batch_size", "embed_size", "word_dim", "lr_update", "k", "vocab_threshold"):
-            if getattr(self, name) < 1:
-                raise CocosError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < SEED_LIMIT:
-            raise CocosError(f"--seed must be an integer in [0, 2**63 - 1], got {self.seed}")
-        if self.model == "vsrn" and self.batch_size < 2:
-            raise CocosError(f"--model vsrn needs --batch-size of at least 2 (its BatchNorm needs two images), "
-                             f"got {self.batch_size}")
-        if self.batch_size < 2:  # one caption, or one image, has nothing to contrast with
-            raise CocosError(f"--batch-size must be at least 2 (a batch of one has no negatives), got "
-                             f"{self.batch_size}")
-        if self.grad_clip < 0:
-            raise CocosError(f"gradient clipping must be >= 0, got {self.grad_clip}")
-        if not 0 <= self.warmup_epochs < self.epochs:
-            raise CocosError(f"--warmup-epochs must lie in [0, epochs), got {self.warmup_epochs}")
+        self._validate_numbers()
         if self.warmup_epochs and get_objective(self.loss).warmup_loss is None:
             with_warmup = [n for n, o in OBJECTIVES.items() if o.warmup_loss]
             raise CocosError(f"--warmup-epochs applies to {', '.join(with_warmup)} only (e.g. all-triplet warm-up "
@@ -172,6 +192,41 @@ class TrainConfig:
                        if getattr(self, n) != TrainConfig.__dataclass_fields__[n].default]
             if changed:
                 raise CocosError(f"{', '.join(changed)} only apply with --ltd")
+
+    def _validate_numbers(self) -> None:
+        """The integer and size flags: integers in their ranges (from Python too, where a string or a bool could be
+        given), the model's size within the memory available."""
+
+        for name in ("epochs", "batch_size", "embed_size", "word_dim", "lr_update", "k", "vocab_threshold"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise CocosError(f"--{name.replace('_', '-')} must be an integer of at least 1, got {value!r}")
+        self._validate_sizes()
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < SEED_LIMIT:
+            raise CocosError(f"--seed must be an integer in [0, 2**63 - 1], got {self.seed}")
+        if self.model == "vsrn" and self.batch_size < 2:
+            raise CocosError(f"--model vsrn needs --batch-size of at least 2 (its BatchNorm needs two images), "
+                             f"got {self.batch_size}")
+        if self.batch_size < 2:  # one caption, or one image, has nothing to contrast with
+            raise CocosError(f"--batch-size must be at least 2 (a batch of one has no negatives), got "
+                             f"{self.batch_size}")
+        if isinstance(self.grad_clip, bool) or not isinstance(self.grad_clip, (int, float)) or \
+                not 0 <= self.grad_clip < math.inf:
+            raise CocosError(f"gradient clipping must be a finite number >= 0, got {self.grad_clip!r}")
+        if isinstance(self.warmup_epochs, bool) or not isinstance(self.warmup_epochs, int) or \
+                not 0 <= self.warmup_epochs < self.epochs:
+            raise CocosError(f"--warmup-epochs must lie in [0, epochs), got {self.warmup_epochs}")
+
+    def _validate_sizes(self) -> None:
+        """Refuse sizes whose caption encoder alone (a GRU of ``word_dim`` inputs and ``embed_size`` units, float32,
+        with its gradient and Adam's two moments: 4 copies) needs more than the memory available: one line before
+        anything is read, not an allocation failure (or the OOM killer) later."""
+        gru = 3 * self.embed_size * (self.word_dim + self.embed_size + 2)
+        need = 16 * gru
+        if need > available_memory():
+            raise CocosError(f"--embed-size {self.embed_size} with --word-dim {self.word_dim} needs at least "
+                             f"{need / 2**30:,.1f} GB for the caption encoder alone, more than the "
+                             f"{available_memory() / 2**30:,.1f} GB of memory available")
 
     def _validate_images(self) -> None:
 
@@ -240,24 +295,30 @@ def build_from_checkpoint(ckpt: dict, where="checkpoint") -> tuple[torch.nn.Modu
 
 
 class Trainer:
-    """Train one model with one loss; call :meth:`fit`."""
+    """Train one model with one loss; call :meth:`fit`.
+
+    ``locked``: the caller holds :func:`cocos.io.output_lock` on ``cfg.out`` already (``cocos train`` does, for the
+    whole command); otherwise :meth:`fit` takes it for the run.
+    """
 
     def __init__(self, cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False,
-                 progress: bool = True, log=print):
+                 progress: bool = True, log=print, locked: bool = False):
 
         cfg.validate()
         self.group = current()  # under torchrun: this rank; rank 0 alone prints and writes
+        self.resume, self.overwrite, self.locked = resume, overwrite, locked
         self.cfg, self.progress = cfg, progress and self.group.is_main
         self.log = log if self.group.is_main else (lambda *a, **k: None)
         self.out = Path(cfg.out)
         self.last_path, self.best_path = self.out / "last.pt", self.out / "model_best.pt"
         self.epoch_running = 0  # the epoch being trained (0: none yet)
+        self.last_saved = False  # whether fit has written a last.pt (then a failure keeps the folder)
         if self.out.exists() and not self.out.is_dir():
             raise CocosError(f"{self.out}: exists and is not a folder; choose another --out")
         if Path(cfg.data).exists() and self.out.resolve() == Path(cfg.data).resolve():
             raise CocosError(f"{self.out}: is the data folder; choose another --out")
-        if self.out.is_dir() and self._foreign_entries() and not (resume or overwrite):
-            raise CocosError(f"{self.out} exists; pass --resume to continue or --overwrite to start over")
+        if self.out.is_dir() and not (resume or overwrite):
+            self._check_new_folder()
         if resume and not self.last_path.exists():
             raise CocosError(f"{self.last_path}: nothing to resume")
         self.device = resolve_device(cfg.device)
@@ -395,9 +456,43 @@ class Trainer:
             load_checkpoint(self.best_path)
 
     def _foreign_entries(self) -> list[Path]:
-        """What the out folder holds besides temporaries of this command's own outputs (a killed run's)."""
+        """What the out folder holds besides its marker and temporaries of this command's own outputs (a killed
+        run's)."""
 
-        return [p for p in self.out.iterdir() if not is_own_temporary(p.name, OUTPUT_NAMES, OUTPUT_PATTERNS)]
+        return [p for p in self.out.iterdir()
+                if p.name != RUN_MARKER and not is_own_temporary(p.name, OUTPUT_NAMES, OUTPUT_PATTERNS)]
+
+    def _check_new_folder(self) -> None:
+        """A new run (neither ``resume`` nor ``overwrite``) goes into an absent folder, an empty one, or one that holds
+        only cocos train's marker and temporaries (a run killed before it saved anything); otherwise one line that
+        says what the folder holds and which flag continues or replaces it."""
+
+        entries = self._foreign_entries()
+        if not entries:
+            return
+        out, epochs = self.out, self.cfg.epochs
+        if not (out / RUN_MARKER).exists() and not any(is_output(p.name) for p in entries):
+            raise CocosError(f"{out}: exists and was not written by cocos train; choose another --out or pass "
+                             "--overwrite to train into it")
+        epoch = peek_epoch(self.last_path)
+        if epoch is None:
+            raise CocosError(f"{out}: holds a cocos train run with no last.pt to resume from; pass --overwrite to "
+                             "start over")
+        if epoch < epochs:
+            raise CocosError(f"{out}: holds a cocos train run stopped after epoch {epoch}; continue it with --resume "
+                             "or start over with --overwrite")
+        if not self._figures_written():
+            raise CocosError(f"{out}: holds a cocos train run of {epoch} epochs whose figures were not written; finish "
+                             f"it with --resume{'' if epoch == epochs else f' --epochs {epoch}'} or start over with "
+                             "--overwrite")
+        raise CocosError(f"{out}: holds a finished cocos train run of {epoch} epochs; start over with --overwrite (or "
+                         "train on with --resume and more --epochs)")
+
+    def _figures_written(self) -> bool:
+        """Whether the figures of the folder's logs are all there (``cocos train`` writes them after the last epoch)."""
+        figures = {TRAIN_LOG: "training", TRACK_LOG: "cocos_track"}
+        return all((self.out / f"{stem}.{ext}").exists() for log, stem in figures.items() if (self.out / log).exists()
+                   for ext in ("png", "pdf"))
 
     def saved(self) -> dict[str, int | None]:
         """What the out folder holds now: the epoch of ``last.pt`` and ``model_best.pt`` (None: none)."""
@@ -637,35 +732,87 @@ class Trainer:
     def fit(self) -> dict:
         """Train the remaining epochs; returns the best checkpoint's validation metrics.
 
-        The out folder is made (and checked writable) before the first step; temporaries of its
-        own outputs that a killed run left there are removed. If this run made the folder and
-        fails or is interrupted before it saved a checkpoint, the folder is removed again: a
-        failed run leaves no partial output.
+        Under the run folder's lock (:meth:`run_lock`) the folder is made (and checked writable) and
+        marked (:data:`RUN_MARKER`, the first write) before the first step; temporaries of its
+        own outputs that a killed run left there are removed; ``overwrite`` removes the previous
+        run's files. A failed run leaves either nothing or a resumable run folder, marked: if it
+        fails or is interrupted before its first ``last.pt`` is saved, the folder is removed again
+        if this run made it, else what this run added to it (the marker included); once a
+        ``last.pt`` is saved everything stays, and ``--resume`` continues from it.
         """
 
+        with self.run_lock():
+            return self._fit()
+
+    @contextlib.contextmanager
+    def run_lock(self):
+        """Hold :func:`cocos.io.output_lock` on the run folder (the main process alone; nothing if already held):
+        a second writer of the same folder is refused in one line."""
+
+        if not self.group.is_main or self.locked:
+            yield
+            return
+        with output_lock(self.out.resolve()):
+            self.locked = True
+            try:
+                yield
+            finally:
+                self.locked = False
+
+    def _fit(self) -> dict:
         main = self.group.is_main
-        existed = set(self.out.iterdir()) if main and self.out.is_dir() else set()
         created = make_dirs(self.out) if main else None
         if main:
             remove_stale_temporaries(self.out, OUTPUT_NAMES, OUTPUT_PATTERNS, own=True)
-        saved = False
+            if self.overwrite and not self.resume:
+                self._remove_previous_run()
+        existed = set(self.out.iterdir()) if main else set()
+        self.last_saved = False
         try:
+            if main:
+                self._mark(created, existed)
             while self.epoch < self.cfg.epochs:
-                saved = self._fit_epoch() or saved
+                self._fit_epoch()
         except BaseException:
-            if main and not saved:  # nothing of this run is worth keeping (a full disk, Ctrl-C in epoch 1, ...)
-                remove_created(created)
-                for path in set(self.out.iterdir()) - existed if self.out.is_dir() else ():
-                    if path.name in OUTPUT_NAMES or is_own_temporary(path.name, OUTPUT_NAMES, OUTPUT_PATTERNS):
-                        path.unlink(missing_ok=True)
+            if main and not self.last_saved:  # nothing of this run worth keeping (a full disk, Ctrl-C in epoch 1, ...)
+                self._remove_added(created, existed)
             raise
         barrier(self.group)  # rank 0 has written the last checkpoint
         if not self.group.is_main:  # other nodes need not share rank 0's file system
             return dict(self.best_metrics)
         return load_checkpoint(self.best_path)["metrics"]
 
-    def _fit_epoch(self) -> bool:
-        """Train, validate and save one epoch; returns True once a checkpoint of it is on disk."""
+    def _mark(self, created: list[Path], existed: set[Path]) -> None:
+        """The marker, first: written into a folder this run made or one that holds only cocos train's files (never
+        into a user's folder that ``--overwrite`` trains into: it would then pass for a run folder)."""
+
+        if (self.out / RUN_MARKER).exists() or not (created or all(is_output(p.name) for p in existed)):
+            return
+        write_text(self.out / RUN_MARKER, RUN_MARKER_TEXT)
+
+    def _remove_added(self, created: list[Path], existed: set[Path]) -> None:
+        """Undo a run that saved no ``last.pt``: the folder it made, or the files of its own that it added."""
+
+        remove_created(created)
+        with contextlib.suppress(OSError):
+            for path in set(self.out.iterdir()) - existed if self.out.is_dir() else ():
+                if is_output(path.name) and not path.is_dir():
+                    path.unlink(missing_ok=True)
+
+    def _remove_previous_run(self) -> None:
+        """``overwrite``: the previous run's checkpoints, logs and figures go (its marker and other files stay), so
+        the folder never mixes two runs."""
+
+        for path in self.out.iterdir():
+            if path.name != RUN_MARKER and is_output(path.name) and (path.is_file() or path.is_symlink()):
+                try:
+                    path.unlink()
+                except OSError as exc:
+                    raise CocosError(f"{path}: cannot remove the previous run's file ({exc.strerror or exc})") \
+                        from None
+
+    def _fit_epoch(self) -> None:
+        """Train, validate and save one epoch (``last_saved`` once its ``last.pt`` is on disk)."""
         epoch = self.epoch + 1
         self.epoch_running = epoch
         lr = self.optimizer.param_groups[0]["lr"]
@@ -686,6 +833,7 @@ class Trainer:
             if self.cfg.save_every and epoch % self.cfg.save_every == 0:
                 save_checkpoint(self.out / f"epoch_{epoch:03d}.pt", self.checkpoint(metrics, full=False))
             save_checkpoint(self.last_path, self.checkpoint(metrics, full=True))
+            self.last_saved = True
         self.epoch_running = 0
         self.log(
             f"epoch {epoch:>3}  loss {loss:.4f}  {rate:,.0f} cap/s  "
@@ -694,7 +842,6 @@ class Trainer:
             f"rsum {metrics['rsum']:.1f}{'  *best' if improved else ''}"
             + (f"  (warm-up: {self.loss_fn.objective.warmup_loss} loss)" if epoch <= self.cfg.warmup_epochs else "")
         )
-        return True
 
     def write_logs(self) -> None:
         """``train_log.csv`` (every step) and ``cocos_track.csv`` (every N steps), rewritten atomically."""
@@ -703,6 +850,12 @@ class Trainer:
         write_csv(self.out / TRAIN_LOG, pd.DataFrame(self.step_log), float_format="%.10g")
         for hook in self.hooks:
             hook.write_logs(self.out)
+
+
+def is_output(name: str) -> bool:
+    """Whether a file name is one cocos train writes into its folder (or a temporary of one)."""
+    return (name in OUTPUT_NAMES or any(re.fullmatch(p, name) for p in OUTPUT_PATTERNS)
+            or is_own_temporary(name, OUTPUT_NAMES, OUTPUT_PATTERNS))
 
 
 def resolve_data(ckpt: dict, data: str | Path | None, checkpoint_path: str | Path) -> Path:
