@@ -217,3 +217,24 @@ def test_the_console_script_leaves_an_ignored_sigint_ignored():
             "os.kill(os.getpid(), signal.SIGINT)\ntime.sleep(0.2)\nprint('alive')")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0 and run.stdout.strip() == "alive", (run.returncode, run.stderr)
+
+
+def test_the_step_log_has_the_loss_per_query_so_a_short_final_batch_is_no_drop(tmp_path):
+    """``L_con/query``: a summed family's loss over the number of queries of a direction (pair batches: the batch's
+    rows), a family that averages unchanged; a 3-row final batch then sits with the full ones."""
+    from cocos.data.synth import make_synthetic
+    from cocos.objectives import get_objective
+    from cocos.training.trainer import TrainConfig, Trainer
+
+    assert get_objective("triplet").per_query(30.0, 10, 10) == 3.0
+    assert get_objective("ntxent").per_query(1.5, 10, 10) == 1.5 and get_objective("smoothap").reduce == "mean"
+    data = make_synthetic(tmp_path / "d", n_train=5, n_dev=4, n_test=4, feature_dim=8, seed=0)  # 25 captions
+    for loss, per_row in (("triplet", True), ("ntxent", False)):
+        trainer = Trainer(TrainConfig(data=str(data), out=str(tmp_path / loss), loss=loss, epochs=1, batch_size=11,
+                                      embed_size=8, word_dim=8, device="cpu"), progress=False, log=lambda *a: None)
+        trainer.train_epoch(1)
+        rows = [(r["L_con"], r["L_con/query"]) for r in trainer.step_log]
+        sizes = [11, 11, 3]
+        assert len(rows) == 3
+        for (total, per_query), b in zip(rows, sizes, strict=True):
+            assert per_query == pytest.approx(total / b if per_row else total, rel=1e-12)

@@ -134,7 +134,7 @@ NTXENT_WEIGHTS = Note(
 
 NTXENT = Objective(
     name="ntxent", label="NT-Xent", layout="pair",
-    direction_loss=ntxent_direction, defaults={"tau": DEFAULT_TAU_NTXENT}, combine="mean",
+    direction_loss=ntxent_direction, defaults={"tau": DEFAULT_TAU_NTXENT}, combine="mean", reduce="mean",
     counter=NTXentCounter, stats=("C_qv-", "W_qv-", "W_qv+", "W_low"), main_stat="C_qv-", table="3",
     color="#2ca02c", marker="^", notes=(NTXENT_WEIGHTS,), description="softmax cross-entropy at temperature tau",
 )

@@ -204,7 +204,7 @@ SMOOTHAP_ARTEFACT = Note(
 
 SMOOTHAP = Objective(
     name="smoothap", label="SmoothAP", layout="ranking",
-    direction_loss=smoothap_direction, defaults={"tau": 0.01}, combine="mean",
+    direction_loss=smoothap_direction, defaults={"tau": 0.01}, combine="mean", reduce="mean",
     counter=SmoothAPCounter, stats=("C_q", "C_0"), main_stat="C_q", table="4", color="#d62728", marker="D",
     notes=(SMOOTHAP_ARTEFACT,), description="1 - smoothed average precision (ranking batches)",
 )

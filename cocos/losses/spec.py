@@ -53,6 +53,7 @@ class Objective:
     layout: str = "pair"  # "pair" (sample captions) or "ranking" (sample images with all k captions)
     defaults: Mapping[str, float] = field(default_factory=dict)  # loss hyper-parameters and their defaults
     combine: str = "sum"  # how the two directions' losses combine: "sum" or "mean"
+    reduce: str = "sum"  # how one direction's loss reduces its queries' terms: "sum" (hinge losses) or "mean"
     counter: Callable[..., Counter] | None = None  # closed-form counter class; None: generic autograd counter
     stats: tuple[str, ...] = ("C_q", "C_B", "C_0")  # the statistics the paper reports, in its order
     main_stat: str = "C_q"  # the per-query count shown in figures and summaries
@@ -78,6 +79,8 @@ class Objective:
             raise CocosError(f"loss '{self.name}': unknown layout '{self.layout}' (use pair or ranking)")
         if self.combine not in COMBINES:
             raise CocosError(f"loss '{self.name}': unknown combine '{self.combine}' (use sum or mean)")
+        if self.reduce not in COMBINES:
+            raise CocosError(f"loss '{self.name}': unknown reduce '{self.reduce}' (use sum or mean)")
         if self.main_stat not in self.stats:
             raise CocosError(f"loss '{self.name}': main statistic {self.main_stat} is not among {self.stats}")
         if not callable(self.direction_loss) and not callable(self.batch_loss):
@@ -129,6 +132,15 @@ class Objective:
             return self.counter(**full)
 
         return GenericCounter(self, **full) if self.direction_loss is not None else BatchLossCounter(self, **full)
+
+    def per_query(self, value: float, n_i2t: int, n_t2i: int) -> float:
+        """A training loss value as each direction's mean over its queries, the directions combined as the family
+        combines them: unchanged for a family that already averages (``reduce="mean"``); a summed one divided by
+        the mean number of queries of a direction, ``value * 2 / (n_i2t + n_t2i)`` (exact for pair batches, where
+        both directions have one query per row). A short final batch then no longer looks like a drop."""
+        if self.reduce == "mean":
+            return float(value)
+        return float(value) * 2.0 / max(n_i2t + n_t2i, 1)
 
     def combine_directions(self, i2t, t2i):
         total = i2t + t2i

@@ -22,7 +22,7 @@ from matplotlib.ticker import MaxNLocator
 
 from cocos.report import style
 from cocos.report.figures import FigureOutput
-from cocos.training.logs import LTD_COLUMNS, TrainingLogs, read_logs, write_log_csvs
+from cocos.training.logs import LTD_COLUMNS, PER_QUERY, TrainingLogs, read_logs, write_log_csvs
 
 # tracked statistics drawn, in this order (the threshold-free companions and W_low stay in the CSV)
 TRACK_STATS = ("C_q", "C_B", "C_0", "C_qv-", "W_qv-", "W_qv+", "rsum")
@@ -157,12 +157,16 @@ def plot_track(track: pd.DataFrame, path_stem: str | os.PathLike, title: str | N
 
 def plot_training(steps: pd.DataFrame, path_stem: str | os.PathLike, title: str | None = None,
                   series: str = "label", color: str | None = None) -> list[Path]:
-    """Per-step training curves: ``L_con`` and, with LTD, ``λ`` and ``L_rec/η`` (the bound at 1), per series."""
+    """Per-step training curves: ``L_con`` per query (``L_con/query``; ``L_con`` as logged for logs of earlier
+    versions) and, with LTD, ``λ`` and ``L_rec/η`` (the bound at 1), per series."""
 
     steps = steps.copy()
     if series not in steps:
         steps[series] = "run"
-    panels = [("L_con", r"contrastive loss $\mathcal{L}_{con}$")]
+    # the loss per query where the log has it (a summed loss of a short final batch is no drop), else as logged
+    per_query = PER_QUERY in steps and steps[PER_QUERY].notna().all()
+    panels = [(PER_QUERY, r"$\mathcal{L}_{con}$ per query") if per_query else
+              ("L_con", r"contrastive loss $\mathcal{L}_{con}$")]
     if all(c in steps for c in LTD_COLUMNS) and steps["lambda"].notna().any():
         panels += [("lambda", r"multiplier $\lambda$"), ("L_rec/eta", r"$\mathcal{L}_{rec}/\eta$")]
     names = list(dict.fromkeys(steps[series]))
@@ -179,7 +183,7 @@ def plot_training(steps: pd.DataFrame, path_stem: str | os.PathLike, title: str 
                 if part[column].notna().any():
                     ax.plot(part["step"], part[column], color=colours[name], linewidth=0.4, alpha=0.3)
                     ax.plot(part["step"], _smooth(part[column], len(part)), color=colours[name], linewidth=1.6)
-            if column == "L_con":  # a warm-up epoch's summed violations can dwarf the rest
+            if column in ("L_con", PER_QUERY):  # a warm-up epoch's summed violations can dwarf the rest
                 _log_axis(ax, steps[column].to_numpy(dtype=float))
             if column == "L_rec/eta":
                 ax.axhline(1.0, color=style.GREY, linestyle=":", linewidth=1)

@@ -1,6 +1,8 @@
 """The logs ``cocos train`` writes into a checkpoint folder, read back with their columns checked.
 
-``train_log.csv``: one row per step (``step, epoch, loss, L_con`` and, with LTD, ``L_rec, L_rec/eta, lambda``);
+``train_log.csv``: one row per step (``step, epoch, loss, L_con, L_con/query`` — the contrastive loss and the same
+as each direction's mean over its queries, :meth:`cocos.losses.spec.Objective.per_query`, absent in logs of
+earlier versions — and, with LTD, ``L_rec, L_rec/eta, lambda``);
 ``cocos_track.csv`` (``--track-cocos N``): tidy ``step, epoch, loss, direction, stat, value``. The trainer
 restores them on resume; ``cocos analyze`` copies them into its report folder and the report layer plots them.
 """
@@ -21,7 +23,8 @@ TRACK_LOG = "cocos_track.csv"
 TRACK_COLUMNS = ("step", "epoch", "loss", "direction", "stat", "value")
 LOG_COLUMNS = ("step", "epoch", "loss", "L_con")
 LTD_COLUMNS = ("lambda", "L_rec/eta")
-LOG_NUMERIC = ("loss", "L_con", "L_rec", "L_rec/eta", "lambda")
+PER_QUERY = "L_con/query"
+LOG_NUMERIC = ("loss", "L_con", PER_QUERY, "L_rec", "L_rec/eta", "lambda")
 
 
 @dataclass
@@ -78,7 +81,8 @@ def _read(path: Path, columns, numeric, complete) -> pd.DataFrame | None:
 def read_logs(folder: str | os.PathLike, max_epoch: int | None = None) -> TrainingLogs:
     """The logs in a checkpoint or report folder; rows after ``max_epoch`` (a later checkpoint's) are left out."""
     folder = Path(folder)
-    steps = _read(folder / TRAIN_LOG, LOG_COLUMNS, LOG_NUMERIC, complete=LOG_NUMERIC)
+    # L_con/query may be missing in rows an earlier version wrote (a run resumed across versions)
+    steps = _read(folder / TRAIN_LOG, LOG_COLUMNS, LOG_NUMERIC, complete=[c for c in LOG_NUMERIC if c != PER_QUERY])
     # a statistic may be undefined in a batch (NaN value, e.g. C_q when no query counts); its labels may not be
     track = _read(folder / TRACK_LOG, TRACK_COLUMNS, ("value",), complete=("loss", "direction", "stat"))
     if max_epoch is not None:

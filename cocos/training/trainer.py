@@ -622,8 +622,10 @@ class Trainer:
         for hook in self.hooks:
             hook.after_step()
         value = float(loss.detach())
-        self.step_log.append({"step": self.step_count, "epoch": epoch, "loss": value,
-                              "L_con": float(loss_con.detach()) if record else value, **record})
+        l_con = float(loss_con.detach()) if record else value
+        objective = (loss_fn or self.loss_fn).objective  # the warm-up's family during warm-up epochs
+        self.step_log.append({"step": self.step_count, "epoch": epoch, "loss": value, "L_con": l_con,
+                              "L_con/query": objective.per_query(l_con, len(img), len(cap)), **record})
         return value
 
     def forward(self, batch: StepBatch, pixels: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, bool]:
