@@ -147,10 +147,10 @@ def features(
                              help="Folder to write (default IMAGE_DATA/features/<cnn>-<weights hash>-<resize>-<crop>/, "
                                   "where cocos analyze finds it)."),
     split: str = typer.Option("train,val,test", "--split", help="Splits, comma-separated (val is written as dev)."),
-    workers: int = typer.Option(2, "--workers", min=0, help="DataLoader processes decoding images."),
-    batch_size: int = typer.Option(64, "--batch-size", min=1, help="Images per CNN batch (and per resume record)."),
-    resize: int = typer.Option(256, "--resize", min=1, help="Evaluation transform: Resize (shorter side)."),
-    crop_size: int = typer.Option(224, "--crop-size", min=1, help="Evaluation transform: CenterCrop."),
+    workers: int = typer.Option(2, "--workers", help="DataLoader processes decoding images."),
+    batch_size: int = typer.Option(64, "--batch-size", help="Images per CNN batch (and per resume record)."),
+    resize: int = typer.Option(256, "--resize", help="Evaluation transform: Resize (shorter side)."),
+    crop_size: int = typer.Option(224, "--crop-size", help="Evaluation transform: CenterCrop."),
     use_restval: bool = typer.Option(False, "--use-restval", help="Karpathy restval joins train."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an --out folder that cocos did not write."),
@@ -160,11 +160,13 @@ def features(
 
     Resumable: a killed run continues where it stopped when run again with the same inputs.
     """
+    from cocos.data.transforms import check_image_sizes
     from cocos.device import resolve_device
     from cocos.embed.features import cnn_state_hash, default_cache_dir, load_cnn, write_feature_cache
     from cocos.models.cnn import cnn_family
 
     cnn_family(cnn)  # an unknown name: one line, before anything is read
+    check_image_sizes(resize, crop_size, batch_size, workers)  # one line, before anything is read or written
     if not cnn_weights.is_file():
         fail(f"{cnn_weights}: no such CNN weights file")
     if not image_data.exists():

@@ -16,7 +16,13 @@ change (definitions file, "Raw images"):
   (``round(v / 257)``, so 65535 becomes 255) instead of Pillow's clipping at 255; every
   other mode (CMYK, L, P, LA, RGBA, ...) goes through ``convert('RGB')`` as in the original;
 * EXIF orientation is **not** applied, as in the original code: the published
-  checkpoints were trained and evaluated on the stored pixel order.
+  checkpoints were trained and evaluated on the stored pixel order;
+* memory: an image is decoded at full size (no JPEG ``draft`` or ``reduce``, which would
+  change the pixels against the original pipeline) and nothing else of it is kept: at most
+  one copy of the decoded pixels (16-bit grey is scaled in blocks of rows), so one image costs
+  at most about twice ``3 x`` :data:`MAX_IMAGE_PIXELS` bytes (537 MB), and a batch decodes its
+  images one at a time (:class:`ImageBatches`). Running out of memory while decoding is reported
+  as that (one line naming the image), never as a corrupt image.
 
 **Layouts** (:func:`load_image_split`), each giving an :class:`ImageSplit`:
 
@@ -35,9 +41,21 @@ change (definitions file, "Raw images"):
     exactly ``collections.defaultdict`` (to a builder of a plain dict),
     ``builtins.dict`` (only as that builder's argument) and, for pickle protocols 0-2,
     ``_codecs.encode`` (to a str -> latin-1 bytes conversion); no other class or function.
+    Its output is bounded by the file (:class:`cocos.safeload.BudgetedUnpickler`): memo
+    references to data the file holds once (2,000 images referring to one 16 MB
+    ``bytearray``) may not expand it beyond 8 x its size + 64 MiB.
 (c) a CSV file list: columns ``image,caption`` (header row), image paths relative to
     the CSV's folder, several rows per image; images numbered in order of first
-    appearance, captions in row order.
+    appearance, captions in row order. Read as UTF-8 with an optional byte-order mark
+    (``utf-8-sig``: spreadsheets save one), so a BOM changes nothing.
+
+**Captions** (layouts (b) and (c)): whitespace is collapsed to single spaces; a caption
+longer than :data:`MAX_CAPTION_CHARS` (65,536) characters is cut to its first 65,536 before
+that, with a :class:`cocos.data.text.CaptionTruncatedWarning` (the tokenizer keeps at most
+510 words anyway), so no caption costs more than that however large the file's string is.
+A caption holding a NUL character (``\\0``, a sign of a binary or damaged file; it would
+reach the caption files of a feature cache) is refused in one line naming its CSV line or
+caption id (any layout: :class:`ImageSplit` checks every caption).
 
 Every problem raises :class:`CocosError` with one line naming the file (and the image).
 """
@@ -59,8 +77,10 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from cocos.data.precomp import KARPATHY_SPLITS, _normalise_split, find_karpathy_json, karpathy_sentences
+from cocos.data.text import CaptionTruncatedWarning
 from cocos.errors import CocosError
 from cocos.io import available_memory
+from cocos.safeload import BudgetedUnpickler
 
 MAX_IMAGE_PIXELS = int(1024 * 1024 * 1024 // 4 // 3)  # Pillow's default limit: 89,478,485 pixels
 CAPTIONS_PER_IMAGE = 5
@@ -70,6 +90,10 @@ CSV_NAMES = {"train": ("train.csv",), "dev": ("dev.csv", "val.csv"), "test": ("t
 _SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I;16N", "I")
 # The raster formats Pillow decodes itself; never EPS/PDF (Pillow hands those to Ghostscript, an outside program).
 FORMATS = ("JPEG", "PNG", "GIF", "BMP", "TIFF", "WEBP", "PPM")
+# A caption is cut to this many characters before anything else is done with it (module docstring).
+MAX_CAPTION_CHARS = 1 << 16
+# 16-bit grey is scaled to 8 bit in blocks of about this many pixels (bounded temporary memory).
+_SCALE_BLOCK = 1 << 22
 
 
 def _first_line(exc: BaseException) -> str:
@@ -87,10 +111,19 @@ def _available_formats() -> list[str]:
 
 
 def _to_rgb(img: Image.Image) -> Image.Image:
-    """RGB of a decoded image: 16-bit grey scaled to 8 bit, everything else ``convert('RGB')``."""
+    """RGB of a decoded image: 16-bit grey scaled to 8 bit, everything else ``convert('RGB')``.
+
+    16-bit grey: ``round(v / 257)`` of ``v`` clipped to ``[0, 65535]``, computed in blocks of rows
+    (int64 temporaries of a block, not of the whole image).
+    """
     if img.mode in _SIXTEEN_BIT:
-        arr = np.asarray(img, dtype=np.int64) if img.mode == "I" else np.asarray(img).astype(np.int64)
-        grey = np.clip((np.clip(arr, 0, 65535) + 128) // 257, 0, 255).astype(np.uint8)
+        arr = np.asarray(img)
+        grey = np.empty(arr.shape, dtype=np.uint8)
+        step = max(1, _SCALE_BLOCK // max(1, arr.shape[1]))
+        for row in range(0, arr.shape[0], step):
+            block = np.clip(arr[row:row + step].astype(np.int64), 0, 65535)
+            grey[row:row + step] = (block + 128) // 257
+        del arr
         return Image.fromarray(grey, mode="L").convert("RGB")
     if img.mode == "RGB":
         return img
@@ -113,32 +146,60 @@ def _open_source(source: str | os.PathLike | bytes, name: str):
     return fh
 
 
+def _memory_message(name: str, size: tuple[int, int] | None) -> str:
+    pixels = f"its {size[0]} x {size[1]} pixels" if size else "it"
+    return (f"{name}: not enough memory to decode {pixels} (a resource problem, not a damaged image: free "
+            "memory, or use fewer --workers or a smaller --batch-size)")
+
+
 def open_image(source: str | os.PathLike | bytes, name: str, max_pixels: int = MAX_IMAGE_PIXELS) -> Image.Image:
     """Decode one image into a PIL RGB image (see the module docstring for the rules).
 
     ``source`` is a path or the file's bytes; ``name`` is what error lines call the image
     (a path, or ``train_set.p image 42``). Only the header is read before the size check;
-    no file handle stays open afterwards.
+    no file handle stays open afterwards, and no second full-size copy of the pixels is made
+    (an RGB image is returned as decoded).
     """
+    size = None
     try:
         with _open_source(source, name) as fh, warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(fh, formats=_available_formats()) as img:
-                width, height = img.size
-                if width * height > max_pixels:
-                    raise CocosError(f"{name}: {width} x {height} pixels is above the limit of "
+            img = Image.open(fh, formats=_available_formats())
+            try:
+                size = img.size
+                if size[0] * size[1] > max_pixels:
+                    raise CocosError(f"{name}: {size[0]} x {size[1]} pixels is above the limit of "
                                      f"{max_pixels:,} pixels (a decompression bomb?); refused")
-                img.load()
-                return _to_rgb(img).copy()
+                img.load()  # reads the pixels and lets go of the file (Pillow sets img.fp = None)
+                rgb = _to_rgb(img)
+            except BaseException:
+                img.close()
+                raise
+            if rgb is not img:
+                img.close()
+            return rgb
     except CocosError:
         raise
+    except MemoryError:
+        raise CocosError(_memory_message(name, size)) from None
     except (Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:
         raise CocosError(f"{name}: above Pillow's pixel limit (a decompression bomb?); refused "
                          f"({_first_line(exc)})") from None
     except UnidentifiedImageError:
         raise CocosError(f"{name}: not an image in a format cocos reads ({', '.join(FORMATS)})") from None
-    except (OSError, SyntaxError, ValueError, EOFError, MemoryError) as exc:  # truncated or corrupt data
+    except (OSError, SyntaxError, ValueError, EOFError) as exc:  # truncated or corrupt data
         raise CocosError(f"{name}: cannot decode the image, corrupt or truncated? ({_first_line(exc)})") from None
+
+
+def caption_text(text: str) -> str:
+    """A caption as cocos keeps it: the first :data:`MAX_CAPTION_CHARS` characters (a longer one is cut, with a
+    :class:`~cocos.data.text.CaptionTruncatedWarning`), whitespace collapsed to single spaces."""
+    if len(text) > MAX_CAPTION_CHARS:
+        warnings.warn(f"a caption of {len(text):,} characters was cut to its first {MAX_CAPTION_CHARS:,} (cocos "
+                      f"keeps at most {MAX_CAPTION_CHARS:,} characters per caption)", CaptionTruncatedWarning,
+                      stacklevel=2)
+        text = text[:MAX_CAPTION_CHARS]
+    return " ".join(text.split())
 
 
 # -- a split ---------------------------------------------------------------------------------
@@ -180,6 +241,10 @@ class ImageSplit:
         self._fingerprint: str | None = None
         if len(names) == 0 or len(captions) == 0:
             raise CocosError(f"{source}: split '{split}' is empty")
+        nul = next((c for c, text in enumerate(captions) if "\0" in text), None)
+        if nul is not None:
+            raise CocosError(f"{source}: caption {nul} of split '{split}' holds a NUL character (a binary or "
+                             "damaged file?)")
         used = np.bincount(self.caption_image, minlength=len(names))
         if used.min() == 0:
             raise CocosError(f"{source}: image {names[int(np.argmin(used))]} of split '{split}' has no caption")
@@ -315,11 +380,12 @@ def _latin1_bytes(text, encoding="latin1"):
     return text.encode("latin1")
 
 
-class _DataUnpickler(pickle._Unpickler):
+class _DataUnpickler(BudgetedUnpickler):
     """Plain containers, strings, bytes and numbers only; ``defaultdict(dict)`` becomes a dict.
 
-    The pure-Python unpickler, as for vocabularies (:class:`cocos.data.text._VocabularyUnpickler`): a damaged
-    memo index cannot make it allocate more than the file holds.
+    A :class:`cocos.safeload.BudgetedUnpickler`, as for vocabularies (:class:`cocos.data.text._VocabularyUnpickler`):
+    a damaged memo index cannot make it allocate more than the file holds, nor memo references expand it beyond
+    8 x the file's size + 64 MiB.
 
     Protocols 0-2 store ``bytes`` as ``_codecs.encode(str, 'latin1')``: that one call is
     resolved to :func:`_latin1_bytes`, which does nothing else.
@@ -334,9 +400,6 @@ class _DataUnpickler(pickle._Unpickler):
             return _DictFactory()
         raise pickle.UnpicklingError(f"the pickle refers to {module}.{name}")
 
-    def persistent_load(self, pid):
-        raise pickle.UnpicklingError("the pickle holds persistent ids")
-
 
 def read_data_pickle(path: Path) -> dict:
     """The dict of a ``{split}_set.p`` file, read without running any code from it."""
@@ -345,7 +408,7 @@ def read_data_pickle(path: Path) -> dict:
         if size > available_memory():
             raise CocosError(f"{path}: {size / 2**30:.1f} GiB does not fit in the memory available")
         with open(path, "rb") as fh:
-            obj = _DataUnpickler(fh, encoding="bytes").load()
+            obj = _DataUnpickler(fh, size, encoding="bytes").load()
     except CocosError:
         raise
     except pickle.UnpicklingError as exc:
@@ -384,7 +447,9 @@ def _load_pickle_images(path: Path, split: str) -> ImageSplit:
             raise CocosError(f"{path}: caption {cap_id!r} has no 'caption' string")
         if img_id not in index:
             raise CocosError(f"{path}: caption {cap_id!r} names image {img_id!r}, which is not in 'images'")
-        captions.append(" ".join(text.split()))
+        if "\0" in text:
+            raise CocosError(f"{path}: caption {cap_id!r} holds a NUL character (a binary or damaged file?)")
+        captions.append(caption_text(text))
         caption_image.append(index[img_id])
     return ImageSplit(source=path, split=split, layout="pickle", captions=captions,
                       caption_image=np.array(caption_image), names=names, blobs=blobs)
@@ -395,14 +460,14 @@ def _load_pickle_images(path: Path, split: str) -> ImageSplit:
 
 def _load_csv_images(path: Path, split: str) -> ImageSplit:
     try:
-        with open(path, newline="", encoding="utf-8") as fh:
+        with open(path, newline="", encoding="utf-8-sig") as fh:  # a byte-order mark (spreadsheets) is dropped
             rows = list(csv.reader(fh))
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise CocosError(f"{path}: not a readable CSV file ({_first_line(exc)})") from None
     header = [h.strip().lower() for h in rows[0]] if rows else []
     if "image" not in header or "caption" not in header:
-        raise CocosError(f"{path}: needs a header row with columns image and caption, found "
-                         f"{', '.join(header) or 'none'}")
+        found = ", ".join(h if h.isprintable() else ascii(h) for h in header[:20])  # nothing hidden in the line
+        raise CocosError(f"{path}: needs a header row with columns image and caption, found {found or 'none'}")
     col_img, col_cap = header.index("image"), header.index("caption")
     root = path.parent
     index: dict[str, int] = {}
@@ -412,12 +477,14 @@ def _load_csv_images(path: Path, split: str) -> ImageSplit:
             continue
         if len(row) <= max(col_img, col_cap) or not row[col_img].strip() or not row[col_cap].strip():
             raise CocosError(f"{path}: line {line} lacks an image or a caption")
+        if "\0" in row[col_cap]:
+            raise CocosError(f"{path}: line {line}: the caption holds a NUL character (a binary or damaged file?)")
         rel = row[col_img].strip()
         if rel not in index:
             index[rel] = len(names)
             paths.append(_inside(root, rel, f"{path} line {line}"))
             names.append(str(root / rel))
-        captions.append(" ".join(row[col_cap].split()))
+        captions.append(caption_text(row[col_cap]))
         caption_image.append(index[rel])
     if not names:
         raise CocosError(f"{path}: the CSV file lists no images")
@@ -540,6 +607,8 @@ class ImageCaptionDataset(torch.utils.data.Dataset):
             tensor = self.transform(self.split.image(img_idx), item_generator(self.seed, self.epoch, index))
         except CocosError as exc:
             raise ImageDataError(str(exc)) from None
+        except MemoryError:
+            raise ImageDataError(_memory_message(self.split.image_name(img_idx), None)) from None
         if self.by == "image":
             return tensor, index
         return tensor, index, img_idx
@@ -554,7 +623,9 @@ class ImageBatches(torch.utils.data.Dataset):
     ``keys[j]`` of :class:`ImageCaptionDataset` (``by="caption"`` with caption keys, ``by="image"``
     with image keys) and depends on nothing else: not on the batch, the number of workers or
     their order. Each distinct image of a batch is decoded once (a repeated image gets its own
-    transform per row, as the original per-caption Dataset). Used with
+    transform per row, as the original per-caption Dataset), and the images are decoded, transformed
+    and let go **one at a time**: a batch holds at most one full-size decoded image (and its
+    transformed rows), never several (a batch of 40 images of 9000 x 9000 pixels held together took 7.1 GB). Used with
     ``DataLoader(ImageBatches(...), batch_size=None, num_workers=w)``: a worker builds whole
     batches, so decoding overlaps the training step. Bad input raises :class:`ImageDataError`.
     """
@@ -568,13 +639,26 @@ class ImageBatches(torch.utils.data.Dataset):
 
     def __getitem__(self, b: int) -> torch.Tensor:
         images, keys = self.plan[int(b)]
-        decoded: dict[int, Image.Image] = {}
-        rows = []
+        images, keys = np.asarray(images).tolist(), np.asarray(keys).tolist()
+        if len(images) != len(keys):
+            raise ImageDataError(f"batch {b} of the plan has {len(images)} images and {len(keys)} keys")
+        positions: dict[int, list[int]] = {}  # each distinct image: its rows, in order of first appearance
+        for j, img in enumerate(images):
+            positions.setdefault(img, []).append(j)
+        out, img = None, None
         try:
-            for img, key in zip(np.asarray(images).tolist(), np.asarray(keys).tolist(), strict=True):
-                if img not in decoded:
-                    decoded[img] = self.split.image(img)
-                rows.append(self.transform(decoded[img], item_generator(self.seed, self.epoch, key)))
+            for img, where in positions.items():
+                decoded = self.split.image(img)
+                for j in where:
+                    row = self.transform(decoded, item_generator(self.seed, self.epoch, keys[j]))
+                    if out is None:  # the batch's pixels, filled row by row (no second copy of them is stacked)
+                        out = torch.empty((len(images), *row.shape), dtype=row.dtype)
+                    out[j] = row
+                del decoded  # before the next image is decoded: one full-size image at a time
         except CocosError as exc:
             raise ImageDataError(str(exc)) from None
-        return torch.stack(rows)
+        except MemoryError:
+            raise ImageDataError(_memory_message(self.split.image_name(img), None)) from None
+        if out is None:
+            raise ImageDataError(f"batch {b} of the plan is empty")
+        return out

@@ -39,7 +39,7 @@ import numpy as np
 
 from cocos.data.text import tokenize
 from cocos.errors import CocosError
-from cocos.io import atomic_dir
+from cocos.io import atomic_dir, available_memory
 
 FORMAT_VERSION = 1
 SPLIT_NAMES = ("train", "dev", "test")
@@ -304,6 +304,14 @@ def _captions(rng: np.random.Generator, scenes: list[Scene], k: int) -> list[str
 MAX_WORLD_BYTES = 8 * 2**30  # the largest synthetic world cocos generates in memory
 
 
+def check_world_memory(need: int, what: str) -> None:
+    """Refuse a world that needs more than ``MAX_WORLD_BYTES`` or the memory available, in one line naming it."""
+    limit = min(MAX_WORLD_BYTES, available_memory())
+    if need > limit:
+        raise CocosError(f"{what} needs about {need / 2**30:,.1f} GiB of memory (at most {limit / 2**30:,.1f} GiB: "
+                         f"{MAX_WORLD_BYTES / 2**30:.0f} GiB or the memory available); make it smaller")
+
+
 def _check_int(name: str, value: object, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
         raise CocosError(f"{name} must be an integer >= {minimum}, got {value!r}")
@@ -335,10 +343,8 @@ def generate_world(
         raise CocosError(f"seed must be below 2**63, got {seed}")
     # the world is built in memory (region features, float64 while generated): refuse sizes that cannot fit
     n_values = sum(sizes.values()) * n_regions * feature_dim + sum(sizes.values()) * k * 64
-    if n_values * 8 > MAX_WORLD_BYTES:
-        raise CocosError(f"a synthetic world of {sum(sizes.values()):,} images x {n_regions} regions x "
-                         f"{feature_dim} dimensions needs about {n_values * 8 / 2**30:,.0f} GiB of memory "
-                         f"(at most {MAX_WORLD_BYTES / 2**30:.0f} GiB); make it smaller")
+    check_world_memory(n_values * 8, f"a synthetic world of {sum(sizes.values()):,} images x {k:,} captions x "
+                                     f"{n_regions:,} regions x {feature_dim:,} dimensions")
     params = {
         "format": "cocos-synth",
         "version": FORMAT_VERSION,

@@ -45,6 +45,7 @@ from cocos.data.synth import (
     _captions,
     _check_int,
     _sample_scenes,
+    check_world_memory,
 )
 from cocos.data.text import tokenize
 from cocos.errors import CocosError
@@ -66,6 +67,10 @@ CENTRES = {"left": (0.2, 0.5), "right": (0.8, 0.5), "top": (0.5, 0.2), "bottom":
 # object radius, as a fraction of the image side
 RADII = {"small": 0.08, "medium": 0.12, "large": 0.17}
 _ATTRIBUTES = ("shape", "colour", "size", "position")
+# Memory of the world while it is generated and written (measured: about 1.2 kB per scene and 1.5 kB per caption
+# with its JSON entry), rounded up: checked against the memory available before anything is drawn.
+BYTES_PER_IMAGE = 2048
+BYTES_PER_CAPTION = 2048
 
 
 def _near_duplicates(rng: np.random.Generator, scenes: list, p: float) -> list:
@@ -163,6 +168,9 @@ def generate_image_world(*, n_train: int = 1000, n_dev: int = 200, n_test: int =
         raise CocosError(f"seed must be below 2**63, got {seed}")
     if not 0.0 <= float(p_near_duplicate) <= 1.0:
         raise CocosError(f"p_near_duplicate must be in [0, 1], got {p_near_duplicate}")
+    n = sum(sizes.values())
+    check_world_memory(n * (BYTES_PER_IMAGE + k * BYTES_PER_CAPTION),
+                       f"a rendered synthetic world of {n:,} images x {k:,} captions")
     world = {}
     for name, seq in zip(KARPATHY_LABELS, np.random.SeedSequence(seed).spawn(len(KARPATHY_LABELS)), strict=True):
         scene_seq, dup_seq, cap_seq, pix_seq = seq.spawn(4)

@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 
 from cocos.errors import CocosError
+from cocos.safeload import BudgetedUnpickler
 
 PAD, START, END, UNK = "<pad>", "<start>", "<end>", "<unk>"
 SPECIALS: tuple[str, ...] = (PAD, START, END, UNK)
@@ -319,12 +320,12 @@ def _reconstructor(cls, base, state):
 _VOCAB_MODULES = ("vocab", "__main__", "vocabulary", "data", "utils")
 
 
-class _VocabularyUnpickler(pickle._Unpickler):
+class _VocabularyUnpickler(BudgetedUnpickler):
     """Resolves only the Vocabulary class (to a plain stand-in) and what plain objects need.
 
-    Built on the pure-Python unpickler: CPython's C unpickler grows its memo table to whatever index a
-    ``LONG_BINPUT`` names, so 12 bytes of damaged pickle could make it allocate gigabytes; the Python one
-    keeps the memo in a dict.
+    A :class:`cocos.safeload.BudgetedUnpickler` (the pure-Python unpickler, as for image pickles): a damaged memo
+    index cannot make it allocate more than the file holds, nor can memo references expand it beyond its budget
+    (8 x the file's size + 64 MiB).
     """
 
     def find_class(self, module: str, name: str):
@@ -336,16 +337,13 @@ class _VocabularyUnpickler(pickle._Unpickler):
             return object
         raise pickle.UnpicklingError(f"the pickle refers to {module}.{name}")
 
-    def persistent_load(self, pid):
-        raise pickle.UnpicklingError("the pickle holds persistent ids")
-
 
 def read_pickle_tokens(path: str | os.PathLike, data: bytes | None = None) -> list[str]:
     """Tokens in id order of a pickled VSE++/VSRN ``Vocabulary`` (see :meth:`Vocabulary.from_pickle`)."""
     if data is None:
         path, data = _read_vocab_bytes(path)
     try:
-        obj = _VocabularyUnpickler(io.BytesIO(data), encoding="utf-8").load()
+        obj = _VocabularyUnpickler(io.BytesIO(data), len(data), encoding="utf-8").load()
     except pickle.UnpicklingError as exc:
         message = _first_line(exc)
         if message.startswith("the pickle refers to"):

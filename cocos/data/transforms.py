@@ -30,6 +30,13 @@ gives every item its own generator, so a run does not depend on the number of wo
 Both transforms are called as ``transform(img, generator)`` (``eval_transform`` ignores
 the generator) so that a dataset can hold either; sizes are keyword parameters (bind
 them with ``functools.partial``, which stays picklable for DataLoader workers).
+
+**Sizes checked up front** (:func:`check_image_sizes`, before anything is read or written):
+``resize`` and ``crop_size`` are positive and at most :data:`MAX_SIDE` (8192) pixels (a larger
+one makes every image above :data:`MAX_RESIZED_PIXELS`), and the pixels of the batches held at
+once, ``batches x batch_size x 3 x crop_size² x 4`` bytes with ``batches = 1 + 2 x workers``
+(the batch in use and a DataLoader's two prefetched batches per worker), fit in the memory
+available (:func:`cocos.io.available_memory`).
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ import torch
 from PIL import Image
 
 from cocos.errors import CocosError
+from cocos.io import available_memory
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -50,6 +58,50 @@ SCALE = (0.08, 1.0)
 RATIO = (3.0 / 4.0, 4.0 / 3.0)
 # Resize would make an image of more pixels than this (a 1 x 40,000 strip at Resize(256)): refused.
 MAX_RESIZED_PIXELS = 1 << 26
+# The largest Resize or CenterCrop side: a square of this side has MAX_RESIZED_PIXELS pixels.
+MAX_SIDE = math.isqrt(MAX_RESIZED_PIXELS)
+# Batches of pixels a DataLoader holds per worker besides the one in use (its prefetch_factor).
+PREFETCH = 2
+
+
+def _check_count(name: str, value: object, minimum: int, unit: str = "") -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        what = "a positive" + ("" if unit else " integer") if minimum == 1 else f"an integer of at least {minimum}"
+        raise CocosError(f"{name} must be {what}{unit}, got {value!r}")
+    return int(value)
+
+
+def batch_pixel_bytes(batch_size: int, crop_size: int) -> int:
+    """Bytes of one batch of transformed pixels: ``batch_size x 3 x crop_size² x 4`` (float32)."""
+    return int(batch_size) * 3 * int(crop_size) ** 2 * 4
+
+
+def check_image_sizes(resize: int | None = None, crop_size: int = CROP_SIZE, batch_size: int = 1, workers: int = 0,
+                      *, memory: int | None = None) -> None:
+    """Refuse, in one :class:`CocosError` line, image sizes that no image could pass or that cannot fit in memory.
+
+    ``resize`` (None: no Resize, the training transform) and ``crop_size`` must be integers in
+    ``[1, MAX_SIDE]``, ``batch_size`` at least 1 and ``workers`` at least 0; the pixels of
+    ``1 + 2 x workers`` batches (module docstring) must fit in ``memory`` bytes (default
+    :func:`cocos.io.available_memory`). Call it before anything is read or written.
+    """
+    sides = [("crop size", crop_size)] + ([] if resize is None else [("resize", resize)])
+    for name, value in sides:
+        value = _check_count(f"the {name}", value, 1, " number of pixels")
+        if value > MAX_SIDE:
+            raise CocosError(f"the {name} of {value:,} pixels is above {MAX_SIDE:,}: an image of {value:,} x "
+                             f"{value:,} pixels is above cocos's limit of {MAX_RESIZED_PIXELS:,} pixels")
+    batch_size = _check_count("the batch size", batch_size, 1)
+    workers = _check_count("the number of workers", workers, 0)
+    batches = 1 + PREFETCH * workers
+    need = batches * batch_pixel_bytes(batch_size, crop_size)
+    have = available_memory() if memory is None else int(memory)
+    if need > have:
+        held = f"{batches} batches held at once with {workers} workers" if workers else "one batch"
+        raise CocosError(f"a batch of {batch_size:,} images at crop size {int(crop_size):,} is "
+                         f"{batch_pixel_bytes(batch_size, crop_size) / 2**30:,.1f} GiB of pixels ({held}: "
+                         f"{need / 2**30:,.1f} GiB), more than the {have / 2**30:,.1f} GiB of memory available; "
+                         "use a smaller batch size or crop size, or fewer workers")
 
 
 def resized_size(width: int, height: int, size: int) -> tuple[int, int]:

@@ -83,7 +83,7 @@ import torch
 from cocos import __version__
 from cocos.data.images import ImageSplit, load_image_split
 from cocos.data.precomp import SPLITS, PrecompSplit, _normalise_split
-from cocos.data.transforms import CROP_SIZE, RESIZE, eval_transform
+from cocos.data.transforms import CROP_SIZE, RESIZE, check_image_sizes, eval_transform
 from cocos.errors import CocosError
 from cocos.io import (
     MARKER,
@@ -138,10 +138,10 @@ def cache_key(fingerprint: str, cnn_type: str, cnn_hash: str, resize: int, crop_
             "crop_size": int(crop_size)}
 
 
-def check_sizes(resize: int, crop_size: int) -> None:
-    for name, value in (("resize", resize), ("crop size", crop_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise CocosError(f"the {name} must be a positive number of pixels, got {value!r}")
+def check_sizes(resize: int, crop_size: int, batch_size: int = 1, workers: int = 0) -> None:
+    """The transform sizes, batch size and workers, and the memory the batches of pixels imply
+    (:func:`cocos.data.transforms.check_image_sizes`): one line, before anything is read or written."""
+    check_image_sizes(resize, crop_size, batch_size, workers)
 
 
 def _checkpoint_cnn(path: Path) -> tuple[str, dict] | None:
@@ -533,7 +533,7 @@ def write_feature_cache(data: str | os.PathLike, out: str | os.PathLike, cnn: to
     there).
     """
     out = Path(out)
-    check_sizes(resize, crop_size)
+    check_sizes(resize, crop_size, batch_size, workers)
     names = list(dict.fromkeys(_normalise_split(s) for s in splits))
     if not names or any(s not in SPLITS for s in names):
         raise CocosError(f"splits must be among train, dev (val), test; got {', '.join(map(str, splits))}")

@@ -247,11 +247,18 @@ def check_cnn_state(state: dict, expected: dict[str, tuple], where, what: str = 
     raise CocosError(f"{where}: {key} has shape {shapes[key]}, the {what} needs {expected[key]}")
 
 
+# What the refusal of a CNN weights file that names a class says to do (the commands reading --cnn-weights have no
+# --trust-checkpoint: a plain state dict is all they need).
+CNN_WEIGHTS_ADVICE = ("save its weights as a plain state dict and pass that file: torch.save(model.state_dict(), "
+                      "'weights.pth')")
+
+
 def read_cnn_state(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """A CNN weights file as a state dict of float tensors: read with ``weights_only=True``
-    (:func:`cocos.safeload.load_torch_file`); a DataParallel ``module.`` prefix is dropped."""
+    (:func:`cocos.safeload.load_torch_file`); a DataParallel ``module.`` prefix is dropped. A file that names
+    a class or function (a pickled model) is refused with :data:`CNN_WEIGHTS_ADVICE`."""
 
-    obj = load_torch_file(path, what="CNN weights file")
+    obj = load_torch_file(path, what="CNN weights file", advice=CNN_WEIGHTS_ADVICE)
     if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):  # {'state_dict': ..., 'epoch': ...}
         obj = obj["state_dict"]
     if not isinstance(obj, dict) or not obj or not all(isinstance(k, str) for k in obj):

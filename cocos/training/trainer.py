@@ -58,6 +58,7 @@ from cocos.data.precomp import PrecompSplit, data_fingerprint
 from cocos.data.samplers import pair_batches, ranking_batches
 from cocos.data.targets import read_targets, sentence_targets
 from cocos.data.text import Vocabulary, pad_batch
+from cocos.data.transforms import check_image_sizes
 from cocos.device import resolve_device
 from cocos.distributed import all_gather_with_grad, average_gradients, barrier, block, broadcast_buffers, current
 from cocos.errors import CocosError, check_params
@@ -88,7 +89,7 @@ from cocos.training.checkpoint import (
 from cocos.training.evaluate import evaluate_model, tokenize_split
 from cocos.training.hooks import Hook, LTDHook, StepBatch, TrackHook, WarmUp
 from cocos.training.logs import check_resumable, read_logs
-from cocos.training.pixels import batch_loader, encode_pixels, image_transform, prepare_model
+from cocos.training.pixels import batch_loader, encode_pixels, eval_resize, image_transform, prepare_model
 from cocos.training.track import CocosTracker
 
 TRAIN_LOG = "train_log.csv"
@@ -249,6 +250,8 @@ class TrainConfig:
             raise CocosError(f"unknown CNN '{self.cnn}' (choose from {', '.join(CNN_TYPES)})")
         if isinstance(self.crop_size, bool) or not isinstance(self.crop_size, int) or self.crop_size < 8:
             raise CocosError(f"--crop-size must be an integer of at least 8 pixels, got {self.crop_size}")
+        # the pixels of a training batch and of an evaluation batch (evaluate_model's 256) must fit in memory
+        check_image_sizes(eval_resize(self.crop_size), self.crop_size, max(self.batch_size, 256), self.workers)
         if not self.finetune and not self.cnn_weights:
             files = " or ".join(TORCHVISION_WEIGHTS[self.cnn])
             raise CocosError(f"a frozen {self.cnn} needs ImageNet weights: pass --cnn-weights FILE (torchvision's "
