@@ -9,7 +9,6 @@ import sys
 import pytest
 
 from cocos import openmp
-from cocos_cli.main import configure_process
 
 
 @pytest.mark.parametrize("command", sorted(openmp.LONG_COMMANDS))
