@@ -185,15 +185,22 @@ def _atomic_dir(path: Path) -> Iterator[Path]:
         raise CocosError(f"{path}: cannot write ({exc.strerror or exc})") from None
     try:
         yield tmp
-        (tmp / MARKER).write_text("written by cocos; cocos may replace this folder\n")
-        if path.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".old", dir=path.parent))
-            old.rmdir()
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
+        try:
+            (tmp / MARKER).write_text("written by cocos; cocos may replace this folder\n")
+            if path.exists():
+                old = Path(tempfile.mkdtemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".old", dir=path.parent))
+                old.rmdir()
+                os.replace(path, old)
+                try:
+                    os.replace(tmp, path)
+                except OSError:
+                    os.replace(old, path)  # the old folder back where it was, never left as a temporary
+                    raise
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, path)
+        except OSError as exc:
+            raise CocosError(f"{path}: cannot write ({exc.strerror or exc})") from None
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

@@ -282,3 +282,57 @@ def test_checkpoint_validator_accepts_the_model_and_refuses_bad_names():
         with pytest.raises(CocosError) as excinfo:
             validate_model(bad, "m.pt")
         _one_line(excinfo, *words)
+
+
+def _moments(x: torch.Tensor) -> tuple[float, float, float]:
+    """Mean, standard deviation and kurtosis ``E[(x - m)^4] / var^2`` (normal: 3, uniform: 1.8)."""
+    x = x.detach().reshape(-1)
+    centred = x - x.mean()
+    square = centred.square()
+    var = float(square.mean())
+    return float(x.mean()), var ** 0.5, float(square.square_().mean()) / var ** 2
+
+
+def test_resnet_initialisation_is_torchvisions():
+    """torchvision's ``ResNet.__init__`` (restated; torchvision does not import here): every ``Conv2d`` weight is
+    ``kaiming_normal_(mode="fan_out", nonlinearity="relu")``, normal with mean 0 and std ``sqrt(2 / fan_out)``,
+    ``fan_out = out_channels * kh * kw``; every ``BatchNorm2d`` weight 1 and bias 0 (``zero_init_residual``
+    defaults to False: the last BatchNorm of each residual branch stays 1 too), running mean 0 and variance 1;
+    ``fc`` keeps torch's ``Linear`` default, weight and bias uniform on ``±1 / sqrt(in_features)``.
+
+    Each conv's empirical std must be within 7% of ``sqrt(2 / fan_out)`` (at least 4,096 weights: a standard
+    error under 1.2%); where ``fan_in`` differs, ``sqrt(2 / fan_in)`` is checked to be at least 25% away, so a
+    ``fan_in`` rule fails (the stem: 4.6 times larger; a stage's first conv: sqrt(2); a Bottleneck's 1x1: 2).
+    Kurtosis near 3 (standard error under 0.08) tells the normal from a uniform (1.8) or truncated init of the
+    same std. ResNet-18 (BasicBlock) and a one-block-per-stage Bottleneck ResNet."""
+    from cocos.models.cnn import Bottleneck, ResNet
+
+    torch.manual_seed(0)
+    told_apart = 0
+    for model in (build_cnn("resnet18"), ResNet(Bottleneck, (1, 1, 1, 1), num_classes=10)):
+        convs = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Conv2d)]
+        norms = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.BatchNorm2d)]
+        assert len(convs) == len(norms) and convs
+        for name, conv in convs:
+            out_c, in_c, kh, kw = conv.weight.shape
+            fan_out, fan_in = out_c * kh * kw, in_c * kh * kw
+            want = (2.0 / fan_out) ** 0.5
+            assert conv.weight.numel() >= 4096 and conv.bias is None
+            mean, std, kurt = _moments(conv.weight)
+            assert abs(std / want - 1) < 0.07, (name, std, want)
+            assert abs(mean) < 5 * want / conv.weight.numel() ** 0.5, name
+            assert abs(kurt - 3) < 0.4, (name, kurt)
+            if fan_in != fan_out:
+                assert abs((2.0 / fan_in) ** 0.5 / want - 1) > 0.25, name  # the fan_in rule would fail above
+                told_apart += 1
+        for name, bn in norms:
+            assert torch.equal(bn.weight, torch.ones_like(bn.weight)), name  # zero_init_residual=False
+            assert torch.equal(bn.bias, torch.zeros_like(bn.bias)), name
+            assert torch.equal(bn.running_mean, torch.zeros_like(bn.running_mean)), name
+            assert torch.equal(bn.running_var, torch.ones_like(bn.running_var)), name
+        bound = 1 / model.fc.in_features ** 0.5  # Linear's reset_parameters: kaiming_uniform_(a=sqrt(5)), the bias alike
+        mean, std, kurt = _moments(model.fc.weight)
+        assert float(model.fc.weight.abs().max()) <= bound and abs(std / (bound / 3 ** 0.5) - 1) < 0.03
+        assert abs(kurt - 1.8) < 0.1  # uniform, not normal
+        assert float(model.fc.bias.abs().max()) <= bound and float(model.fc.bias.abs().max()) > bound / 2  # not zeroed
+    assert told_apart >= 4

@@ -232,3 +232,270 @@ def test_smoothap_companions_weigh_negatives_only():
         want, _ = companions(on_neg[None])
         for stat in ("N_eff", "N_invsimpson", "top1_share"):
             assert float(got[stat][q]) == pytest.approx(float(want[stat][0]), rel=1e-12), stat
+
+
+# -- ties at the threshold ---------------------------------------------------------------------------------------
+# The definitions file counts strictly: a triplet violates when alpha + s(q,n) - s(q,p) > 0 (one exactly on the
+# margin is not counted), NT-Xent counts p(q,n) > eps and W_low sums p(q,n) < eps (a weight exactly at eps is in
+# neither), SmoothAP counts w(a,b) > eps, GOAL T·P- > eps, the generic counter |dL/dS| > eps * max, IMC's band is
+# open at both ends. The batches below put weights exactly on those boundaries: the scores are exact (dyadic unit
+# vectors, so every score and every hinge is exact in float64), and eps is a weight the library computed, taken
+# as a float. count_batch and the engine behind `cocos count` (count_embeddings: its own threshold and the eps
+# sweep, both modes) must both give the strict count, and the count with `>=` must differ (the tie matters).
+
+# Pair batch, B = 6, caption j belongs to image j; multiples of 1/8, so that the hinges at margin 1/4 are exact and
+# several sit exactly on 0 (i2t: rows 1, 4 and 5 have no violation but a tie, which is their hardest negative; row 0
+# has hinges 1/4 and 1/8, half of it)
+S_TIE = np.array([
+    [0.500, 0.250, 0.375, 0.000, -0.125, 0.500],
+    [0.250, 0.500, 0.125, 0.250, 0.000, 0.000],
+    [0.000, 0.125, 0.750, 0.500, 0.250, 0.625],
+    [-0.125, 0.000, 0.250, 0.625, 0.500, 0.250],
+    [0.125, 0.250, 0.000, 0.125, 0.500, 0.125],
+    [0.000, 0.000, 0.125, 0.000, 0.250, 0.500],
+])
+MARGIN = 0.25
+# SmoothAP ranking batch: B = 4 images with k = 2 captions each (captions 2i, 2i + 1 belong to image i)
+S_RANK = np.array([
+    [0.500, 0.375, 0.250, 0.500, 0.125, 0.000, 0.250, -0.125],
+    [0.250, 0.125, 0.500, 0.375, 0.250, 0.250, 0.000, 0.125],
+    [0.000, 0.250, 0.125, 0.250, 0.500, 0.375, 0.250, 0.000],
+    [0.125, 0.000, 0.250, 0.125, 0.375, 0.250, 0.500, 0.500],
+])
+MODES = ("corrected", "compat")
+
+
+def _dyadic(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Exact unit vectors with ``images @ captions.T == s``: image ``i`` is ``e_i``, caption ``j`` is ``(s[:, j],
+    1/8, ..., 1/8)`` with as many eighths in its own block of axes as its norm needs (``s`` in eighths)."""
+    b, m = s.shape
+    images = np.zeros((b, b + 64 * m))
+    images[:, :b] = np.eye(b)
+    captions = np.zeros((m, b + 64 * m))
+    captions[:, :b] = s.T
+    for j in range(m):
+        rest = 64 * (1 - (s[:, j] ** 2).sum())  # 1 - |s_j|^2 in 64ths: whole eighths squared
+        assert rest == round(rest) and rest >= 0
+        captions[j, b + 64 * j: b + 64 * j + int(rest)] = 0.125
+    assert ((images * images).sum(1) == 1).all() and ((captions * captions).sum(1) == 1).all()
+    assert (images @ captions.T == s).all()
+    return images, captions
+
+
+def _engine(images, captions, loss, eps, sweep, batch_size, **params):
+    """``{(mode, eps, direction): {stat: value}}`` of the engine's one batch, at its own eps and the sweep's (eps
+    ``None`` for a counter without one)."""
+    from cocos.counting.engine import EmbeddingSet, count_embeddings
+    from cocos.data.samplers import pair_batches, ranking_batches
+
+    # the set in the order whose seeded batch (seed 0) is ``images``, ``captions`` as given: the engine then scores
+    # the rows count_batch scores, in the same order (a permuted row sums its softmax in another order: an ulp)
+    b, k = len(images), len(captions) // len(images)
+    if k == 1:
+        order = pair_batches(np.arange(b), batch_size, 0)[0][0]
+        cap_order = order
+    else:
+        order = ranking_batches(b, batch_size, 0)[0]
+        cap_order = (order[:, None] * k + np.arange(k)).reshape(-1)
+    stored_images, stored_captions = np.empty_like(images), np.empty_like(captions)
+    stored_images[order], stored_captions[cap_order] = images, captions
+    emb = EmbeddingSet.from_arrays(stored_images, stored_captions)
+    name = loss if isinstance(loss, str) else getattr(loss, "name", None) or loss.__name__
+    run = count_embeddings(emb, [loss], batch_size=batch_size, modes=list(MODES), eps=eps, sweep_eps=sweep,
+                           params={name: params} if params else None, keep_per_query=False)
+    frame = run.to_frame()
+    assert set(frame["batch"]) == {0}  # the whole set is one batch (the engine permutes its rows)
+    out: dict = {}
+    for row in frame.itertuples():
+        out.setdefault((row.mode, None if math.isnan(row.eps) else row.eps, row.direction), {})[row.stat] = row.value
+    return out
+
+
+def _check_engine(images, captions, loss, ties, batch_size, stats, **params):
+    """The engine at each tie, as its own threshold and in the sweep, equals count_batch there (both modes,
+    both directions). ``ties`` empty: a counter without a threshold (its ties are in the scores)."""
+    runs = [_engine(images, captions, loss, ties[0] if ties else None, ties[1:] or None, batch_size, **params)]
+    if ties:  # every tie in the sweep too, at another threshold of its own
+        runs.append(_engine(images, captions, loss, 0.5 if 0.5 not in ties else 0.125, ties, batch_size, **params))
+    for eps in ties or [None]:
+        for mode in MODES:
+            want = count_batch(images, captions, loss, compat=mode == "compat", eps=eps, **params)
+            for d in ("i2t", "t2i"):
+                for run in runs:
+                    got = run[(mode, eps, d)]
+                    for stat in stats:
+                        assert got[stat] == pytest.approx(want[d][stat], rel=1e-12, abs=1e-15, nan_ok=True), (
+                            loss, eps, mode, d, stat)
+
+
+def _strict_and_loose(w: torch.Tensor, eps: float, dims=(-1,)) -> tuple[torch.Tensor, torch.Tensor]:
+    return (w > eps).sum(dims), (w >= eps).sum(dims)
+
+
+def test_triplet_ties_on_the_margin_are_not_violations():
+    images, captions = _dyadic(S_TIE)
+    s = S_TIE
+    for direction, rows in (("i2t", s), ("t2i", s.T)):
+        hinge = MARGIN + rows - np.diag(rows)[:, None]  # exact: eighths
+        off = ~np.eye(6, dtype=bool)
+        strict, loose = ((hinge > 0) & off).sum(1), ((hinge >= 0) & off).sum(1)
+        hardest = np.where(off, hinge, -np.inf).max(1)
+        if direction == "i2t":
+            assert strict.tolist() == [2, 0, 1, 1, 0, 0] and loose.tolist() == [3, 2, 2, 1, 1, 1]
+        assert (strict != loose).any() and ((hardest > 0) != (hardest >= 0)).any()
+        for compat in (False, True):
+            out = count_batch(images, captions, "triplet", margin=MARGIN, compat=compat)[direction]
+            assert out["C_B"] == strict.sum()
+            if not (compat and direction == "t2i"):  # compat t2i regroups by negative image (C_B unchanged)
+                assert out["C_0"] == (strict == 0).sum() and out["C_q"] == strict.sum() / (strict > 0).sum()
+            sh = count_batch(images, captions, "triplet_sh", margin=MARGIN, compat=compat)[direction]
+            assert sh["C_B"] == (hardest > 0).sum() and sh["C_0"] == (hardest <= 0).sum()
+            imc = count_batch(images, captions, "imc", margin=MARGIN, compat=compat)[direction]
+            assert imc["C_B"] == sh["C_B"] and imc["C_0"] == sh["C_0"]
+    for loss in ("triplet", "triplet_sh", "imc"):
+        _check_engine(images, captions, loss, [], 6, ("C_q", "C_B", "C_0"),
+                      margin=MARGIN)
+
+
+def test_imc_band_is_open_at_both_ends():
+    """IMC's in-band intra-modal pairs: ``mu_down < 1 - s < mu_up`` strictly, with both ends at a caption pair."""
+    images, captions = _dyadic(S_TIE)
+    delta = 1 - captions @ captions.T  # exact: eighths of eighths
+    off = ~np.eye(6, dtype=bool)
+    values = np.unique(delta[off])
+    lo, hi = float(values[1]), float(values[-2])  # ties at both ends, pairs outside too
+    strict = (off & (delta > lo) & (delta < hi)).sum(1)
+    assert (strict != (off & (delta >= lo) & (delta <= hi)).sum(1)).any()
+    params = {"margin": MARGIN, "mu_down": lo, "mu_up": hi}
+    per_query = count_queries(images, captions, "imc", **params)["t2i"].per_query["C_intra"]
+    assert per_query.tolist() == strict.tolist()
+    _check_engine(images, captions, "imc", [], 6, ("C_intra", "C_q", "C_B", "C_0"), **params)
+
+
+def test_ntxent_weights_at_eps_are_neither_counted_nor_low():
+    images, captions = _dyadic(S_TIE)
+    tau = 0.25
+    counts = count_queries(images, captions, "ntxent", tau=tau)
+    p = counts["i2t"].weights  # p(q, n) on the negatives, 0 elsewhere
+    neg = ~torch.eye(6, dtype=torch.bool)
+    ties = sorted({float(p[q].max()) for q in (0, 1, 4)} | {float(p[2, 3])})  # row 1: two negatives at its max
+    for eps in ties:
+        above, loose = _strict_and_loose(torch.where(neg, p, -1.0), eps)
+        assert (above != loose).any()
+        out = count_batch(images, captions, "ntxent", tau=tau, eps=eps)["i2t"]
+        assert out["C_qv-"] == pytest.approx(float(above.double().mean()), abs=1e-15)
+        assert out["W_qv-"] == pytest.approx(float(torch.where(neg & (p > eps), p, 0).sum(-1).mean()), rel=1e-14)
+        assert out["W_low"] == pytest.approx(float(torch.where(neg & (p < eps), p, 0).sum(-1).mean()), rel=1e-14)
+        # the tied weight is in neither sum: W_qv- + W_low falls short of W_qv+ by exactly it
+        tied = float(torch.where(neg & (p == eps), p, 0).sum(-1).mean())
+        assert tied > 0 and out["W_qv-"] + out["W_low"] + tied == pytest.approx(out["W_qv+"], rel=1e-12)
+    _check_engine(images, captions, "ntxent", ties, 6, ("C_qv-", "W_qv-", "W_low", "W_qv+"), tau=tau)
+
+
+def test_smoothap_pair_weights_at_eps_are_not_counted():
+    from cocos.data.layout import batch_similarity
+    from cocos.losses.smoothap import SmoothAPCounter
+
+    images, captions = _dyadic(S_RANK)
+    tau = 0.25
+    scores, layout = batch_similarity(images, captions)
+    w, divisor = SmoothAPCounter(tau=tau).pair_weights(layout.view(scores, "i2t"))  # (Q, A, K)
+    ties = sorted({float(w[0, 0].max()), float(w[1, 1, 5]), float(w[3].amax())})
+    for eps in ties:
+        above, loose = _strict_and_loose(w, eps, (-1, -2))
+        assert (above != loose).any()
+        c_q = above.double() / divisor
+        out = count_batch(images, captions, "smoothap", tau=tau, eps=eps)["i2t"]
+        assert out["C_B"] == pytest.approx(float(c_q.sum()), abs=1e-15) and out["C_0"] == (c_q == 0).sum()
+    _check_engine(images, captions, "smoothap", ties, 4, ("C_q", "C_B", "C_0"), tau=tau)
+
+
+def test_goal_designed_weights_at_eps_are_not_counted():
+    from cocos.data.layout import batch_similarity
+    from cocos.losses.goal import GoalCounter
+
+    images, captions = _dyadic(S_TIE)
+    params = {"margin": MARGIN, "triplet_weight": "nca", "pair_weight": "lin"}
+    scores, layout = batch_similarity(images, captions)
+    weight = GoalCounter(**params)._weights(layout.view(scores, "i2t"))[-1][..., 0]  # (Q,): the hardest's T·P-
+    ties = sorted({float(weight[q]) for q in (0, 2)})
+    for eps in ties:
+        above, loose = (weight > eps), (weight >= eps)
+        assert (above != loose).any()
+        out = count_batch(images, captions, "goal", eps=eps, **params)["i2t"]
+        assert out["C_B"] == above.sum() and out["C_0"] == (~above).sum()
+    _check_engine(images, captions, "goal", ties, 6, ("C_q", "C_B", "C_0"), **params)
+
+
+def _half_squared_hinge(view, margin=MARGIN):
+    """A family without a closed-form counter: ``dL/dS[q, n]`` on a negative is its hinge ``relu(h)``, exact."""
+    from cocos.losses.functional import triplet_hinge
+
+    return 0.5 * (torch.relu(triplet_hinge(view, margin)) ** 2).sum()
+
+
+def test_generic_gradients_at_the_relative_threshold_are_not_counted():
+    from cocos.objectives import Objective
+
+    spec = Objective(name="half_sq_hinge_tie", label="half squared hinge", direction_loss=_half_squared_hinge,
+                     defaults={"margin": MARGIN})
+    images, captions = _dyadic(S_TIE)
+    g = count_queries(images, captions, spec)["i2t"].weights  # |dL/dS| on the negatives: the hinges, exact
+    hinge = np.maximum(MARGIN + S_TIE - np.diag(S_TIE)[:, None], 0) * ~np.eye(6, dtype=bool)
+    assert (g.numpy() == hinge).all()
+    ties = [0.5, 1.0]  # eps * max is exact: row 0's hinge 1/8 is half its largest; at 1 every largest one ties
+    top = g.amax(-1, keepdim=True)
+    for eps in ties:
+        above, loose = ((g > eps * top) & (g > 0)).sum(-1), ((g >= eps * top) & (g > 0)).sum(-1)
+        assert (above != loose).any()
+        out = count_batch(images, captions, spec, eps=eps)["i2t"]
+        assert out["C_B"] == above.sum() and out["C_0"] == (above == 0).sum()
+    assert above.sum() == 0  # eps = 1: nothing passes
+    _check_engine(images, captions, spec, ties, 6, ("C_q", "C_B", "C_0"))
+
+
+def _whole_batch_tie(images, captions, caption_image=None):
+    s = torch.nn.functional.normalize(images, dim=-1) @ torch.nn.functional.normalize(captions, dim=-1).T
+    return torch.logsumexp(s / 0.5, dim=-1).sum()
+
+
+def test_whole_batch_callable_at_relative_eps_one_counts_nothing():
+    """eps = 1 relative: every query's largest gradient sits exactly on the threshold (1 * max == max)."""
+    images, captions = _dyadic(S_TIE)
+    for d, out in count_batch(images, captions, _whole_batch_tie, eps=1.0).items():
+        assert out["C_B"] == 0 and out["C_0"] == 6 and math.isnan(out["C_q"]), d
+    assert count_batch(images, captions, _whole_batch_tie, eps=0.5)["i2t"]["C_B"] > 0
+    _check_engine(images, captions, _whole_batch_tie, [1.0], 6, ("C_q", "C_B", "C_0"))
+
+
+@pytest.mark.parametrize("negative", [False, True])
+def test_threshold_helpers_are_strict_on_ties(negative):
+    """The engine's thresholding helpers (``cocos.losses.counts``) equal their definitions where entries sit exactly
+    on a threshold: ``counts_above`` and ``counts_above_summed`` count ``w > e``; ``thresholded_sums_stacked`` gives
+    ``(mask & (p > e)).sum``, the sum of those entries and the sum of the masked entries ``< e``, bit for bit.
+    Forty rows, only two with masked entries above the top threshold (the helper then sums those rows alone),
+    rows whose largest or smallest masked entry is the threshold; ``negative`` adds a threshold below 0 (the
+    helper's general path)."""
+    from cocos.losses.counts import counts_above, counts_above_summed, thresholded_sums_stacked
+
+    g = np.random.default_rng(11)
+    p = torch.as_tensor(g.integers(1, 16, size=(40, 8)) / 32.0)  # eighths of a quarter: many exact ties
+    mask = torch.as_tensor(g.random((40, 8)) < 0.8)
+    mask[:, 0] = True
+    p[:, 0] = 0.5  # every row's largest masked entry is 1/2 ...
+    p[:2, 1], mask[:2, 1] = 0.75, True  # ... but two rows', which have entries above it
+    p[2, :], mask[2, :] = 0.5, True  # a row of ties at 1/2: its smallest and largest masked entry
+    p[3, :] = torch.where(mask[3], torch.maximum(p[3], torch.tensor(0.25)), p[3])  # a row whose smallest is 1/4
+    thresholds = [0.5, 0.25, 0.125, 0.0] + ([-1.0] if negative else [])
+    count, above, below = thresholded_sums_stacked(p, mask, thresholds)
+    for j, e in enumerate(thresholds):
+        hit, low = mask & (p > e), mask & (p < e)
+        assert torch.equal(count[j], hit.sum(-1)), e
+        assert torch.equal(above[j], torch.where(hit, p, 0.0).sum(-1)), e
+        assert torch.equal(below[j], torch.where(low, p, 0.0).sum(-1)), e
+    assert not torch.equal(count[0], (mask & (p >= 0.5)).sum(-1))  # the ties matter
+    w = torch.where(mask, p, 0.0).reshape(5, 8, 8)  # (..., A, K) for the summed form
+    for got in (counts_above(w, thresholds), counts_above_summed(w, w.sum(-2), thresholds)):
+        for j, e in enumerate(thresholds):
+            want = (w > e).sum(-1) if got[j].shape == w.shape[:-1] else (w > e).sum((-1, -2))
+            assert torch.equal(got[j], want), e

@@ -6,6 +6,7 @@ Tiny on purpose: the rendered world at 24 px, ResNet-18 on 16-px crops, a few do
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 
 import numpy as np
@@ -33,8 +34,24 @@ CROP = 16
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    return make_synthetic_images(tmp_path_factory.mktemp("imgw") / "w", n_train=40, n_dev=40, n_test=20,
-                                 image_size=24, seed=0, progress=False)
+    """40 training images whose dev split is a copy of them (the learning test measures how well the model fits
+    its training pairs, see ``trained``), 20 test images."""
+    folder = make_synthetic_images(tmp_path_factory.mktemp("imgw") / "w", n_train=40, n_dev=2, n_test=20,
+                                   image_size=24, seed=0, progress=False)
+    path = folder / "dataset_synth.json"
+    data = json.loads(path.read_text())
+    train = [e for e in data["images"] if e["split"] == "train"]
+    ids = itertools.count(max(e["imgid"] for e in data["images"]) + 1)
+    sentences = itertools.count(max(s["sentid"] for e in data["images"] for s in e["sentences"]) + 1)
+    dev = []
+    for entry in train:
+        imgid = next(ids)
+        copied = [{**s, "imgid": imgid, "sentid": next(sentences)} for s in entry["sentences"]]
+        dev.append({**entry, "split": "val", "imgid": imgid, "sentences": copied,
+                    "sentids": [s["sentid"] for s in copied]})
+    data["images"] = [e for e in data["images"] if e["split"] != "val"] + dev
+    path.write_text(json.dumps(data))
+    return folder
 
 
 @pytest.fixture(scope="module")
@@ -53,27 +70,36 @@ def _cfg(data, out, **kw):
 
 @pytest.fixture(scope="module")
 def trained(world, tmp_path_factory):
-    """ResNet-18 fine-tuned from random initialisation, 3 epochs (60 steps), and its untrained dev rsum.
+    """ResNet-18 fine-tuned from random initialisation with NT-Xent, 4 epochs of 10 batches of 20 (the last
+    epoch at a tenth of the learning rate), and its untrained dev rsum (dev: the training images).
 
     The trainer's epochs without its per-epoch checkpoints (``fit`` is tested below): one checkpoint at the end."""
     from cocos.training.checkpoint import save_checkpoint
 
     out = tmp_path_factory.mktemp("run") / "r"
-    trainer = Trainer(_cfg(world, out, epochs=3), **QUIET)
+    trainer = Trainer(_cfg(world, out, epochs=4, loss="ntxent", lr=2e-3, lr_update=3, batch_size=20), **QUIET)
     untrained = trainer.evaluate_dev()["rsum"]
-    for epoch in (1, 2, 3):
+    for epoch in (1, 2, 3, 4):
         trainer.train_epoch(epoch)
         trainer.scheduler.step()
-    trainer.epoch, metrics = 3, trainer.evaluate_dev()
+    trainer.epoch, metrics = 4, trainer.evaluate_dev()
     out.mkdir()
     save_checkpoint(out / "model_best.pt", trainer.checkpoint(metrics, full=False))
     return trainer, untrained, metrics["rsum"], out
 
 
 def test_finetuned_cnn_from_random_init_beats_an_untrained_model(trained):
+    """The fine-tuned model fits its training pairs far beyond chance and beyond its untrained self.
+
+    Chance on 40 images is rsum 2 * (1 + 5 + 10) / 40 * 100 = 80. This used to be the rsum on 40 unseen dev
+    images after 3 epochs of Triplet at lr 5e-3: 64.5 -> 96.0 on one machine but 64.5 -> 76.5 on another (AMD
+    EPYC): with 40 training scenes there is little to generalise from, and which side of chance 60 steps land on
+    is decided by rounding (one torch thread or two gave 76.5 or 76.0 on the same machine, 92.5 an epoch
+    earlier). Measured here over 12 seeds (AMD EPYC, one thread): untrained 63.5-81, fine-tuned 143.5-216.5
+    (mean 165); the same run with lr 1e-9 (nothing learnt; only BatchNorm's running statistics move) ends at
+    58.5-98 (6 seeds)."""
     _, untrained, best, out = trained
-    # measured (seeds 0 and 1): 64.5 -> 96.0 and 64.5 -> 93.5; chance on 40 images is 2 * (1 + 5 + 10) / 40 = 80
-    assert best > untrained + 15, (untrained, best)
+    assert best > max(untrained, 80) + 40, (untrained, best)
     ckpt = load_checkpoint(out / "model_best.pt")
     assert ckpt["model"]["kind"] == "vsepp_full" and ckpt["model"]["hparams"]["finetune"] is True
     data = ckpt["data"]
