@@ -35,6 +35,7 @@ POLICIES = {
     "spin-1": ({"OMP_WAIT_POLICY": "", "COCOS_BENCH_RAW": "1"}, 1),
     "spin10k-2": ({"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": "10000", "COCOS_BENCH_RAW": "1"}, 2),
     "spin1k-2": ({"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": "1000", "COCOS_BENCH_RAW": "1"}, 2),
+    "spin100k-2": ({"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": "100000", "COCOS_BENCH_RAW": "1"}, 2),
 }
 
 

@@ -36,9 +36,9 @@ def main(
     """COCOS gradient diagnostics for contrastive image-caption retrieval."""
 
 
-def configure_process(argv: list[str] | None = None) -> str | None:
+def configure_process(argv: list[str] | None = None) -> dict[str, str]:
     """Process-wide settings that must precede loading torch: OpenMP's wait policy for the command named in
-    ``argv`` (``sys.argv[1:]``), :func:`cocos.openmp.configure`; returns the policy in force."""
+    ``argv`` (``sys.argv[1:]``) and the load, :func:`cocos.openmp.configure`; returns the variables it set."""
     import sys
 
     from cocos.openmp import configure

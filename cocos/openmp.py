@@ -1,22 +1,39 @@
 """How torch's CPU threads wait: OpenMP's wait policy, chosen before torch loads (no torch import here).
 
 torch's CPU kernels (and MKL beside them) run on OpenMP threads that meet at a barrier after every parallel
-region. By default they *spin* there for a while (libgomp: 300,000 spins) before they sleep. On an idle machine
-that is fastest: a thread is back at work the moment the next region starts. On a shared machine it is a
-collapse: when one of the threads has lost its core to another process, the others spin through their whole
-time slice waiting for it, and every step waits for the slowest thread. Measured with one epoch of ``cocos
-train`` at the demo's sizes on a 2-core machine (``benchmarks/bench_load.py``): beside **one** busy process the
-default policy ran at 1/6 to 1/11 of its idle speed, beside eight at about 1/250.
+region. By default they *spin* there (libgomp: 300,000 spins) before they sleep. On an idle machine that is
+fastest: a thread is back at work the moment the next region starts. On a shared machine it is a collapse: when
+one of the threads has lost its core to another process, the others spin through their time slices waiting for
+it, and every step waits for the slowest thread. ``benchmarks/bench_load.py`` (``cocos train`` at the demo's
+sizes on a 2-core machine; captions/s):
 
-With ``OMP_WAIT_POLICY=PASSIVE`` a waiting thread sleeps at once and gives its core away. The thread count (and
-so every result, bit for bit: the split of a reduction depends on the number of threads, not on how threads
-wait) stays the same; only the waiting changes. cocos therefore chooses the policy, never the thread count,
-from the load:
+==========================  ======  ============  ===========
+policy                       idle    beside 1      beside 8
+==========================  ======  ============  ===========
+spin (OpenMP's default)      1,936   636 (33%)     76 (4%)
+passive                      1,500   1,412 (73%)   147 (8%)
+cocos (as below)             2,386   1,278 (66%)   193 (10%)
+one thread, spin             1,443   1,462 (76%)   251 (13%)
+==========================  ======  ============  ===========
 
-- a long command (``train``, ``demo``, ``sweep``, ``data``; minutes to hours, while the load may change) always
-  waits passively;
-- a short one (``count``, ``analyze``, ...; seconds) spins when the machine is idle at its start (no other
-  runnable process: :func:`other_runnable`) and waits passively otherwise.
+(one run, percentages of the default's idle speed; runs on this shared machine vary by about 20%, see
+``benchmarks/README.md``).
+
+A passive thread sleeps at once and gives its core away; on an idle machine that costs a quarter to a third of the speed
+(waking a thread takes longer than a short region). cocos therefore chooses the policy from the load when a
+command starts (:func:`other_runnable`: processes other than this one that want a core):
+
+- another process wants a core: ``OMP_WAIT_POLICY=PASSIVE``;
+- the machine is idle and the command is long (``train``, ``demo``, ``sweep``, ``data``: minutes to hours, while
+  other work may start beside it): ``GOMP_SPINCOUNT=1000``, a short spin that keeps most of the idle speed and
+  gives the core away soon when the load rises;
+- the machine is idle and the command is short (``count``, ``analyze``, ...): OpenMP's default.
+
+**Never the thread count.** One thread would be faster still beside eight busy processes (13% against 10%), but
+the split of a reduction, and so every result bit for bit, depends on the number of threads: a command's
+results would then depend on the machine's load when it started, and a resumed run or feature cache would not
+equal an uninterrupted one. The wait policy changes only how threads wait, never what they compute. A user who
+prefers speed on a crowded machine passes ``--threads 1`` (results then those of one thread).
 
 A user's own ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` is kept as it is. The policy reaches every process the
 command starts (DataLoader workers, ``torchrun`` workers, sweep runs) through the environment.
@@ -28,6 +45,7 @@ import os
 import time
 
 LONG_COMMANDS = frozenset({"train", "demo", "sweep", "data"})
+SHORT_SPIN = "1000"  # GOMP_SPINCOUNT of a long command on an idle machine
 USER_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 
 
@@ -48,27 +66,27 @@ def other_runnable(samples: int = 5, interval: float = 0.01) -> int:
     return max(0, counts[len(counts) // 2] - 1)
 
 
-def wait_policy(command: str | None, others: int | None = None) -> str | None:
-    """``"PASSIVE"`` or None (OpenMP's default) for ``command`` (module docstring); ``others`` is
-    :func:`other_runnable`'s count, read only for a short command when not given."""
-    if command in LONG_COMMANDS:
-        return "PASSIVE"
+def wait_policy(command: str | None, others: int | None = None) -> dict[str, str]:
+    """The OpenMP variables for ``command`` (module docstring): ``{"OMP_WAIT_POLICY": "PASSIVE"}`` beside other
+    work, ``{"GOMP_SPINCOUNT": "1000"}`` for a long command on an idle machine, else nothing (OpenMP's default).
+    ``others`` is :func:`other_runnable`'s count, read when not given."""
     if others is None:
         others = other_runnable()
-    return "PASSIVE" if others > 0 else None
+    if others > 0:
+        return {"OMP_WAIT_POLICY": "PASSIVE"}
+    return {"GOMP_SPINCOUNT": SHORT_SPIN} if command in LONG_COMMANDS else {}
 
 
-def configure(command: str | None, environ=None) -> str | None:
-    """Set ``OMP_WAIT_POLICY`` in ``environ`` (``os.environ``) for ``command`` unless the user set a wait policy;
-    returns the policy in force (None: OpenMP's default). Must run before torch is imported to take effect.
-    Without a command (``cocos --help``) nothing is read or set."""
+def configure(command: str | None, environ=None) -> dict[str, str]:
+    """Set the OpenMP variables of :func:`wait_policy` in ``environ`` (``os.environ``) for ``command`` unless the
+    user set a wait policy; returns what was set. Must run before torch is imported to take effect. Without a
+    command (``cocos --help``) nothing is read or set."""
     environ = os.environ if environ is None else environ
     if command is None or any(environ.get(name) for name in USER_VARIABLES):
-        return environ.get("OMP_WAIT_POLICY") or None
-    policy = wait_policy(command)
-    if policy is not None:
-        environ["OMP_WAIT_POLICY"] = policy
-    return policy
+        return {}
+    chosen = wait_policy(command)
+    environ.update(chosen)
+    return chosen
 
 
 __all__ = ["LONG_COMMANDS", "configure", "other_runnable", "wait_policy"]
