@@ -133,7 +133,7 @@ def test_ltd_run_logs_lambda_keeps_the_model_init_and_stores_a_decoder_that_anal
         assert torch.equal(tensor, trainer.model.state_dict()[name]), name
     trainer.fit()
     log = pd.read_csv(tmp_path / "ltd" / "train_log.csv")
-    assert list(log.columns) == ["step", "epoch", "loss", "L_con", "L_rec", "L_rec/eta", "lambda"]
+    assert list(log.columns) == ["step", "epoch", "loss", "L_con", "L_con/query", "L_rec", "L_rec/eta", "lambda"]
     assert list(log["step"]) == list(range(1, len(log) + 1)) and len(log) == 320 // 16
     np.testing.assert_allclose(log["L_rec/eta"], log["L_rec"] / 0.2, rtol=1e-5)
     np.testing.assert_allclose(log["loss"], log["L_con"] + log["lambda"] * (log["L_rec/eta"] - 1), rtol=1e-4)

@@ -105,7 +105,7 @@ CASES = {  # name: (the grid's text from (data, root), or a special file; what t
     "per-loss override": (dict(loss='[[loss]]\nname = "ntxent"\ntrain = { epochs = 2, warmup_epochs = 1 }\n'),
                           "run vsepp_ntxent_s0: --warmup-epochs applies to"),
     "train vocab missing": (dict(train='vocab = "no/such/vocab.json"\n'), "vocab: no/such/vocab.json: no such file"),
-    "train device": (lambda data, root: grid_text(data, root).replace('"cpu"', '"tpu"'), "[train] device: unknown device 'tpu'"),
+    "train device": (lambda data, root: grid_text(data, root).replace('"cpu"', '"tpu"'), "unknown device 'tpu'"),
     # the file itself, and the size of what it asks for
     "nested too deeply": ("x = " + "[" * 100_000 + "]" * 100_000 + "\n", "nested too deeply"),
     "too large": ("# " + "x" * (1 << 20) + "\n", "a grid file is at most 1,048,576 bytes"),
