@@ -45,7 +45,12 @@ def configure_process(argv: list[str] | None = None) -> dict[str, str]:
 
     args = sys.argv[1:] if argv is None else argv
     command = next((a for a in args if not a.startswith("-")), None)
-    return configure(command)
+    threads = None
+    for i, arg in enumerate(args):  # --threads N or --threads=N: the cores the command will keep busy
+        text = arg.partition("=")[2] if arg.startswith("--threads=") else (
+            args[i + 1] if arg == "--threads" and i + 1 < len(args) else "")
+        threads = int(text) if text.isdigit() and int(text) > 0 else threads
+    return configure(command, threads=threads)
 
 
 def _main() -> None:
@@ -61,7 +66,7 @@ def _main() -> None:
 
     try:
         code = app(standalone_mode=False)
-    except exceptions.NoArgsIsHelpError as exc:  # a bare group: its help, exit 0 (as standalone mode)
+    except getattr(exceptions, "NoArgsIsHelpError", ()) as exc:  # a bare group (click >= 8.2): its help, exit 0
         typer.echo(exc.ctx.get_help() if exc.ctx else str(exc))
         code = 0
     except exceptions.UsageError as exc:

@@ -187,23 +187,37 @@ def _atomic_dir(path: Path) -> Iterator[Path]:
         yield tmp
         try:
             (tmp / MARKER).write_text("written by cocos; cocos may replace this folder\n")
-            if path.exists():
-                old = Path(tempfile.mkdtemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".old", dir=path.parent))
-                old.rmdir()
-                os.replace(path, old)
-                try:
-                    os.replace(tmp, path)
-                except OSError:
-                    os.replace(old, path)  # the old folder back where it was, never left as a temporary
-                    raise
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.replace(tmp, path)
         except OSError as exc:
             raise CocosError(f"{path}: cannot write ({exc.strerror or exc})") from None
+        swap_into_place(tmp, path)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def swap_into_place(tmp: Path, path: Path) -> None:
+    """Rename the finished folder ``tmp`` onto ``path``; an existing ``path`` (a folder, or a link, which is
+    removed, never followed) is moved aside first and deleted only once the new folder is in place, and put back
+    if the new one cannot move in: ``path`` is never missing and never left as a temporary. OS errors are one
+    :class:`CocosError` line naming ``path``."""
+    try:
+        if path.exists() or path.is_symlink():
+            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".old", dir=path.parent))
+            old.rmdir()
+            os.replace(path, old)
+            try:
+                os.replace(tmp, path)
+            except OSError:
+                os.replace(old, path)  # the old one back where it was
+                raise
+            if old.is_symlink():
+                old.unlink()
+            else:
+                shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    except OSError as exc:
+        raise CocosError(f"{path}: cannot write ({exc.strerror or exc})") from None
 
 
 def available_memory() -> int:

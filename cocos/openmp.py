@@ -23,11 +23,12 @@ A passive thread sleeps at once and gives its core away; on an idle machine that
 (waking a thread takes longer than a short region). cocos therefore chooses the policy from the load when a
 command starts (:func:`other_runnable`: processes other than this one that want a core):
 
-- another process wants a core: ``OMP_WAIT_POLICY=PASSIVE``;
-- the machine is idle and the command is long (``train``, ``demo``, ``sweep``, ``data``: minutes to hours, while
+- other processes want more cores than the command's threads leave free (by default a command uses every core,
+  so any other runnable process): ``OMP_WAIT_POLICY=PASSIVE``;
+- there is room and the command is long (``train``, ``demo``, ``sweep``, ``data``: minutes to hours, while
   other work may start beside it): ``GOMP_SPINCOUNT=1000``, a short spin that keeps most of the idle speed and
   gives the core away soon when the load rises;
-- the machine is idle and the command is short (``count``, ``analyze``, ...): OpenMP's default.
+- there is room and the command is short (``count``, ``analyze``, ...): OpenMP's default.
 
 **Never the thread count.** One thread would be faster still beside eight busy processes (13% against 10%), but
 the split of a reduction, and so every result bit for bit, depends on the number of threads: a command's
@@ -66,27 +67,44 @@ def other_runnable(samples: int = 5, interval: float = 0.01) -> int:
     return max(0, counts[len(counts) // 2] - 1)
 
 
-def wait_policy(command: str | None, others: int | None = None) -> dict[str, str]:
-    """The OpenMP variables for ``command`` (module docstring): ``{"OMP_WAIT_POLICY": "PASSIVE"}`` beside other
-    work, ``{"GOMP_SPINCOUNT": "1000"}`` for a long command on an idle machine, else nothing (OpenMP's default).
-    ``others`` is :func:`other_runnable`'s count, read when not given."""
+def cores() -> int:
+    """The cores this process may run on (its CPU affinity, else the machine's), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def wait_policy(command: str | None, others: int | None = None, threads: int | None = None,
+                available: int | None = None) -> dict[str, str]:
+    """The OpenMP variables for ``command`` (module docstring): ``{"OMP_WAIT_POLICY": "PASSIVE"}`` when the
+    ``others`` runnable processes leave fewer free cores than the command's ``threads`` (default: every core, as
+    :func:`cocos.device.default_threads`), ``{"GOMP_SPINCOUNT": "1000"}`` for a long command on a machine with
+    room, else nothing (OpenMP's default). ``others`` is :func:`other_runnable`'s count, read when not given;
+    ``available`` the cores (:func:`cores`)."""
+    available = cores() if available is None else available
+    threads = available if threads is None else threads
     if others is None:
         others = other_runnable()
-    if others > 0:
+    if others > available - threads:
         return {"OMP_WAIT_POLICY": "PASSIVE"}
     return {"GOMP_SPINCOUNT": SHORT_SPIN} if command in LONG_COMMANDS else {}
 
 
-def configure(command: str | None, environ=None) -> dict[str, str]:
-    """Set the OpenMP variables of :func:`wait_policy` in ``environ`` (``os.environ``) for ``command`` unless the
-    user set a wait policy; returns what was set. Must run before torch is imported to take effect. Without a
-    command (``cocos --help``) nothing is read or set."""
+def configure(command: str | None, environ=None, threads: int | None = None) -> dict[str, str]:
+    """Set the OpenMP variables of :func:`wait_policy` in ``environ`` (``os.environ``) for ``command`` run on
+    ``threads`` threads (``--threads``; else ``OMP_NUM_THREADS``, else every core) unless the user set a wait
+    policy; returns what was set. Must run before torch is imported to take effect. Without a command
+    (``cocos --help``) nothing is read or set."""
     environ = os.environ if environ is None else environ
     if command is None or any(environ.get(name) for name in USER_VARIABLES):
         return {}
-    chosen = wait_policy(command)
+    if threads is None:
+        text = environ.get("OMP_NUM_THREADS", "").strip()
+        threads = int(text) if text.isdigit() and int(text) > 0 else None
+    chosen = wait_policy(command, threads=threads)
     environ.update(chosen)
     return chosen
 
 
-__all__ = ["LONG_COMMANDS", "configure", "other_runnable", "wait_policy"]
+__all__ = ["LONG_COMMANDS", "configure", "cores", "other_runnable", "wait_policy"]

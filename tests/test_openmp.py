@@ -16,9 +16,27 @@ from cocos import openmp
 @pytest.mark.parametrize("others", [1, 8])
 def test_beside_other_work_every_command_waits_passively(command, others, monkeypatch):
     monkeypatch.setattr(openmp, "other_runnable", lambda: others)
+    monkeypatch.setattr(openmp, "cores", lambda: 2)
     env = {"PATH": "/bin"}
     assert openmp.configure(command, env) == {"OMP_WAIT_POLICY": "PASSIVE"}
     assert env == {"PATH": "/bin", "OMP_WAIT_POLICY": "PASSIVE"}
+
+
+@pytest.mark.parametrize("cores, threads, others, passive", [
+    (16, None, 1, True),  # every core in use by default: one more process oversubscribes
+    (16, 4, 12, False), (16, 4, 13, True),  # 4 threads fit beside 12 others on 16 cores, not beside 13
+    (2, 1, 1, False), (2, 1, 2, True),
+])
+def test_passive_only_when_the_free_cores_do_not_cover_the_threads(cores, threads, others, passive, monkeypatch):
+    monkeypatch.setattr(openmp, "other_runnable", lambda: others)
+    monkeypatch.setattr(openmp, "cores", lambda: cores)
+    env = {} if threads is None else {"OMP_NUM_THREADS": str(threads)}
+    assert ("OMP_WAIT_POLICY" in openmp.configure("count", env)) is passive
+    from cocos_cli.main import configure_process  # --threads N counts as the command's threads too
+
+    monkeypatch.setattr("os.environ", {})
+    assert ("OMP_WAIT_POLICY" in configure_process(["count", "x", *(["--threads", str(threads)] if threads else
+                                                                   [])])) is passive
 
 
 @pytest.mark.parametrize("command, expected", [("train", {"GOMP_SPINCOUNT": "1000"}), ("data", {"GOMP_SPINCOUNT":

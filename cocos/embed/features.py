@@ -97,6 +97,7 @@ from cocos.io import (
     read_npy_checked,
     sha256_fd,
     sha256_file,
+    swap_into_place,
     write_json,
     write_text,
 )
@@ -559,12 +560,14 @@ def write_feature_cache(data: str | os.PathLike, out: str | os.PathLike, cnn: to
             if not interrupt_pending():
                 staging.remove()
             raise
-        except OSError as exc:  # a full disk: the staging folder stays, as after a kill, for a rerun to resume
+        except OSError as exc:  # a full disk: the staging folder stays, as after a kill, for a rerun to resume,
+            if not (staging.path / STAGING_MARKER).exists():  # unless _finish took its marker: none would
+                staging.remove()
             raise CocosError(f"{out}: cannot write ({exc.strerror or exc})") from None
         finally:
             staging.close()
         try:
-            _move_into_place(staging.path, out)
+            swap_into_place(staging.path, out)
         except CocosError:
             shutil.rmtree(staging.path, ignore_errors=True)  # its marker is gone: no later run would remove it
             raise
@@ -604,24 +607,6 @@ def _manifest(plan: dict, opened: list[ImageSplit], weights_file, hashes: dict) 
             "use_restval": plan["use_restval"], "transform": "eval: Resize(resize) + CenterCrop(crop_size)",
             "splits": {s.split: {"fingerprint": s.fingerprint(), "n_images": s.n_images, "n_captions": s.n_captions,
                                  "layout": s.layout, "source": str(s.source), **hashes[s.split]} for s in opened}}
-
-
-def _move_into_place(staging: Path, out: Path) -> None:
-    """Rename the finished staging folder onto ``out`` (an existing ``out`` is replaced only now)."""
-    try:
-        if out.exists() or out.is_symlink():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.", suffix=".old", dir=out.parent))
-            old.rmdir()
-            os.replace(out, old)
-            os.replace(staging, out)
-            if old.is_symlink():
-                old.unlink()
-            else:
-                shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(staging, out)
-    except OSError as exc:
-        raise CocosError(f"{out}: cannot write ({exc.strerror or exc})") from None
 
 
 # -- finding a cache ---------------------------------------------------------------------------------

@@ -88,7 +88,10 @@ def _canonical(obj):
     if type(obj) is str:
         return sys.intern(obj)
     if type(obj) in (dict, collections.OrderedDict):
-        return type(obj)((_canonical(k), _canonical(v)) for k, v in obj.items())
+        out = type(obj)((_canonical(k), _canonical(v)) for k, v in obj.items())
+        if getattr(obj, "_metadata", None) is not None:  # a state dict's module versions, which load_state_dict reads
+            out._metadata = _canonical(obj._metadata)
+        return out
     if type(obj) in (list, tuple):
         return type(obj)(_canonical(v) for v in obj)
     return obj
