@@ -5,10 +5,21 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import re
 
 import torch
 
 from cocos.errors import CocosError
+
+DEVICE_NAME = re.compile(r"auto|cpu|cuda(:\d+)?", re.IGNORECASE)
+
+
+def check_device_name(name) -> str:
+    """A well-formed ``--device`` (``auto``, ``cpu``, ``cuda`` or ``cuda:N``), whether or not this machine has it;
+    one CocosError line otherwise."""
+    if not isinstance(name, str) or not DEVICE_NAME.fullmatch(name):
+        raise CocosError(f"unknown device '{name}' (use auto, cpu, cuda or cuda:N)")
+    return name
 
 
 def resolve_device(name: str = "auto") -> torch.device:

@@ -59,7 +59,7 @@ from cocos.data.samplers import pair_batches, ranking_batches
 from cocos.data.targets import read_targets, sentence_targets
 from cocos.data.text import Vocabulary, pad_batch
 from cocos.data.transforms import check_image_sizes
-from cocos.device import resolve_device
+from cocos.device import check_device_name, resolve_device
 from cocos.distributed import all_gather_with_grad, average_gradients, barrier, block, broadcast_buffers, current
 from cocos.errors import CocosError, check_params
 from cocos.io import (
@@ -170,8 +170,7 @@ class TrainConfig:
             if not isinstance(getattr(self, name), str):
                 raise CocosError(f"--{name.replace('_', '-')} must be a name, got {getattr(self, name)!r}")
         get_objective(self.loss)  # unknown names: one line listing the registered losses
-        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device, re.IGNORECASE):
-            raise CocosError(f"unknown device '{self.device}' (use auto, cpu or cuda)")
+        check_device_name(self.device)
         self._validate_images()
         if self.model not in MODELS:
             raise CocosError(f"unknown model '{self.model}' (choose from {', '.join(MODELS)})")
