@@ -6,6 +6,15 @@ from pathlib import Path
 
 import typer
 
+from cocos.defaults import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_EMBED_SIZE,
+    DEFAULT_EPOCHS,
+    DEFAULT_LR,
+    DEFAULT_LR_UPDATE,
+    DEFAULT_WORD_DIM,
+)
+
 from . import lossflags
 from .common import handle_errors
 from .main import app
@@ -20,12 +29,12 @@ def train(
     model: str = typer.Option("vsepp", help="vsepp or vsrn (raw images: vsepp_full, VSE++ on a CNN)."),
     loss: str = typer.Option("triplet_sh", help="A registered loss (see `cocos losses`)."),
     out: Path = typer.Option(..., help="Output folder, e.g. checkpoints/NAME."),
-    epochs: int = typer.Option(30, help="Training epochs."),
-    lr: float = typer.Option(2e-4, help="Adam learning rate."),
-    lr_update: int = typer.Option(15, help="Epochs after which the learning rate drops x0.1."),
-    batch_size: int = typer.Option(128, help="Pair batches: captions; ranking batches: images."),
-    embed_size: int = typer.Option(1024, help="Joint embedding size."),
-    word_dim: int = typer.Option(300, help="Word embedding size."),
+    epochs: int = typer.Option(DEFAULT_EPOCHS, help="Training epochs."),
+    lr: float = typer.Option(DEFAULT_LR, help="Adam learning rate."),
+    lr_update: int = typer.Option(DEFAULT_LR_UPDATE, help="Epochs after which the learning rate drops x0.1."),
+    batch_size: int = typer.Option(DEFAULT_BATCH_SIZE, help="Pair batches: captions; ranking batches: images."),
+    embed_size: int = typer.Option(DEFAULT_EMBED_SIZE, help="Joint embedding size."),
+    word_dim: int = typer.Option(DEFAULT_WORD_DIM, help="Word embedding size."),
     param: list[str] = typer.Option([], "--param", "-p", metavar="NAME=VALUE",
                                     help="A parameter of the loss (see `cocos losses`); each is also a flag, "
                                          "e.g. --margin 0.3, --tau 0.05, --triplet-weight cir."),

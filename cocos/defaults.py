@@ -8,3 +8,12 @@ DEFAULT_MARGIN = 0.2  # Triplet, Triplet SH, IMC's cross-modal part, GOAL's T_co
 DEFAULT_EPS = 0.01  # the COCOS paper's threshold for NT-Xent and SmoothAP
 DEFAULT_TAU_NTXENT = 0.1
 DEFAULT_TAU_SMOOTHAP = 0.01
+
+# The VSE++/COCOS training schedule (``cocos train``'s defaults, read by TrainConfig and the command's flags):
+# Adam at 2e-4 for 30 epochs, lowered x0.1 after 15; batch 128; joint embedding 1024, word embedding 300.
+DEFAULT_EPOCHS = 30
+DEFAULT_LR = 2e-4
+DEFAULT_LR_UPDATE = 15
+DEFAULT_BATCH_SIZE = 128
+DEFAULT_EMBED_SIZE = 1024
+DEFAULT_WORD_DIM = 300

@@ -59,6 +59,14 @@ from cocos.data.samplers import pair_batches, ranking_batches
 from cocos.data.targets import read_targets, sentence_targets
 from cocos.data.text import Vocabulary, pad_batch
 from cocos.data.transforms import check_image_sizes
+from cocos.defaults import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_EMBED_SIZE,
+    DEFAULT_EPOCHS,
+    DEFAULT_LR,
+    DEFAULT_LR_UPDATE,
+    DEFAULT_WORD_DIM,
+)
 from cocos.device import check_device_name, resolve_device
 from cocos.distributed import all_gather_with_grad, average_gradients, barrier, block, broadcast_buffers, current
 from cocos.errors import CocosError, check_params
@@ -125,12 +133,12 @@ class TrainConfig:
     model: str = "vsepp"
     loss: str = "triplet_sh"
     out: str = "checkpoints/run"
-    epochs: int = 30
-    lr: float = 2e-4
-    lr_update: int = 15
-    batch_size: int = 128
-    embed_size: int = 1024
-    word_dim: int = 300
+    epochs: int = DEFAULT_EPOCHS
+    lr: float = DEFAULT_LR
+    lr_update: int = DEFAULT_LR_UPDATE
+    batch_size: int = DEFAULT_BATCH_SIZE
+    embed_size: int = DEFAULT_EMBED_SIZE
+    word_dim: int = DEFAULT_WORD_DIM
     params: dict | None = None  # the loss's parameters (its spec's; cocos train --NAME VALUE or -p NAME=VALUE)
     grad_clip: float = 2.0
     warmup_epochs: int = 0  # triplet_sh only: epochs of summed violations first (VSE-infinity practice)
