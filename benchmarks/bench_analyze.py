@@ -189,7 +189,7 @@ def whole_analyze(device: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         data = make_synthetic(tmp / "f30k", n_train=29_000, n_dev=1_000, n_test=1_000, feature_dim=2048, seed=0)
-        trainer = Trainer(TrainConfig(data=str(data), out=str(tmp / "ckpt"), epochs=1, device=device),
+        trainer = Trainer(TrainConfig.of(data=str(data), out=str(tmp / "ckpt"), epochs=1, device=device),
                           progress=False, log=lambda *a: None)
         trainer.out.mkdir(parents=True)
         save_checkpoint(trainer.best_path, trainer.checkpoint({"rsum": math.nan}, full=False))

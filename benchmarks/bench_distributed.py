@@ -92,7 +92,7 @@ def main() -> None:
         from cocos.training.trainer import TrainConfig, Trainer
 
         data = make_synthetic(tmp / "synth", n_train=n, n_dev=100, n_test=1000, feature_dim=2048, seed=0)
-        trainer = Trainer(TrainConfig(data=str(data), out=str(tmp / "ck"), epochs=1, device="cpu"),
+        trainer = Trainer(TrainConfig.of(data=str(data), out=str(tmp / "ck"), epochs=1, device="cpu"),
                           progress=False, log=lambda *a: None)
         trainer.out.mkdir(parents=True, exist_ok=True)
         from cocos.training.checkpoint import save_checkpoint

@@ -36,7 +36,7 @@ SETTINGS = (
 def _trainer(data: Path, out: Path, track: int | None, **kw):
     from cocos.training.trainer import TrainConfig, Trainer
 
-    cfg = TrainConfig(data=str(data), out=str(out), device="cpu", batch_size=128, track_cocos=track, seed=0, **kw)
+    cfg = TrainConfig.of(data=str(data), out=str(out), device="cpu", batch_size=128, track_cocos=track, seed=0, **kw)
     return Trainer(cfg, overwrite=True, progress=False, log=lambda *a: None)
 
 

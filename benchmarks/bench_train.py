@@ -29,7 +29,7 @@ def throughput(model: str, regions: bool, steps: int, tmp: Path) -> float:
 
     data = make_synthetic(tmp / model, n_train=(steps + 1) * 128 // 5 + 8, n_dev=8, n_test=8,
                           feature_dim=2048, n_regions=36, regions=regions, seed=0)
-    trainer = Trainer(TrainConfig(data=str(data), out=str(tmp / f"{model}_out"), model=model, loss="triplet_sh",
+    trainer = Trainer(TrainConfig.of(data=str(data), out=str(tmp / f"{model}_out"), model=model, loss="triplet_sh",
                                   device="cpu"), progress=False, log=lambda *a: None)
     batches = list(trainer.batches(1))
     trainer.model.train()

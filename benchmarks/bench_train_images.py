@@ -52,7 +52,7 @@ def _flickr_like(folder: Path, n: int) -> None:
 
 
 def _trainer(data: Path, out: Path, crop: int, finetune: bool, weights: Path, batch: int, workers: int) -> Trainer:
-    cfg = TrainConfig(data=str(data), out=str(out), k=1, epochs=1, batch_size=batch, embed_size=1024, word_dim=300,
+    cfg = TrainConfig.of(data=str(data), out=str(out), k=1, epochs=1, batch_size=batch, embed_size=1024, word_dim=300,
                       vocab_threshold=1, cnn="resnet18", finetune=finetune, crop_size=crop, workers=workers,
                       cnn_weights=None if finetune else str(weights), device="cpu")
     return Trainer(cfg, progress=False, log=lambda *a: None)
@@ -86,7 +86,7 @@ def _setting(data: Path, tmp: Path, crop: int, finetune: bool, weights: Path, ar
     row = f"resnet18 {crop:>3} px {kind}  decode {decode:7.1f}  model {model:7.1f}"
     waited = _timed_loader(trainer)
     for workers in args.workers:
-        trainer.cfg.workers = workers
+        trainer.cfg.data.workers = workers
         waited.clear()
         seconds = _best(args.repeats, lambda: trainer.train_epoch(2))
         share = min(waited) / seconds  # the least-disturbed run's wait over the least-disturbed epoch

@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 MUTANTS = {
     "triplet_hinge without the padded-positive mask": (
         "cocos/losses/functional.py",
-        "    mask = valid[..., :, None] & view.neg[..., None, :]",
-        "    mask = view.neg[..., None, :]",
+        '    return kernels.fill_outside(hinge, float("-inf"), valid[..., :, None], view.neg[..., None, :])',
+        '    return kernels.fill_outside(hinge, float("-inf"), view.neg[..., None, :])',
         ["tests/test_oracle.py"]),
     "GOAL backward ignores the upstream gradient": (
         "cocos/losses/goal.py",
@@ -41,9 +41,9 @@ MUTANTS = {
         "        neg_w = w.sum(-2)",
         ["tests/test_counting_hand.py"]),
     "Triplet violation >= instead of > (a hinge of exactly 0 counts)": (
-        "cocos/losses/triplet.py",
-        "            hit = hinge > 0",
-        "            hit = hinge >= 0",
+        "cocos/losses/reducers.py",
+        "        return terms > self.eps",
+        "        return terms >= self.eps",
         ["tests/test_counting_hand.py", "tests/test_oracle.py"]),
     "GOAL MS mean counts the selected pair again": (
         "cocos/losses/goal.py",

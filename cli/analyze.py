@@ -15,24 +15,41 @@ from .main import app
 def _check_paths(args: dict) -> None:
     """The paths, before the heavy imports: checkpoints are files, --vocab a file, --data and --features exist,
     an explicit --out (one checkpoint) or --save-embeddings is allowed."""
-    from cocos.errors import CocosError
-    from cocos.io import check_output_dir, check_output_file
-
     checkpoints = args.get("checkpoints") or []
-    if len(checkpoints) > 1 and args.get("label") is not None:
+    _check_checkpoint_args(checkpoints, args.get("label"))
+    _check_options(args)
+    _check_input_paths(args)
+    _check_output_paths(args, checkpoints)
+
+
+def _check_checkpoint_args(checkpoints: list, label) -> None:
+    """The CHECKPOINT arguments: files, none given twice, and one only with --label."""
+    from cocos.errors import CocosError
+
+    if len(checkpoints) > 1 and label is not None:
         raise CocosError("--label names one checkpoint; analyse several without it (cocos report --label epoch "
                          "tells epochs apart)")
     if len(set(checkpoints)) < len(checkpoints):
         raise CocosError("a checkpoint is given twice")
     for checkpoint in checkpoints:
         check_input_file(checkpoint, "checkpoint")
-    _check_options(args)
+
+
+def _check_input_paths(args: dict) -> None:
+    """--vocab a file, --data a folder or file list, every --features a folder, where given."""
     if args.get("vocab") is not None:
         check_input_file(args["vocab"], "vocabulary file")
     if args.get("data") is not None:
         check_input_path(args["data"], "data folder or file list")
     for folder in args.get("features") or []:
         check_input_dir(folder, "feature cache folder")
+
+
+def _check_output_paths(args: dict, checkpoints: list) -> None:
+    """An explicit --out of one checkpoint, and --save-embeddings: allowed (cocos's or empty, else --overwrite),
+    and none of the inputs."""
+    from cocos.io import check_output_dir, check_output_file
+
     inputs = [p for p in (*checkpoints, args.get("data"), args.get("vocab")) if p is not None]
     overwrite = bool(args.get("overwrite"))
     if args.get("out") is not None and len(checkpoints) == 1:
@@ -112,10 +129,28 @@ def analyze(
                                                "file may run. Only for files you trust."),
 ) -> None:
     """Encode the training set with the frozen model, count every loss both ways, write tables and figures."""
-    from cocos.errors import CocosError
-    from cocos.io import check_output_dir, check_output_file
     from cocos.objectives import parse_names
-    from cocos.pipelines.analyze import analyze_checkpoint, refuse_embeddings
+
+    targets = _targets(checkpoints, out, save_embeddings)
+    check_latex_width(latex_width)
+    losses = None if loss == ["paper"] else parse_names(loss)  # default: the paper's four and the model's own
+    inputs = _check_inputs(checkpoints, data, vocab)
+    _check_outputs(checkpoints, targets, inputs, save_embeddings, overwrite)  # all before minutes of encoding
+    if trust_checkpoint:
+        typer.echo("warning: --trust-checkpoint: checkpoints are loaded with full pickle, code in them may run",
+                   err=True)
+    options = {"losses": losses, "batch_size": batch_size, "seed": seed, "compat": compat, "split": split,
+               "device": device, "eps": eps, "label": label, "progress": progress, "vocab": vocab,
+               "trust": trust_checkpoint, "image_options": _image_options(features, resize, crop_size, workers)}
+    outputs = {"inputs": inputs, "save_embeddings": save_embeddings, "overwrite": overwrite, "per_query": per_query,
+               "latex_width": latex_width}
+    _analyze_all(checkpoints, targets, data, options, outputs)
+
+
+def _targets(checkpoints: list[Path], out: Path | None, save_embeddings: Path | None) -> list[Path]:
+    """Each checkpoint's report folder: --out (one checkpoint) or its default name (inside --out, with several);
+    two checkpoints may not share one, and --save-embeddings takes one checkpoint."""
+    from cocos.errors import CocosError
     from cocos.pipelines.folder import default_out
 
     several = len(checkpoints) > 1
@@ -125,38 +160,51 @@ def analyze(
                for c in checkpoints]
     if len(set(targets)) < len(targets):
         raise CocosError("two checkpoints would write the same report folder; analyse them with their own --out")
-    check_latex_width(latex_width)
-    losses = None if loss == ["paper"] else parse_names(loss)  # default: the paper's four and the model's own
+    return targets
+
+
+def _check_inputs(checkpoints: list[Path], data: Path | None, vocab: Path | None) -> list[Path]:
+    """Every path the analyses read (:func:`_inputs` of each checkpoint), after checking --vocab and that each
+    checkpoint exists and is not an embeddings file."""
+    from cocos.errors import CocosError
+    from cocos.pipelines.analyze import refuse_embeddings
+
     if vocab is not None and not vocab.is_file():
         raise CocosError(f"{vocab}: no such vocabulary file")
-    inputs = {}
+    found = []
     for checkpoint in checkpoints:
         if not checkpoint.exists():
             raise CocosError(f"{checkpoint}: no such checkpoint")
         refuse_embeddings(checkpoint)
-        inputs[checkpoint] = _inputs(checkpoint, data, vocab)
-    every_input = [p for found in inputs.values() for p in found]
-    for checkpoint, target in zip(checkpoints, targets, strict=True):  # all before minutes of encoding
-        inputs[checkpoint] = every_input  # no report folder may hold any checkpoint's input
-        check_output_dir(target, every_input, overwrite)
-        if save_embeddings is not None:
-            check_output_file(save_embeddings, every_input + [target], overwrite=overwrite, runs=checkpoints)
-    if trust_checkpoint:
-        typer.echo("warning: --trust-checkpoint: checkpoints are loaded with full pickle, code in them may run",
-                   err=True)
-    image_options = _image_options(features, resize, crop_size, workers)
-    from cocos.distributed import context
+        found.append(_inputs(checkpoint, data, vocab))
+    return [p for paths in found for p in paths]
 
-    with context() as group:  # under torchrun: ranks split encoding and counting, rank 0 writes
+
+def _check_outputs(checkpoints: list[Path], targets: list[Path], inputs: list[Path], save_embeddings: Path | None,
+                   overwrite: bool) -> None:
+    """Every report folder and the embeddings file may be written; none holds any checkpoint's input."""
+    from cocos.io import check_output_dir, check_output_file
+
+    for target in targets:
+        check_output_dir(target, inputs, overwrite)
+        if save_embeddings is not None:
+            check_output_file(save_embeddings, inputs + [target], overwrite=overwrite, runs=checkpoints)
+
+
+def _analyze_all(checkpoints: list[Path], targets: list[Path], data: Path | None, options: dict,
+                 outputs: dict) -> None:
+    """Analyse each checkpoint (``options``: :func:`cocos.pipelines.analyze.analyze_checkpoint`'s) and write its
+    report (``outputs``: :func:`_write`'s); under torchrun the ranks split encoding and counting, rank 0 writes."""
+    from cocos.distributed import context
+    from cocos.pipelines.analyze import analyze_checkpoint
+
+    with context() as group:
         for checkpoint, target in zip(checkpoints, targets, strict=True):
-            analysis = analyze_checkpoint(checkpoint, data, losses=losses, batch_size=batch_size, seed=seed,
-                                          compat=compat, split=split, device=device, eps=eps, label=label,
-                                          progress=progress, vocab=vocab, trust=trust_checkpoint,
-                                          image_options=image_options)
+            analysis = analyze_checkpoint(checkpoint, data, **options)
             if group.is_main:
                 for line in analysis.warnings:
                     typer.echo(f"warning: {line}", err=True)
-                _write(analysis, checkpoint, target, inputs, save_embeddings, overwrite, per_query, latex_width)
+                _write(analysis, target, **outputs)
 
 
 def _image_options(features, resize, crop_size, workers) -> dict:
@@ -170,12 +218,13 @@ def _image_options(features, resize, crop_size, workers) -> dict:
             "log": typer.echo}
 
 
-def _write(analysis, checkpoint, target, inputs, save_embeddings, overwrite, per_query, latex_width) -> None:
-    """The report folder, then the embeddings (last: a failed or interrupted analysis leaves no embeddings file)."""
+def _write(analysis, target, inputs, save_embeddings, overwrite, per_query, latex_width) -> None:
+    """The report folder, then the embeddings (last: a failed or interrupted analysis leaves no embeddings file).
+    ``inputs``: every checkpoint's inputs (no report folder may hold any of them)."""
     from cocos.embed import save_embeddings as write_embeddings
     from cocos.pipelines.folder import summary_lines, write_results_folder
 
-    files = write_results_folder(analysis.results, analysis.run, target, inputs[checkpoint], overwrite,
+    files = write_results_folder(analysis.results, analysis.run, target, inputs, overwrite,
                                  per_query=per_query, embeddings=analysis.embeddings, latex_width=latex_width,
                                  logs=analysis.logs)
     if save_embeddings is not None:

@@ -35,30 +35,40 @@ def parse_params(items: list[str], losses: list[str]) -> dict[str, dict]:
     specs = {n: get_objective(n) for n in losses}
     out: dict[str, dict[str, float]] = {}
     for item in items:
-        key, sep, text = item.partition("=")
-        if not sep or not key.strip() or not text.strip():
-            raise CocosError(f"--param wants NAME=VALUE or LOSS.NAME=VALUE, got '{item}'")
-        value = text.strip()  # typed by the loss's spec (a number, a name or a switch)
-        loss, dot, name = key.strip().rpartition(".")
-        targets = [loss] if dot else [n for n, s in specs.items() if name in s.defaults]
-        if dot and loss not in specs:
-            raise CocosError(f"--param {key}: '{loss}' is not among the counted losses ({', '.join(specs)})")
-        if not targets or any(name not in specs[t].defaults for t in targets):
-            takes = "; ".join(f"{n}: {', '.join(s.defaults) or 'none'}" for n, s in specs.items())
-            raise CocosError(f"--param {key}: no counted loss takes '{name}' ({takes})")
+        key, value, name, targets = _param_targets(item, specs)
         for t in targets:
             if name in out.get(t, {}):
                 raise CocosError(f"--param {key}: {t}.{name} is given twice")
-            default = specs[t].defaults[name]
-            if not isinstance(default, (str, bool)):
-                try:
-                    typed = float(value)
-                except ValueError:
-                    raise CocosError(f"--param {key}: '{value}' is not a number") from None
-            else:
-                typed = value
-            out.setdefault(t, {})[name] = typed
+            out.setdefault(t, {})[name] = _param_value(key, value, specs[t].defaults[name])
     return out
+
+
+def _param_targets(item: str, specs: dict) -> tuple[str, str, str, list[str]]:
+    """``(key, value, name, losses)`` of one ``--param`` item: the key as given, the value text
+    (stripped), the parameter's name and the counted losses it applies to (every one that takes ``name``, or the
+    one ``LOSS.`` names), each of which must take it."""
+    key, sep, text = item.partition("=")
+    if not sep or not key.strip() or not text.strip():
+        raise CocosError(f"--param wants NAME=VALUE or LOSS.NAME=VALUE, got '{item}'")
+    loss, dot, name = key.strip().rpartition(".")
+    targets = [loss] if dot else [n for n, s in specs.items() if name in s.defaults]
+    if dot and loss not in specs:
+        raise CocosError(f"--param {key}: '{loss}' is not among the counted losses ({', '.join(specs)})")
+    if not targets or any(name not in specs[t].defaults for t in targets):
+        takes = "; ".join(f"{n}: {', '.join(s.defaults) or 'none'}" for n, s in specs.items())
+        raise CocosError(f"--param {key}: no counted loss takes '{name}' ({takes})")
+    return key, text.strip(), name, targets
+
+
+def _param_value(key: str, value: str, default) -> float | str:
+    """A ``--param`` value typed by the parameter's default: a float for a number (else one line naming
+    ``key``), the text for a name or a switch (the loss's spec types it)."""
+    if isinstance(default, (str, bool)):
+        return value
+    try:
+        return float(value)
+    except ValueError:
+        raise CocosError(f"--param {key}: '{value}' is not a number") from None
 
 
 def check_latex_width(width: str) -> None:

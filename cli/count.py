@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from cocos.defaults import DEFAULT_EPS
+from cocos.defaults import DEFAULT_BATCH_SIZE, DEFAULT_EPS
 
 from . import lossflags
 from .common import check_input_file, check_latex_width, handle_errors
@@ -39,7 +39,7 @@ def count(
     name: str = typer.Option(None, help="Dataset name of the embeddings (default: the file name)."),
     label: str = typer.Option("embeddings", help="What made the embeddings, e.g. 'CLIP ViT-B/32' (the model "
                                                  "column of reports)."),
-    batch_size: int = typer.Option(128, help="Images per batch (pair batches: captions per batch)."),
+    batch_size: int = typer.Option(DEFAULT_BATCH_SIZE, help="Images per batch (pair batches: captions per batch)."),
     seed: int = typer.Option(0, help="Seed of the random batches."),
     compat: bool = typer.Option(False, "--compat/--no-compat", help="Show the published reference counter's values."),
     param: list[str] = typer.Option([], "--param", "-p", metavar="[LOSS.]NAME=VALUE",
@@ -56,23 +56,13 @@ def count(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
 ) -> None:
     """Count contributing samples per loss and direction on your own embeddings."""
-    from rich.console import Console
-    from rich.table import Table
-
-    from cocos.data.layout import DIRECTIONS
-    from cocos.io import check_output_dir, check_output_file
-    from cocos.losses.spec import format_value
     from cocos.objectives import parse_names
-    from cocos.pipelines.count import count_file, count_rows
+    from cocos.pipelines.count import count_file
 
     check_latex_width(latex_width)
     names = parse_names(loss)
     params = lossflags.merge(param, ctx.args, names, "count")
-    inputs = [embeddings] + ([json_path] if json_path else [])
-    if out is not None:
-        check_output_dir(out, inputs, overwrite)
-    if json_path is not None:
-        check_output_file(json_path, [embeddings] + ([out] if out else []), overwrite=overwrite)
+    inputs = _check_outputs(embeddings, out, json_path, overwrite)
     from cocos.distributed import context
 
     with context() as group:  # under torchrun: every rank counts its block of batches, rank 0 writes
@@ -81,7 +71,41 @@ def count(
                              keep_per_query=out is not None)  # the figures' and queries.csv's rows: only with --out
     if not group.is_main:
         return
-    results = counted.results
+    _print_tables(counted.results, embeddings, batch_size, seed, compat)
+    if out is not None:
+        from cocos.pipelines.folder import write_results_folder
+
+        files = write_results_folder(counted.results, counted.run, out, inputs, overwrite, per_query=per_query,
+                                     embeddings=counted.embeddings, latex_width=latex_width)
+        typer.echo(f"wrote {out}/: {', '.join(f.name for f in files)}")
+    if json_path is not None:
+        counted.results.write(json_path)
+        typer.echo(f"wrote {json_path}")
+
+
+def _check_outputs(embeddings: Path, out: Path | None, json_path: Path | None, overwrite: bool) -> list[Path]:
+    """``--out`` and ``--json`` may be written (neither is an input nor the other); returns the inputs of the
+    report folder (the embeddings file, and the --json path)."""
+    from cocos.io import check_output_dir, check_output_file
+
+    inputs = [embeddings] + ([json_path] if json_path else [])
+    if out is not None:
+        check_output_dir(out, inputs, overwrite)
+    if json_path is not None:
+        check_output_file(json_path, [embeddings] + ([out] if out else []), overwrite=overwrite)
+    return inputs
+
+
+def _print_tables(results, embeddings: Path, batch_size: int, seed: int, compat: bool) -> None:
+    """One heading line (the data, the batches) and one table per counted loss (statistics x directions) of the
+    results' default mode, on the terminal."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from cocos.data.layout import DIRECTIONS
+    from cocos.losses.spec import format_value
+    from cocos.pipelines.count import count_rows
+
     console = Console(width=100)
     batches = ", ".join(f"{n} {kind} batches" for kind, n in results.counting.n_batches.items())
     console.print(f"COCOS of {embeddings} ({results.data.n_images} images, {results.data.n_captions} captions; "
@@ -97,12 +121,3 @@ def count(
         for row in count_rows(summary):
             table.add_row(*row)
         console.print(table)
-    if out is not None:
-        from cocos.pipelines.folder import write_results_folder
-
-        files = write_results_folder(results, counted.run, out, inputs, overwrite, per_query=per_query,
-                                     embeddings=counted.embeddings, latex_width=latex_width)
-        typer.echo(f"wrote {out}/: {', '.join(f.name for f in files)}")
-    if json_path is not None:
-        results.write(json_path)
-        typer.echo(f"wrote {json_path}")

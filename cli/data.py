@@ -7,6 +7,8 @@ from pathlib import Path
 
 import typer
 
+from cocos.training.config import DataConfig, default
+
 from .common import fail, handle_errors
 from .main import app
 
@@ -25,7 +27,7 @@ def synth(
                                 "1000 with --images)."),
     n_dev: int = typer.Option(None, "--n-dev", help="Validation images (default 500; 200 with --images)."),
     n_test: int = typer.Option(None, "--n-test", help="Test images (default 500; 200 with --images)."),
-    k: int = typer.Option(5, "--k", help="Captions per image."),
+    k: int = typer.Option(default(DataConfig, "k"), "--k", help="Captions per image."),
     feature_dim: int = typer.Option(256, "--feature-dim", help="Feature dimension D."),
     n_regions: int = typer.Option(6, "--n-regions", help="Regions per image R (at least 4)."),
     regions: bool = typer.Option(
@@ -83,7 +85,7 @@ def synth(
 def info(
     folder: Path = typer.Argument(..., help="A data folder in the precomputed-feature layout, or a raw-image "
                                   "dataset (images/ + dataset_*.json, {split}_set.p, or a CSV file list)."),
-    k: int = typer.Option(5, "--k", help="Captions per image."),
+    k: int = typer.Option(default(DataConfig, "k"), "--k", help="Captions per image."),
     use_restval: bool = typer.Option(False, "--use-restval", help="Raw images: Karpathy restval joins train."),
     decode: bool = typer.Option(False, "--decode", help="Raw images: decode every image (finds corrupt ones)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar (--decode)."),
@@ -150,7 +152,8 @@ def features(
     workers: int = typer.Option(2, "--workers", help="DataLoader processes decoding images."),
     batch_size: int = typer.Option(64, "--batch-size", help="Images per CNN batch (and per resume record)."),
     resize: int = typer.Option(256, "--resize", help="Evaluation transform: Resize (shorter side)."),
-    crop_size: int = typer.Option(224, "--crop-size", help="Evaluation transform: CenterCrop."),
+    crop_size: int = typer.Option(default(DataConfig, "crop_size"), "--crop-size",
+                                  help="Evaluation transform: CenterCrop."),
     use_restval: bool = typer.Option(False, "--use-restval", help="Karpathy restval joins train."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an --out folder that cocos did not write."),

@@ -6,6 +6,9 @@ from pathlib import Path
 
 import typer
 
+from cocos.pipelines.demo_config import DemoConfig
+from cocos.training.config import default
+
 from .common import handle_errors
 from .main import app
 
@@ -38,31 +41,35 @@ def demo(
                                         "registered names."),
     all_losses: bool = typer.Option(False, "--all-losses",
                                     help="Also train GOAL (cir x sig_ms and con x con) and IMC models."),
-    model: str = typer.Option("vsepp", help="vsepp or vsrn."),
+    model: str = typer.Option(default(DemoConfig, "model"), help="A registered model family (see `cocos models`)."),
     epochs: int = typer.Option(None, help="Training epochs per model [default: 8; 4 with --images]."),
-    lr: float = typer.Option(1e-3, help="Adam learning rate (the demo's shorter schedule)."),
+    lr: float = typer.Option(default(DemoConfig, "lr"), help="Adam learning rate (the demo's shorter schedule)."),
     lr_update: int = typer.Option(None, help="Epoch after which the learning rate drops x0.1 [default: 6; 3 with "
                                              "--images]."),
-    warmup_epochs: int = typer.Option(1, help="Triplet SH: all-triplet epochs before max violation."),
-    batch_size: int = typer.Option(128, help="Batch size of training and counting."),
-    embed_size: int = typer.Option(256, help="Joint embedding size."),
-    word_dim: int = typer.Option(128, help="Word embedding size."),
+    warmup_epochs: int = typer.Option(default(DemoConfig, "warmup_epochs"),
+                                      help="Triplet SH: all-triplet epochs before max violation."),
+    batch_size: int = typer.Option(default(DemoConfig, "batch_size"), help="Batch size of training and counting."),
+    embed_size: int = typer.Option(default(DemoConfig, "embed_size"), help="Joint embedding size."),
+    word_dim: int = typer.Option(default(DemoConfig, "word_dim"), help="Word embedding size."),
     n_train: int = typer.Option(None, help="Synthetic training scenes, when generating [default: 3000; 1000 with "
                                            "--images]."),
     n_test: int = typer.Option(None, help="Synthetic dev and test scenes each, when generating [default: 500; 200 "
                                           "with --images]."),
-    seed: int = typer.Option(0, help="Seed of data, training and counting."),
-    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    seed: int = typer.Option(default(DemoConfig, "seed"), help="Seed of data, training and counting."),
+    device: str = typer.Option(default(DemoConfig, "device"), help="auto, cpu or cuda."),
     retrain: bool = typer.Option(False, "--retrain", help="Train even if matching checkpoints exist."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an --out or --data folder (or a model's "
                                                               "checkpoint folder) that cocos did not write."),
-    track_cocos: int = typer.Option(10, metavar="N", help="Count COCOS on the training batches every N steps."),
+    track_cocos: int = typer.Option(default(DemoConfig, "track_cocos"), metavar="N",
+                                    help="Count COCOS on the training batches every N steps."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
     images: bool = typer.Option(False, "--images", help="Raw images: render the image world (JPEGs) and fine-tune a "
                                                         "small CNN end to end from random initialisation."),
-    cnn: str = typer.Option("resnet18", help="With --images: the CNN (resnet18|34|50|101|152, vgg19)."),
-    image_size: int = typer.Option(64, "--image-size", help="With --images: side of the rendered images in pixels."),
-    crop_size: int = typer.Option(32, "--crop-size", help="With --images: training crop (evaluation: resize "
+    cnn: str = typer.Option(default(DemoConfig, "cnn"), help="With --images: the CNN (resnet18|34|50|101|152, vgg19)."),
+    image_size: int = typer.Option(default(DemoConfig, "image_size"), "--image-size",
+                                   help="With --images: side of the rendered images in pixels."),
+    crop_size: int = typer.Option(default(DemoConfig, "crop_size"), "--crop-size",
+                                  help="With --images: training crop (evaluation: resize "
                                                           "crop x 256/224, centre crop)."),
     workers: int = typer.Option(0, "--workers", min=0, help="With --images: DataLoader processes decoding images."),
 ) -> None:

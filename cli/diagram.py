@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from cocos.defaults import DEFAULT_BATCH_SIZE
+
 from .common import handle_errors
 from .main import app
 
@@ -72,7 +74,7 @@ def diagram(
     checkpoint: Path = typer.Option(None, "--checkpoint",
                                     help="Overlay where this checkpoint's training triplets lie."),
     data: Path = typer.Option(None, help="Data folder (default: the one recorded in the checkpoint)."),
-    batch_size: int = typer.Option(128, help="Captions per pair batch."),
+    batch_size: int = typer.Option(DEFAULT_BATCH_SIZE, help="Captions per pair batch."),
     seed: int = typer.Option(0, help="Seed of the random batches."),
     max_batches: int = typer.Option(None, help="Use only the first N batches."),
     compat: bool = typer.Option(False, "--compat/--no-compat", help="Keep same-image pairs as negatives."),
@@ -84,27 +86,52 @@ def diagram(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
 ) -> None:
     """Triplet-weight diagram (GOAL Figure 2): a weight over (Sp, Sn), with a checkpoint's triplets."""
-    from cocos.errors import CocosError
-    from cocos.pipelines.triplets import triplet_points
-    from cocos.report.diagram import file_slug, plot_pair_weights, plot_triplet_diagram
+    from cocos.pipelines.triplets import (
+        checkpoint_triplet_points,
+        diagram_stem,
+        pair_of,
+        plot_pair_weights,
+        plot_triplet_diagram,
+    )
 
     names = weight_names(weight, pair_weight)
     ext = parse_extent(extent)
+    params = _params(tau, margin, cir_offset, checkpoint, data, batch_size)
+    out = out if out is not None else diagram_stem(names, pair_weight is not None)
+    _check_outputs(out, pair_weight is not None, checkpoint, data, overwrite)
+    points = None
+    if checkpoint is not None:
+        points = checkpoint_triplet_points(checkpoint, data, device=device, progress=progress, batch_size=batch_size,
+                                           seed=seed, max_batches=max_batches, compat=compat)
+    result = plot_triplet_diagram(names, params=params, points=points, path_stem=out, extent=ext,
+                                  points_label="training triplets")
+    written = [str(p) for p in result.paths]
+    if pair_weight is not None:
+        curves = plot_pair_weights(pair_of(names), params=params, path_stem=f"{out}_pair")
+        written += [str(p) for p in curves.paths]
+    typer.echo(f"wrote {', '.join(written)}")
+    if points is not None:
+        for line in _point_summary(names, points, result, f"batches of {batch_size}, seed {seed}"
+                                                           f"{', compat' if compat else ''}"):
+            typer.echo(line)
+
+
+def _params(tau, margin, cir_offset: bool, checkpoint, data, batch_size: int) -> dict:
+    """The weights' parameters (``None``: the weight's default), after checking the options that go with them."""
+    from cocos.errors import CocosError, check_params
+
     if data is not None and checkpoint is None:
         raise CocosError("--data needs --checkpoint")
     if batch_size < 1:
         raise CocosError(f"--batch-size must be positive, got {batch_size}")
-    from cocos.errors import check_params
-
     check_params(tau=tau, margin=margin)
-    params = {"tau": tau, "margin": margin, "offset": True if cir_offset else None}
-    if out is None:
-        stem = "_".join(file_slug(n) for n in dict.fromkeys(n if pair_weight is None else n.split("*")[0]
-                                                             for n in names))
-        if pair_weight:
-            stem += f"_x_{file_slug(names[0].split('*')[1][:-1])}"
-        out = Path("reports") / f"diagram_{stem}"
+    return {"tau": tau, "margin": margin, "offset": True if cir_offset else None}
 
+
+def _check_outputs(out: Path, paired: bool, checkpoint, data, overwrite: bool) -> None:
+    """Before any work: ``--out`` is a path stem, and no figure file lands on (or inside) what is read, nor
+    replaces a file without ``--overwrite``."""
+    from cocos.errors import CocosError
     from cocos.io import check_output_file
 
     from .analyze import _inputs
@@ -112,39 +139,23 @@ def diagram(
     inputs = _inputs(checkpoint, data) if checkpoint is not None else []
     if out.is_dir() or out.name in ("", ".", ".."):
         raise CocosError(f"{out}: --out is a path stem for the figures (e.g. reports/diagram_con), not a folder")
-    for stem in (str(out), f"{out}_pair") if pair_weight is not None else (str(out),):
-        for suffix in (".png", ".pdf"):  # the figures never land on (or inside) what is read, nor replace a file
+    for stem in (str(out), f"{out}_pair") if paired else (str(out),):
+        for suffix in (".png", ".pdf"):
             check_output_file(stem + suffix, inputs, overwrite=overwrite, runs=[checkpoint])
-    points = None
-    if checkpoint is not None:
-        from cocos.embed import encode_checkpoint
 
-        encoded = encode_checkpoint(checkpoint, data, "train", device=device, progress=progress)
-        emb = getattr(encoded, "embeddings", encoded)
-        points = triplet_points(emb, batch_size=batch_size, seed=seed, max_batches=max_batches,
-                                compat=compat)
 
-    result = plot_triplet_diagram(names, params=params, points=points, path_stem=out, extent=ext,
-                                  points_label="training triplets")
-    written = [str(p) for p in result.paths]
-    if pair_weight is not None:
-        pair = names[0].split("*")[1][:-1]
-        curves = plot_pair_weights(pair, params=params, path_stem=f"{out}_pair")
-        written += [str(p) for p in curves.paths]
-    typer.echo(f"wrote {', '.join(written)}")
-    if points is not None:
-        n = {d: len(sp) for d, (sp, _) in points.items()}
-        typer.echo(f"{sum(n.values())} triplets ({', '.join(f'{d} {k}' for d, k in n.items())}) from "
-                   f"batches of {batch_size}, seed {seed}{', compat' if compat else ''}")
-        seen = set()
-        for name in names:
-            t_name = name.split("*")[0]
-            if t_name in seen or not t_name.startswith("T_"):
-                continue
-            seen.add(t_name)
-            shares = result.active[name]
-            parts = ", ".join(f"{d} {100 * s:.1f}%" for d, s in shares.items() if s is not None)
-            typer.echo(f"{t_name}: share of triplets in the active region (T > 0.5): {parts}")
-        for d, share in result.outside.items():
-            if share > 0:
-                typer.echo(f"note: {100 * share:.1f}% of {d} triplets lie outside the drawn square")
+def _point_summary(names: list[str], points: dict, result, batches: str) -> list[str]:
+    """What the terminal says about the triplets: how many (from which batches), each triplet weight's active
+    share per direction (once per weight), and the share of each direction outside the drawn square."""
+    n = {d: len(sp) for d, (sp, _) in points.items()}
+    lines = [f"{sum(n.values())} triplets ({', '.join(f'{d} {k}' for d, k in n.items())}) from {batches}"]
+    firsts: dict[str, str] = {}  # each T_x with its first panel
+    for name in names:
+        firsts.setdefault(name.split("*")[0], name)
+    for t_name, name in firsts.items():
+        if t_name.startswith("T_"):
+            parts = ", ".join(f"{d} {100 * s:.1f}%" for d, s in result.active[name].items() if s is not None)
+            lines.append(f"{t_name}: share of triplets in the active region (T > 0.5): {parts}")
+    lines += [f"note: {100 * share:.1f}% of {d} triplets lie outside the drawn square"
+              for d, share in result.outside.items() if share > 0]
+    return lines

@@ -69,7 +69,7 @@ def import_checkpoint(
         ckpt, converted = load_any_checkpoint(checkpoint, vocab=vocab, data=data, trust=trust_checkpoint)
         if not converted:  # not reached: a cocos checkpoint refuses --vocab
             raise CocosError(f"{checkpoint}: already a cocos checkpoint")
-        if ckpt["model"]["kind"] == "vsepp_full":
+        if ckpt["data"].get("input") == "images":
             from cocos.data.images import is_image_dataset
 
             if not is_image_dataset(data):

@@ -96,7 +96,7 @@ def run() -> None:
 def _register() -> None:
     # Each command module adds itself to ``app``; imported here so the order of
     # ``cocos --help`` is stable.
-    from . import analyze, count, data, demo, diagram, import_, losses, report, sweep, train  # noqa: F401
+    from . import analyze, count, data, demo, diagram, import_, losses, models, report, sweep, train  # noqa: F401
 
 
 _register()

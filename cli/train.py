@@ -6,14 +6,8 @@ from pathlib import Path
 
 import typer
 
-from cocos.defaults import (
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_EMBED_SIZE,
-    DEFAULT_EPOCHS,
-    DEFAULT_LR,
-    DEFAULT_LR_UPDATE,
-    DEFAULT_WORD_DIM,
-)
+from cocos.losses.ltd_config import LTDConfig
+from cocos.training.config import DataConfig, LossConfig, ModelConfig, OptimConfig, TrainConfig, default
 
 from . import lossflags
 from .common import handle_errors
@@ -26,62 +20,76 @@ def train(
     ctx: typer.Context,
     data: Path = typer.Option(..., help="Folder with {train,dev,test}_ims.npy and _caps.txt, or raw images: "
                                         "images/ + dataset_*.json, {train,val,test}_set.p or a CSV file list."),
-    model: str = typer.Option("vsepp", help="vsepp or vsrn (raw images: vsepp_full, VSE++ on a CNN)."),
-    loss: str = typer.Option("triplet_sh", help="A registered loss (see `cocos losses`)."),
+    model: str = typer.Option(default(ModelConfig, "name"), help="A registered model family (see `cocos models`); "
+                                                                 "on raw images vsepp trains vsepp_full."),
+    loss: str = typer.Option(default(LossConfig, "name"), help="A registered loss (see `cocos losses`)."),
     out: Path = typer.Option(..., help="Output folder, e.g. checkpoints/NAME."),
-    epochs: int = typer.Option(DEFAULT_EPOCHS, help="Training epochs."),
-    lr: float = typer.Option(DEFAULT_LR, help="Adam learning rate."),
-    lr_update: int = typer.Option(DEFAULT_LR_UPDATE, help="Epochs after which the learning rate drops x0.1."),
-    batch_size: int = typer.Option(DEFAULT_BATCH_SIZE, help="Pair batches: captions; ranking batches: images."),
-    embed_size: int = typer.Option(DEFAULT_EMBED_SIZE, help="Joint embedding size."),
-    word_dim: int = typer.Option(DEFAULT_WORD_DIM, help="Word embedding size."),
+    epochs: int = typer.Option(default(OptimConfig, "epochs"), help="Training epochs."),
+    lr: float = typer.Option(default(OptimConfig, "lr"), help="Learning rate."),
+    lr_update: int = typer.Option(default(OptimConfig, "lr_update"),
+                                  help="Epochs after which the learning rate drops x0.1."),
+    batch_size: int = typer.Option(default(OptimConfig, "batch_size"),
+                                   help="Pair batches: captions; ranking batches: images."),
+    embed_size: int = typer.Option(None, help="Joint embedding size (default: the model family's; `cocos models`)."),
+    word_dim: int = typer.Option(None, help="Word embedding size (default: the model family's)."),
     param: list[str] = typer.Option([], "--param", "-p", metavar="NAME=VALUE",
                                     help="A parameter of the loss (see `cocos losses`); each is also a flag, "
                                          "e.g. --margin 0.3, --tau 0.05, --triplet-weight cir."),
-    warmup_epochs: int = typer.Option(0, help="triplet_sh only: epochs of all-triplet loss first (VSE-inf)."),
+    warmup_epochs: int = typer.Option(default(LossConfig, "warmup_epochs"),
+                                      help="triplet_sh only: epochs of all-triplet loss first (VSE-inf)."),
     ltd: bool = typer.Option(False, "--ltd", help="Add latent target decoding (LTD, Bleeker et al. 2023) to the loss."),
-    ltd_mode: str = typer.Option("constraint", metavar="constraint|dual",
+    ltd_mode: str = typer.Option(default(LTDConfig, "mode"), metavar="constraint|dual",
                                  help="LTD as a constraint (Lagrange multiplier) or a dual loss (fixed weight beta)."),
-    ltd_eta: float = typer.Option(0.2, help="LTD constraint bound eta on the reconstruction loss."),
-    ltd_beta: float = typer.Option(1.0, help="LTD dual-loss weight beta."),
+    ltd_eta: float = typer.Option(default(LTDConfig, "eta"),
+                                  help="LTD constraint bound eta on the reconstruction loss."),
+    ltd_beta: float = typer.Option(default(LTDConfig, "beta"), help="LTD dual-loss weight beta."),
     ltd_targets: Path = typer.Option(None, metavar="FILE.npy",
                                      help="Your own LTD targets, one row per training caption (default: "
                                           "all-MiniLM-L6-v2 embeddings, needs cocos[ltd])."),
     track_cocos: int = typer.Option(None, metavar="N", help="Count COCOS on the training batch every N steps "
                                                             "(cocos_track.csv)."),
     save_every: int = typer.Option(None, metavar="K", help="Keep a checkpoint epoch_NNN.pt every K epochs."),
-    k: int = typer.Option(5, help="Captions per image."),
+    k: int = typer.Option(default(DataConfig, "k"), help="Captions per image."),
     vocab: Path = typer.Option(None, help="A SCAN-style vocab JSON (default: built from the training captions)."),
     cnn: str = typer.Option(None, help="Raw images: the CNN (resnet18/34/50/101/152, vgg19; default resnet50)."),
     cnn_weights: Path = typer.Option(None, metavar="FILE", help="Raw images: the CNN's ImageNet weights "
                                                                 "(torchvision's resnet50-0676ba61.pth, ...)."),
     finetune: bool = typer.Option(False, "--finetune", help="Raw images: train the CNN too (without "
                                                             "--cnn-weights: from random initialisation)."),
-    crop_size: int = typer.Option(224, help="Raw images: training crop and evaluation centre crop."),
+    crop_size: int = typer.Option(default(DataConfig, "crop_size"),
+                                  help="Raw images: training crop and evaluation centre crop."),
     use_restval: bool = typer.Option(False, "--use-restval", help="Raw images: Karpathy's restval joins train."),
-    workers: int = typer.Option(0, help="Raw images: DataLoader workers decoding images (same result for any)."),
-    seed: int = typer.Option(0, help="Seed of initialisation and batch order."),
-    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    workers: int = typer.Option(default(DataConfig, "workers"),
+                                help="Raw images: DataLoader workers decoding images (same result for any)."),
+    seed: int = typer.Option(default(OptimConfig, "seed"), help="Seed of initialisation and batch order."),
+    optimizer: str = typer.Option(default(OptimConfig, "optimizer"), metavar="adam|adamw", help="The optimiser."),
+    weight_decay: float = typer.Option(default(OptimConfig, "weight_decay"), help="AdamW's weight decay."),
+    lr_group: list[str] = typer.Option([], "--lr-group", metavar="PREFIX=FACTOR",
+                                       help="Train the parameters whose names start with PREFIX at FACTOR x lr "
+                                            "(e.g. txt_enc.bert=0.1); repeatable."),
+    device: str = typer.Option(default(TrainConfig, "device"), help="auto, cpu or cuda."),
     resume: bool = typer.Option(False, "--resume", help="Continue from OUT/last.pt."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Start over in an existing OUT (the previous run's "
                                                               "checkpoints, logs and figures are removed)."),
     json_path: Path = typer.Option(None, "--json", help="Write the best validation metrics here."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
 ) -> None:
-    """Train VSE++ or VSRN with one loss; keeps model_best.pt (best validation rsum) and last.pt."""
-    from cocos.objectives import get_objective
-    from cocos.training.trainer import TrainConfig, Trainer
+    """Train a model family (VSE++, VSRN, a plugin's) with one loss; keeps model_best.pt (best validation rsum) and
+    last.pt."""
+    from cocos.training.trainer import Trainer
 
-    get_objective(loss)  # an unknown loss is named before its parameters are looked up
-    extra = lossflags.merge(param, ctx.args, [loss], "train").get(loss) or None
-    cfg = TrainConfig(data=str(data), model=model, loss=loss, out=str(out), epochs=epochs, lr=lr,
-                      lr_update=lr_update, batch_size=batch_size, embed_size=embed_size,
-                      word_dim=word_dim, params=extra, k=k, seed=seed, device=device,
-                      warmup_epochs=warmup_epochs, vocab=str(vocab) if vocab else None, ltd=ltd, ltd_mode=ltd_mode,
-                      ltd_eta=ltd_eta, ltd_beta=ltd_beta, ltd_targets=str(ltd_targets) if ltd_targets else None,
-                      track_cocos=track_cocos, save_every=save_every, cnn=cnn,
-                      cnn_weights=str(cnn_weights) if cnn_weights else None, finetune=finetune, crop_size=crop_size,
-                      use_restval=use_restval, workers=workers)
+    _known_loss(loss, resume, out)  # an unknown loss is named before its parameters are looked up
+    model_args, loss_args = _model_flags(model, ctx.args)
+    extra = lossflags.merge(param, loss_args, [loss], "train").get(loss) or None
+    cfg = TrainConfig.of(data=str(data), model=model, loss=loss, out=str(out), epochs=epochs, lr=lr,
+                         lr_update=lr_update, batch_size=batch_size, embed_size=embed_size, word_dim=word_dim,
+                         model_params=model_args or None, params=extra, k=k, seed=seed, device=device,
+                         warmup_epochs=warmup_epochs, vocab=str(vocab) if vocab else None, ltd=ltd,
+                         ltd_mode=ltd_mode, ltd_eta=ltd_eta, ltd_beta=ltd_beta,
+                         ltd_targets=str(ltd_targets) if ltd_targets else None, track_cocos=track_cocos,
+                         save_every=save_every, cnn=cnn, cnn_weights=str(cnn_weights) if cnn_weights else None,
+                         finetune=finetune, crop_size=crop_size, use_restval=use_restval, workers=workers,
+                         optimizer=optimizer, weight_decay=weight_decay, lr_groups=_lr_groups(lr_group) or None)
     cfg.validate()  # nonsense flags first, before any file is looked at
     if json_path is not None:
         _check_json(json_path, cfg, overwrite)
@@ -105,6 +113,58 @@ def train(
                 raise typer.Exit(code=130) from None
         if group.is_main:
             _finish(trainer, metrics, json_path)
+
+
+def _known_loss(loss: str, resume: bool, out: Path) -> None:
+    """An unknown loss is one line; resuming a run whose loss plugin is gone says what is missing."""
+    from cocos.errors import CocosError
+    from cocos.objectives import get_objective
+
+    try:
+        get_objective(loss)
+    except CocosError as exc:
+        if not resume:
+            raise
+        raise CocosError(f"{out / 'last.pt'}: --resume needs the loss '{loss}' it was trained with, which no installed "
+                         "package registers (install the plugin that defines it; evaluating and analysing the "
+                         f"checkpoint need no plugin). {exc}") from None
+
+
+def _model_flags(model: str, args: list[str]) -> tuple[dict, list[str]]:
+    """The options the command did not parse, split: a model family's own hyper-parameters (``--NAME VALUE``, typed
+    by the family's spec) and the rest (the loss's flags)."""
+    from cocos.models.registry import get_family
+
+    family = get_family(model)
+    own = {name.replace("_", "-") for name in family.defaults} - {"embed-size", "word-dim", "cnn-type", "finetune"}
+    params, rest, i = {}, [], 0
+    while i < len(args):
+        name, eq, value = args[i][2:].partition("=")
+        if args[i].startswith("--") and name in own:
+            if not eq:
+                i += 1
+                value = args[i] if i < len(args) else ""
+            params[name.replace("-", "_")] = value
+        else:
+            rest.append(args[i])
+        i += 1
+    return params, rest
+
+
+def _lr_groups(items: list[str]) -> dict[str, float]:
+    """``--lr-group PREFIX=FACTOR`` items as ``{prefix: factor}``."""
+    from cocos.errors import CocosError
+
+    out = {}
+    for item in items:
+        prefix, eq, factor = item.partition("=")
+        try:
+            out[prefix] = float(factor)
+        except ValueError:
+            raise CocosError(f"--lr-group takes PREFIX=FACTOR, got '{item}'") from None
+        if not eq:
+            raise CocosError(f"--lr-group takes PREFIX=FACTOR, got '{item}'")
+    return out
 
 
 def _finish(trainer, metrics: dict, json_path: Path | None) -> None:
@@ -137,7 +197,9 @@ def _check_json(json_path: Path, cfg, overwrite: bool = False) -> None:
     from cocos.io import check_output_file, check_writable_file
     from cocos.training.trainer import OUTPUT_NAMES, OUTPUT_PATTERNS
 
-    check_output_file(json_path, [cfg.data, cfg.vocab, cfg.ltd_targets, cfg.cnn_weights], overwrite=overwrite)
+    ltd_targets = cfg.hooks.ltd.targets if cfg.hooks.ltd is not None else None
+    check_output_file(json_path, [cfg.data.path, cfg.data.vocab, ltd_targets, cfg.model.cnn_weights],
+                      overwrite=overwrite)
     if json_path.resolve().parent == Path(cfg.out).resolve() and (
             json_path.name in OUTPUT_NAMES or any(re.fullmatch(p, json_path.name) for p in OUTPUT_PATTERNS)):
         raise CocosError(f"{json_path}: is one of the files cocos train writes into {cfg.out}; choose another "
@@ -150,7 +212,7 @@ def interrupted_message(trainer) -> str:
     saved = trainer.saved()
     if trainer.epoch_running:
         head = f"interrupted in epoch {trainer.epoch_running}"
-    elif trainer.epoch >= trainer.cfg.epochs:
+    elif trainer.epoch >= trainer.cfg.optim.epochs:
         head = "interrupted after training finished"
     else:
         head = "interrupted"
@@ -163,7 +225,7 @@ def interrupted_message(trainer) -> str:
         held.append(f"{trainer.best_path} {'holds ' if not held else ''}epoch {saved['best']}")
     if saved["last"] is None:
         tail = "; no last.pt to resume from (start over with --overwrite)"
-    elif saved["last"] < trainer.cfg.epochs:
+    elif saved["last"] < trainer.cfg.optim.epochs:
         tail = "; continue with --resume"
     else:
         tail = ""

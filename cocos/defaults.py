@@ -17,3 +17,7 @@ DEFAULT_LR_UPDATE = 15
 DEFAULT_BATCH_SIZE = 128
 DEFAULT_EMBED_SIZE = 1024
 DEFAULT_WORD_DIM = 300
+DEFAULT_CNN = "resnet50"  # raw images: the COCOS paper's CNN (its job files: --cnn_type=resnet50)
+
+DEFAULT_GRAD_CLIP = 2.0  # VSE++'s gradient-norm clipping
+DEFAULT_CROP_SIZE = 224  # raw images: VSE++'s training crop and evaluation centre crop

@@ -79,27 +79,38 @@ def from_env() -> Dist:
     if not dist.is_available():
         raise CocosError("this torch build has no torch.distributed; run a single process")
     if not dist.is_initialized():
-        # Gloo carries CPU tensors, NCCL CUDA ones: a --device cpu run on a GPU node works too
-        cuda = torch.cuda.is_available() and dist.is_nccl_available()
-        backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"
-        timeout = datetime.timedelta(seconds=_env_int(TIMEOUT_ENV) or DEFAULT_TIMEOUT)
-        if cuda:
-            local = _env_int("LOCAL_RANK") or 0
-            if local >= torch.cuda.device_count():
-                raise CocosError(f"LOCAL_RANK {local} but this node has {torch.cuda.device_count()} GPU(s); start "
-                                 "at most one process per GPU (--nproc_per_node), or run on the CPU with "
-                                 "CUDA_VISIBLE_DEVICES=''")
-            torch.cuda.set_device(local)
-        try:
-            dist.init_process_group(backend=backend, timeout=timeout)
-            # the ranks that do not write wait for rank 0's writing on a group of its own, with a writing budget:
-            # a report may take longer to write than a peer may take to answer
-            budget = max(_env_int(WRITE_TIMEOUT_ENV) or DEFAULT_WRITE_TIMEOUT, timeout.total_seconds())
-            _LEAVING["group"] = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=budget))
-        except (RuntimeError, ValueError) as exc:
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-            raise CocosError(f"cannot join the torchrun process group ({first})") from None
+        _join()
     return Dist(rank=dist.get_rank(), world=dist.get_world_size())
+
+
+def _join() -> None:
+    """Join torchrun's process group: Gloo for CPU tensors, and NCCL for CUDA ones where this process has a GPU (a
+    --device cpu run on a GPU node works too; the process takes the GPU ``LOCAL_RANK``), with the peers' timeout
+    (:data:`TIMEOUT_ENV`); and the group of the leaving barrier, with the writing budget. A failure is one line."""
+    cuda = torch.cuda.is_available() and dist.is_nccl_available()
+    backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"
+    timeout = datetime.timedelta(seconds=_env_int(TIMEOUT_ENV) or DEFAULT_TIMEOUT)
+    if cuda:
+        _take_local_gpu()
+    try:
+        dist.init_process_group(backend=backend, timeout=timeout)
+        # the ranks that do not write wait for rank 0's writing on a group of its own, with a writing budget:
+        # a report may take longer to write than a peer may take to answer
+        budget = max(_env_int(WRITE_TIMEOUT_ENV) or DEFAULT_WRITE_TIMEOUT, timeout.total_seconds())
+        _LEAVING["group"] = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=budget))
+    except (RuntimeError, ValueError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise CocosError(f"cannot join the torchrun process group ({first})") from None
+
+
+def _take_local_gpu() -> None:
+    """Make GPU ``LOCAL_RANK`` (default 0) this process's CUDA device; one line if the node has no such GPU."""
+    local = _env_int("LOCAL_RANK") or 0
+    if local >= torch.cuda.device_count():
+        raise CocosError(f"LOCAL_RANK {local} but this node has {torch.cuda.device_count()} GPU(s); start "
+                         "at most one process per GPU (--nproc_per_node), or run on the CPU with "
+                         "CUDA_VISIBLE_DEVICES=''")
+    torch.cuda.set_device(local)
 
 
 @contextlib.contextmanager

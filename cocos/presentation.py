@@ -1,6 +1,8 @@
 """How a loss family is shown in reports: one small frozen record, stored in every ``results.json``.
 
-A loss spec (:mod:`cocos.objectives`) provides its :class:`Presentation`; the pipelines
+A loss spec provides its :class:`Presentation` (:meth:`cocos.losses.spec.Objective.presentation`, built from
+its label, statistics, table, colour, marker, parameters and notes; its notes are :class:`TableNote`, which
+``cocos.losses.spec.Note`` names); the pipelines
 (``cocos analyze``/``cocos count``) write it into ``results.json`` under
 ``presentation.<loss>``; the report layer reads it from there and never consults the loss
 registry, so a report of results made in another process (with a plugin loss, or another
@@ -61,7 +63,7 @@ class Presentation:
                       notes=tuple(TableNote(_text(n["text"]), None if n.get("latex") is None else _text(n["latex"]),
                                             _text(n.get("when", "always"))) for n in data.get("notes") or ()),
                       rank=_count(data.get("rank", LAST)))
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as exc:  # RuntimeError: a tensor
             raise CocosError(f"a loss presentation must hold label, stats, main_stat, table, color, marker, params, "
                              f"notes and rank ({type(exc).__name__}: {exc})") from None
         if any(n.when not in WHEN for n in out.notes):
@@ -92,3 +94,10 @@ def ranked(names, looks: Mapping[str, Presentation]) -> list[str]:
     names = list(dict.fromkeys(names))
     return sorted(names, key=lambda n: (looks[n].rank if n in looks else LAST, n if n not in looks or
                                         looks[n].rank == LAST else "", names.index(n)))
+
+
+def format_value(value) -> str:
+    """A parameter for people: numbers without trailing zeros (``0.2``, ``10``), names and switches as they are."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value).lower() if isinstance(value, bool) else str(value)
+    return f"{value:g}"

@@ -30,7 +30,7 @@ def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("e2e")
     data = make_synthetic(root / "syn", n_train=96, n_dev=32, n_test=32, feature_dim=16, seed=3)
     for loss in ("triplet_sh", "smoothap"):
-        cfg = TrainConfig(data=str(data), out=str(root / loss), loss=loss, epochs=2, lr=2e-3, batch_size=BATCH,
+        cfg = TrainConfig.of(data=str(data), out=str(root / loss), loss=loss, epochs=2, lr=2e-3, batch_size=BATCH,
                           embed_size=16, word_dim=8, device="cpu")
         Trainer(cfg, progress=False, log=lambda *a: None).fit()
     return root, data

@@ -35,10 +35,10 @@ TINY = dict(model="vsepp", epochs=1, lr=2e-3, lr_update=10, batch_size=16, embed
 def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("ckh")
     data = make_synthetic(root / "data", n_train=48, n_dev=16, n_test=16, feature_dim=16, seed=1)
-    Trainer(TrainConfig(data=str(data), out=str(root / "run"), loss="triplet", **TINY), **QUIET).fit()
+    Trainer(TrainConfig.of(data=str(data), out=str(root / "run"), loss="triplet", **TINY), **QUIET).fit()
     targets = root / "targets.npy"
     np.save(targets, np.random.default_rng(0).normal(size=(48 * 5, 8)).astype(np.float32))
-    Trainer(TrainConfig(data=str(data), out=str(root / "ltd"), loss="triplet", ltd=True, ltd_targets=str(targets),
+    Trainer(TrainConfig.of(data=str(data), out=str(root / "ltd"), loss="triplet", ltd=True, ltd_targets=str(targets),
                         **TINY), **QUIET).fit()
     return root, data
 
@@ -86,7 +86,8 @@ STRUCTURE = {
     "train is a list": (_set(["train"], [1, 2]), "train must be a dict"),
     "train.batch_size is a word": (_set(["train", "batch_size"], "many"), "train.batch_size must be an integer"),
     "epoch is a word": (_set(["epoch"], "two"), "epoch must be an integer, got 'two'"),
-    "unknown loss": (_set(["loss", "name"], "hinge"), "loss.name names a loss this cocos does not know: 'hinge'"),
+    "bad loss presentation": (_set(["loss", "presentation"], {"label": 3}), "loss.presentation is not a loss "
+                                                                            "presentation"),
     "bad loss parameter": (_set(["loss", "params", "margin"], float("nan")), "loss.params are not valid"),
     "loss parameter of another loss": (_set(["loss", "params", "tau"], 0.1), "loss.params are not valid"),
     "state dict: wrong shape": (lambda c: c["state_dict"].__setitem__("fc.weight", torch.zeros(17, 16)),

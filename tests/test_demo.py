@@ -44,7 +44,7 @@ def test_demo_with_one_epoch_skips_the_warm_up(tmp_path):
     from cocos.pipelines.demo import DemoConfig, _train_config
 
     cfg = DemoConfig(epochs=1, data=str(tmp_path / "d"))
-    assert _train_config(cfg, "triplet_sh").warmup_epochs == 0  # scaled to fit: no warm-up in a 1-epoch demo
-    assert _train_config(DemoConfig(epochs=8), "triplet_sh").warmup_epochs == 1
-    assert _train_config(DemoConfig(epochs=8), "ntxent").warmup_epochs == 0
+    assert _train_config(cfg, "triplet_sh").loss.warmup_epochs == 0  # scaled to fit: no warm-up in a 1-epoch demo
+    assert _train_config(DemoConfig(epochs=8), "triplet_sh").loss.warmup_epochs == 1
+    assert _train_config(DemoConfig(epochs=8), "ntxent").loss.warmup_epochs == 0
     _train_config(cfg, "triplet_sh").validate()  # `cocos demo --epochs 1` passes validation

@@ -13,14 +13,8 @@ from typer.testing import CliRunner
 from cocos.counting.engine import EmbeddingSet
 from cocos.data.samplers import pair_batches
 from cocos.errors import CocosError
-from cocos.pipelines.triplets import triplet_points
-from cocos.report.diagram import (
-    active_share,
-    density_grid,
-    file_slug,
-    plot_pair_weights,
-    plot_triplet_diagram,
-)
+from cocos.pipelines.triplets import active_share, plot_pair_weights, plot_triplet_diagram, triplet_points
+from cocos.report.diagram import density_grid, file_slug
 from cocos_cli.main import app
 
 runner = CliRunner()
@@ -187,7 +181,7 @@ def tiny_checkpoint(tmp_path_factory):
     try:
         root = tmp_path_factory.mktemp("ckpt")
         data = make_synthetic(root / "data", n_train=60, n_dev=20, n_test=20, feature_dim=16)
-        cfg = TrainConfig(data=str(data), out=str(root / "run"), epochs=1, embed_size=16, word_dim=8,
+        cfg = TrainConfig.of(data=str(data), out=str(root / "run"), epochs=1, embed_size=16, word_dim=8,
                           batch_size=16, device="cpu")
         trainer = Trainer(cfg, progress=False, log=lambda *a: None)
         trainer.fit()
@@ -229,7 +223,7 @@ def test_cli_never_writes_into_the_data_folder_it_reads(tmp_path, tiny_checkpoin
 
 
 def test_one_spelling_of_weight_names_and_the_papers_notation_in_output():
-    from cocos.report.diagram import paper_notation
+    from cocos.pipelines.triplets import paper_notation
     from cocos_cli.diagram import weight_names
 
     # cocos train's spelling (sig_ms) and the code's (P_sig-ms) give the same panels

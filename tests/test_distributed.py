@@ -113,7 +113,7 @@ def run(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("dist")
     data = make_synthetic(root / "data", n_train=90, n_dev=20, n_test=20, feature_dim=16, seed=5)
-    Trainer(TrainConfig(data=str(data), out=str(root / "ck"), loss="triplet_sh", epochs=1, lr=5e-3, batch_size=32,
+    Trainer(TrainConfig.of(data=str(data), out=str(root / "ck"), loss="triplet_sh", epochs=1, lr=5e-3, batch_size=32,
                         embed_size=16, word_dim=8, device="cpu"), progress=False, log=lambda *a: None).fit()
     rng = np.random.default_rng(0)
     images = rng.normal(size=(150, 8)).astype(np.float32)

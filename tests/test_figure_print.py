@@ -12,9 +12,9 @@ import pytest
 
 from cocos.pipelines.count import count_file
 from cocos.pipelines.folder import write_results_folder
+from cocos.pipelines.triplets import plot_pair_weights, plot_triplet_diagram
 from cocos.report import style
 from cocos.report import training as T
-from cocos.report.diagram import plot_pair_weights, plot_triplet_diagram
 from cocos.report.merge import build_report, write_report
 from cocos.results import builtin_presentations
 from tests.test_llncs import FAMILIES, _analyzed

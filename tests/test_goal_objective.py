@@ -81,7 +81,7 @@ def test_every_combination_trains_the_tiny_model_well_above_an_untrained_one(tmp
 
     data = make_synthetic(tmp_path / "syn", n_train=100, n_dev=40, n_test=40, feature_dim=32, seed=1)
     for triplet_weight, pair_weight in COMBOS:
-        cfg = TrainConfig(data=str(data), out=str(tmp_path / f"{triplet_weight}-{pair_weight}"), loss="goal",
+        cfg = TrainConfig.of(data=str(data), out=str(tmp_path / f"{triplet_weight}-{pair_weight}"), loss="goal",
                           epochs=2, lr=1e-2, lr_update=10, batch_size=32, embed_size=32, word_dim=16, seed=0,
                           device="cpu", params={"triplet_weight": triplet_weight, "pair_weight": pair_weight})
         trainer = Trainer(cfg, progress=False, log=lambda *a: None)

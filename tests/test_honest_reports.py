@@ -126,15 +126,13 @@ def test_readme_demo_table_is_the_committed_example():
 
 
 def test_demo_resumes_an_interrupted_model(tmp_path, monkeypatch):
-    from dataclasses import asdict
-
     import cocos.pipelines.demo as demo
 
     cfg = demo.DemoConfig(epochs=3, checkpoints=str(tmp_path / "ck"), data=str(tmp_path / "d"))
     train = demo._train_config(cfg, "triplet_sh")
     folder = Path(train.out)
     folder.mkdir(parents=True)
-    saved = {"data": {"fingerprint": "abc"}, "train": asdict(train), "epoch": 2}
+    saved = {"data": {"fingerprint": "abc"}, "train": train.flat(), "epoch": 2}  # the record a checkpoint holds
     monkeypatch.setattr(demo, "load_checkpoint", lambda path: copy.deepcopy(saved))
     assert demo._run_state(train, "abc") == "none"  # no last.pt
     (folder / "last.pt").write_bytes(b"x")
@@ -230,7 +228,7 @@ def test_the_step_log_has_the_loss_per_query_so_a_short_final_batch_is_no_drop(t
     assert get_objective("ntxent").per_query(1.5, 10, 10) == 1.5 and get_objective("smoothap").reduce == "mean"
     data = make_synthetic(tmp_path / "d", n_train=5, n_dev=4, n_test=4, feature_dim=8, seed=0)  # 25 captions
     for loss, per_row in (("triplet", True), ("ntxent", False)):
-        trainer = Trainer(TrainConfig(data=str(data), out=str(tmp_path / loss), loss=loss, epochs=1, batch_size=11,
+        trainer = Trainer(TrainConfig.of(data=str(data), out=str(tmp_path / loss), loss=loss, epochs=1, batch_size=11,
                                       embed_size=8, word_dim=8, device="cpu"), progress=False, log=lambda *a: None)
         trainer.train_epoch(1)
         rows = [(r["L_con"], r["L_con/query"]) for r in trainer.step_log]

@@ -37,7 +37,7 @@ class Recorder(Hook):
 
 
 def _trainer(data, out, **kw):
-    cfg = TrainConfig(data=str(data), out=str(out), loss="triplet", epochs=1, lr=1e-3, lr_update=5, batch_size=50,
+    cfg = TrainConfig.of(data=str(data), out=str(out), loss="triplet", epochs=1, lr=1e-3, lr_update=5, batch_size=50,
                       embed_size=8, word_dim=8, seed=0, device="cpu", **kw)
     return Trainer(cfg, **QUIET)
 

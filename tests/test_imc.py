@@ -65,11 +65,18 @@ def test_imc_trains_the_tiny_model_above_an_untrained_one(tmp_path):
     from cocos.training.trainer import TrainConfig, Trainer
 
     data = make_synthetic(tmp_path / "syn", n_train=100, n_dev=40, n_test=40, feature_dim=32, seed=1)
-    cfg = TrainConfig(data=str(data), out=str(tmp_path / "imc"), loss="imc", epochs=3, lr=1e-2, lr_update=10,
+    cfg = TrainConfig.of(data=str(data), out=str(tmp_path / "imc"), loss="imc", epochs=3, lr=1e-2, lr_update=10,
                       batch_size=32, embed_size=32, word_dim=16, seed=0, device="cpu")
     trainer = Trainer(cfg, progress=False, log=lambda *a: None)
     untrained = evaluate_model(trainer.model, trainer.dev_split, trainer.dev_ids)["rsum"]
     assert trainer.fit()["rsum"] > untrained + 15
+    # the step log names IMC's parts (issue 29): L_intra beside the whole loss, which is never below it (the
+    # contrastive part is a hinge sum, >= 0) and equals it when the intra-modal part is 0
+    import pandas as pd
+
+    log = pd.read_csv(tmp_path / "imc" / "train_log.csv")
+    assert "L_intra" in log and log["L_intra"].notna().all() and (log["L_intra"] >= 0).all()
+    assert (log["L_con"] >= log["L_intra"] - 1e-5).all() and (log["L_intra"] > 0).any()
 
 
 @pytest.mark.parametrize("args, message", [

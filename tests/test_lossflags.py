@@ -77,6 +77,6 @@ def test_settings_of_older_runs_give_the_same_loss_parameters_for_resume():
     from cocos.training.trainer import TrainConfig, recorded_loss_params
 
     old = {"margin": 0.3, "tau": None, "params": None}  # written when margin and tau were fields of their own
-    assert recorded_loss_params(old) == TrainConfig(data="", params={"margin": 0.3}).loss_params() == {"margin": 0.3}
+    assert recorded_loss_params(old) == TrainConfig.of(data="", params={"margin": 0.3}).loss_params() == {"margin": 0.3}
     assert recorded_loss_params({"margin": None, "tau": None, "params": {"tau": 0.05}}) == {"tau": 0.05}
     assert recorded_loss_params({"params": {"margin": 0.1}}) != recorded_loss_params(old)

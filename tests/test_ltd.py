@@ -35,7 +35,7 @@ def world(tmp_path_factory):
 def _cfg(data, out, **kw):
     base = dict(data=str(data), out=str(out), loss="triplet_sh", epochs=1, lr=2e-3, batch_size=16, embed_size=16,
                 word_dim=8, device="cpu")
-    return TrainConfig(**{**base, **kw})
+    return TrainConfig.of(**{**base, **kw})
 
 
 def test_reconstruction_loss_by_hand():

@@ -43,7 +43,7 @@ def world(tmp_path_factory):
     """A data folder, a cocos run folder ``ck/`` with both logs, an embeddings file, an original checkpoint."""
     root = tmp_path_factory.mktemp("rel")
     data = make_synthetic(root / "data", n_train=48, n_dev=16, n_test=16, feature_dim=DIM, seed=1)
-    Trainer(TrainConfig(data=str(data), out=str(root / "ck"), loss="triplet", track_cocos=1, **TINY),
+    Trainer(TrainConfig.of(data=str(data), out=str(root / "ck"), loss="triplet", track_cocos=1, **TINY),
             progress=False, log=lambda *a: None).fit()
     (root / "ck" / "training.png").write_bytes(b"the figure cocos train draws")  # the CLI's, not the library's
     rng = np.random.default_rng(0)

@@ -27,7 +27,7 @@ def data(tmp_path_factory):
 def _cfg(data, out, **kw):
     base = dict(data=str(data), out=str(out), loss="triplet", epochs=1, lr=3e-3, batch_size=24, embed_size=16,
                 word_dim=8, device="cpu")
-    return TrainConfig(**{**base, **kw})
+    return TrainConfig.of(**{**base, **kw})
 
 
 def test_counters_follow_the_batch_layout():

@@ -36,7 +36,7 @@ FLAGS = ["--loss", "triplet", "--lr", "2e-3", "--lr-update", "10", "--batch-size
 def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("trh")
     data = make_synthetic(root / "data", n_train=48, n_dev=16, n_test=16, feature_dim=16, seed=1)
-    cfg = TrainConfig(data=str(data), out=str(root / "run"), loss="triplet", epochs=1, lr=2e-3, lr_update=10,
+    cfg = TrainConfig.of(data=str(data), out=str(root / "run"), loss="triplet", epochs=1, lr=2e-3, lr_update=10,
                       batch_size=16, embed_size=16, word_dim=8, device="cpu")
     Trainer(cfg, **QUIET).fit()
     return root, data
@@ -449,11 +449,11 @@ def test_demo_checks_model_folders_it_did_not_write(tmp_path):
 def test_trainer_objects_keep_working_from_python(world, tmp_path):
     """The library path (no CLI, no signal handler): fit, then resume; a copy of a checkpoint dict is untouched."""
     _, data = world
-    cfg = TrainConfig(data=str(data), out=str(tmp_path / "r"), loss="triplet", epochs=1, lr=2e-3, lr_update=10,
+    cfg = TrainConfig.of(data=str(data), out=str(tmp_path / "r"), loss="triplet", epochs=1, lr=2e-3, lr_update=10,
                       batch_size=16, embed_size=16, word_dim=8, device="cpu")
     Trainer(cfg, **QUIET).fit()
     before = copy.deepcopy(load_checkpoint(tmp_path / "r" / "last.pt"))
-    cfg.epochs = 2
+    cfg.optim.epochs = 2
     resumed = Trainer(cfg, resume=True, **QUIET)
     assert resumed.epoch == 1 and resumed.saved() == {"last": 1, "best": 1}
     resumed.fit()

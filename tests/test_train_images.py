@@ -65,7 +65,7 @@ def _cfg(data, out, **kw):
                 embed_size=32, word_dim=32, vocab_threshold=1, seed=0, device="cpu", cnn="resnet18", finetune=True,
                 crop_size=CROP)
     base.update(kw)
-    return TrainConfig(**base)
+    return TrainConfig.of(**base)
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +142,7 @@ def test_workers_do_not_change_the_run_and_resume_equals_uninterrupted(small, tm
     by_workers = [list(straight.pixel_batches(1, batches)) for workers in (0, 2)
                   if setattr(straight.cfg, "workers", workers) is None]
     assert all(torch.equal(x, y) for x, y in zip(*by_workers, strict=True))
-    straight.cfg.workers = 2
+    straight.cfg.data.workers = 2
     straight.fit()
     Trainer(_cfg(small, tmp_path / "b", epochs=1, **kw), **QUIET).fit()  # workers 0, then resumed
     Trainer(_cfg(small, tmp_path / "b", epochs=2, **kw), resume=True, **QUIET).fit()
@@ -219,7 +219,7 @@ def test_bad_image_mid_training_is_one_line(small, tmp_path, monkeypatch):
 
 def test_image_flags_and_checkpoint_fields_are_checked(small, trained, tmp_path):
     with pytest.raises(CocosError, match="only apply to raw-image data"):
-        TrainConfig(data=str(tmp_path), out=str(tmp_path / "o"), cnn="resnet18").validate()
+        TrainConfig.of(data=str(tmp_path), out=str(tmp_path / "o"), cnn="resnet18").validate()
     with pytest.raises(CocosError, match="unknown CNN"):
         _cfg(small, tmp_path / "o", cnn="resnet9").validate()
     with pytest.raises(CocosError, match="raw images train vsepp_full"):

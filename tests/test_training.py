@@ -32,7 +32,7 @@ def _cfg(data, out, **kw):
     base = dict(data=str(data), out=str(out), model="vsepp", loss="ntxent", epochs=3, lr=2e-3, lr_update=10,
                 batch_size=32, embed_size=32, word_dim=16, seed=0, device="cpu")
     base.update(kw)
-    return TrainConfig(**base)
+    return TrainConfig.of(**base)
 
 
 def test_training_beats_an_untrained_model_by_a_wide_margin(tiny, tmp_path):
@@ -83,6 +83,8 @@ def test_checkpoint_is_plain_data_and_rebuilds_the_model(tiny, tmp_path):
     trainer.fit()
     ckpt = torch.load(tmp_path / "r" / "model_best.pt", weights_only=True)
     assert ckpt["model"]["kind"] == "vsepp" and isinstance(ckpt["vocab"][0], str)
+    look = ckpt["loss"].pop("presentation")  # how reports show the loss: the checkpoint stands alone (#29)
+    assert look["label"] == "NT-Xent" and look["params"] == {"tau": 0.1}
     assert ckpt["loss"] == {"name": "ntxent", "params": {"tau": 0.1}, "compat": False}
     model, vocab = build_from_checkpoint(ckpt)
     split = PrecompSplit(tiny, "dev")

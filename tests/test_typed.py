@@ -48,7 +48,7 @@ def test_partial_records_check_only_what_they_hold():
 
 def test_the_typed_view_of_a_checkpoint_is_its_dict(tmp_path):
     data = make_synthetic(tmp_path / "d", n_train=40, n_dev=16, n_test=16, feature_dim=8, seed=3)
-    cfg = TrainConfig(data=str(data), out=str(tmp_path / "run"), loss="triplet", epochs=1, batch_size=16,
+    cfg = TrainConfig.of(data=str(data), out=str(tmp_path / "run"), loss="triplet", epochs=1, batch_size=16,
                       embed_size=8, word_dim=8, device="cpu", params={"margin": 0.3})
     Trainer(cfg, progress=False, log=lambda *a: None).fit()
     ckpt = load_checkpoint(tmp_path / "run" / "last.pt")

@@ -106,34 +106,17 @@ class EmbeddingSet:
 
     @classmethod
     def from_arrays(cls, images, captions, caption_image=None, device="cpu") -> EmbeddingSet:
-        images, captions = (x if torch.is_tensor(x) or isinstance(x, np.ndarray) else np.asarray(x)
-                            for x in (images, captions))
+        """Check ``images`` (N, d), ``captions`` (M, d) and ``caption_image`` (M integers in [0, N); default: the
+        captions in order, M / N per image) and normalise both sets on ``device`` (both float64 if either is)."""
+        images, captions = (_as_array(x) for x in (images, captions))
         for name, arr in (("images", images), ("captions", captions)):
-            kind = arr.dtype.kind if isinstance(arr, np.ndarray) else "b" if arr.dtype == torch.bool else (
-                "c" if arr.is_complex() else "f")
-            if kind not in "iuf":
-                raise CocosError(f"{name} must hold real numbers, got dtype {arr.dtype}")
-            if arr.ndim >= 1 and (arr.shape[0] == 0 or arr.shape[-1] == 0):
-                raise CocosError(f"{name} is empty (shape {tuple(arr.shape)})")
+            _check_real(name, arr)
         if images.ndim != 2 or captions.ndim != 2:
             raise CocosError(
                 f"expected images (N, d) and captions (M, d), got {tuple(images.shape)} "
                 f"and {tuple(captions.shape)}"
             )
-        n, m = images.shape[0], captions.shape[0]
-        if caption_image is None:
-            if m % n:
-                raise CocosError(
-                    f"{m} captions is not a multiple of {n} images; "
-                    "provide a caption_image array"
-                )
-            caption_image = np.arange(m) // (m // n)
-        caption_image = np.asarray(caption_image)
-        if caption_image.shape != (m,) or not np.issubdtype(caption_image.dtype, np.integer):
-            raise CocosError(f"caption_image must be {m} integers, got {caption_image.shape} "
-                             f"of {caption_image.dtype}")
-        if m and (caption_image.min() < 0 or caption_image.max() >= n):
-            raise CocosError(f"caption_image values must lie in [0, {n})")
+        caption_image = _caption_image(caption_image, images.shape[0], captions.shape[0])
         if images.shape[-1] != captions.shape[-1]:
             raise CocosError(f"images have dimension {images.shape[-1]} but captions have {captions.shape[-1]}")
         images, captions = normalised("images", images, device), normalised("captions", captions, device)
@@ -159,6 +142,47 @@ class EmbeddingSet:
             )
         order = np.argsort(self.caption_image, kind="stable")
         return order.reshape(self.n_images, counts[0])
+
+
+def _as_array(x):
+    """``x`` itself if it is a tensor or a numpy array, else ``np.asarray(x)``."""
+    return x if torch.is_tensor(x) or isinstance(x, np.ndarray) else np.asarray(x)
+
+
+def _dtype_kind(arr) -> str:
+    """The numpy kind letter of ``arr``'s dtype; for a tensor ``"b"`` (bool), ``"c"`` (complex) or ``"f"``."""
+    if isinstance(arr, np.ndarray):
+        return arr.dtype.kind
+    if arr.dtype == torch.bool:
+        return "b"
+    return "c" if arr.is_complex() else "f"
+
+
+def _check_real(name: str, arr) -> None:
+    """``arr`` holds real numbers (integer or float) and, if it has a dimension, no zero-length first or last one."""
+    if _dtype_kind(arr) not in "iuf":
+        raise CocosError(f"{name} must hold real numbers, got dtype {arr.dtype}")
+    if arr.ndim >= 1 and (arr.shape[0] == 0 or arr.shape[-1] == 0):
+        raise CocosError(f"{name} is empty (shape {tuple(arr.shape)})")
+
+
+def _caption_image(caption_image, n: int, m: int) -> np.ndarray:
+    """The image index of each of ``m`` captions over ``n`` images, checked: ``m`` integers in ``[0, n)``; by
+    default ``m // n`` consecutive captions per image (``m`` must then be a multiple of ``n``)."""
+    if caption_image is None:
+        if m % n:
+            raise CocosError(
+                f"{m} captions is not a multiple of {n} images; "
+                "provide a caption_image array"
+            )
+        caption_image = np.arange(m) // (m // n)
+    caption_image = np.asarray(caption_image)
+    if caption_image.shape != (m,) or not np.issubdtype(caption_image.dtype, np.integer):
+        raise CocosError(f"caption_image must be {m} integers, got {caption_image.shape} "
+                         f"of {caption_image.dtype}")
+    if m and (caption_image.min() < 0 or caption_image.max() >= n):
+        raise CocosError(f"caption_image values must lie in [0, {n})")
+    return caption_image
 
 
 @dataclass(frozen=True)
@@ -408,32 +432,14 @@ def count_embeddings(
     """
     params = params or {}
     objectives, counters, modes = _setup(losses, batch_size, compat, modes, params, eps, sweep_eps)
-    by_layout: dict[str, list] = defaultdict(list)
-    for o in objectives:
-        by_layout[o.layout].append(o)
-    plans = {layout: make_plan(emb, layout, batch_size, seed) for layout in ("pair", "ranking") if by_layout[layout]}
-
+    specs = _by_layout(objectives, counters)
+    plans = {layout: make_plan(emb, layout, batch_size, seed) for layout in specs}
     group = current() if group is None else group
     collect = _Collector(keep_per_query)
-    steps = {layout: batches_per_chunk(plan, chunk, emb.images.device,
-                           all(counters[o.name].chunk_invariant for o in by_layout[layout]))
-             for layout, plan in plans.items()}
-    mine = {layout: aligned_block(plan.n_batches, steps[layout], group) for layout, plan in plans.items()}  # whole
+    steps, mine = _blocks(plans, specs, chunk, emb.images.device, group)
     total = sum(len(r) for r in mine.values())
-    layouts: dict = {}  # the ranking layout, shared by the chunks
-    # no autograd bookkeeping: inference mode where no counter may need autograd (it skips the views' and version
-    # counters' bookkeeping too: measured 5% of counting), otherwise no_grad (counters that need gradients, the
-    # generic one, enable them themselves)
-    quiet = torch.no_grad() if any(c.autograd for c in counters.values()) else torch.inference_mode()
-    with quiet, progress_bar(total, "counting", enabled=progress and group.is_main) as advance:
-        for layout_name, plan in plans.items():
-            own, step = mine[layout_name], steps[layout_name]
-            for start in range(own.start, own.stop, step):
-                stop = min(start + step, own.stop)
-                _count_chunk(emb, plan.captions[start:stop], plan.images[start:stop], layout_name, batch_size,
-                             [(o, counters[o.name]) for o in by_layout[layout_name]], modes, sweep_eps, collect,
-                             layouts)
-                advance(stop - start)
+    with _quiet(counters), progress_bar(total, "counting", enabled=progress and group.is_main) as advance:
+        _count_plans(emb, plans, mine, steps, specs, batch_size, modes, sweep_eps, collect, advance)
     if group.active:
         collect.merge(gather_blocks(collect.parts(), group))
     batches, queries = collect.frames()
@@ -444,17 +450,50 @@ def count_embeddings(
                     batch_size=int(batch_size), seed=int(seed))
 
 
+def _by_layout(objectives, counters: dict) -> dict[str, list]:
+    """``{layout: [(spec, counter), ...]}`` for the layouts (pair, then ranking) of at least one spec, in the
+    specs' order."""
+    by_layout: dict[str, list] = defaultdict(list)
+    for o in objectives:
+        by_layout[o.layout].append((o, counters[o.name]))
+    return {layout: by_layout[layout] for layout in ("pair", "ranking") if by_layout[layout]}
+
+
+def _blocks(plans: dict, specs: dict, chunk: int, device, group) -> tuple[dict, dict]:
+    """Per layout: the batches counted together (:func:`batches_per_chunk`) and this rank's block of the plan's
+    batches (:func:`~cocos.distributed.aligned_block`: whole chunks)."""
+    steps = {layout: batches_per_chunk(plan, chunk, device, all(c.chunk_invariant for _, c in specs[layout]))
+             for layout, plan in plans.items()}
+    mine = {layout: aligned_block(plan.n_batches, steps[layout], group) for layout, plan in plans.items()}
+    return steps, mine
+
+
+def _quiet(counters: dict):
+    """No autograd bookkeeping while counting: inference mode where no counter may need autograd (it skips the
+    views' and version counters' bookkeeping too: measured 5% of counting), otherwise no_grad (counters that need
+    gradients, the generic one, enable them themselves)."""
+    return torch.no_grad() if any(c.autograd for c in counters.values()) else torch.inference_mode()
+
+
+def _count_plans(emb, plans: dict, mine: dict, steps: dict, specs: dict, batch_size, modes, sweep_eps, collect,
+                 advance) -> None:
+    """Count this rank's block ``mine[layout]`` of every layout's plan, ``steps[layout]`` batches at a time, with
+    the (spec, counter) pairs ``specs[layout]``, into ``collect``; ``advance`` is told each chunk's batches."""
+    layouts: dict = {}  # the ranking layout, shared by the chunks
+    for layout_name, plan in plans.items():
+        own, step = mine[layout_name], steps[layout_name]
+        for start in range(own.start, own.stop, step):
+            stop = min(start + step, own.stop)
+            _count_chunk(emb, plan.captions[start:stop], plan.images[start:stop], layout_name, batch_size,
+                         specs[layout_name], modes, sweep_eps, collect, layouts)
+            advance(stop - start)
+
+
 def _setup(losses, batch_size, compat, modes, params, eps, sweep_eps):
     """The specs, their counters and the counting modes of :func:`count_embeddings`, every argument checked."""
 
     objectives = [resolve(x) for x in (paper_names() if losses is None else list(losses))]
-    seen = [o.name for o in objectives]
-    if len(set(seen)) != len(seen):
-        raise CocosError(f"two losses share a name ({', '.join(seen)}); give each its own name")
-    for o in objectives:
-        if o.name in OBJECTIVES and OBJECTIVES[o.name] is not o:
-            raise CocosError(f"'{o.name}' is the name of a registered loss; give your loss another name "
-                             "(Objective(name=...) or the function's name)")
+    _check_names(objectives)
     modes = [mode_of(compat)] if modes is None else list(dict.fromkeys(modes))
     for m in modes:
         if m not in MODES:
@@ -468,6 +507,17 @@ def _setup(losses, batch_size, compat, modes, params, eps, sweep_eps):
     if unknown:
         raise CocosError(f"parameters given for losses not counted: {', '.join(unknown)}")
     return objectives, counters, modes
+
+
+def _check_names(objectives) -> None:
+    """Every loss counted has its own name, and none takes the name of a different registered loss."""
+    seen = [o.name for o in objectives]
+    if len(set(seen)) != len(seen):
+        raise CocosError(f"two losses share a name ({', '.join(seen)}); give each its own name")
+    for o in objectives:
+        if o.name in OBJECTIVES and OBJECTIVES[o.name] is not o:
+            raise CocosError(f"'{o.name}' is the name of a registered loss; give your loss another name "
+                             "(Objective(name=...) or the function's name)")
 
 
 @dataclass(frozen=True)
@@ -626,13 +676,7 @@ def _count_chunk(emb, cap, img, layout_name, batch_size, specs, modes, sweep_eps
     c, i = torch.as_tensor(cap, device=device), torch.as_tensor(img, device=device)
     images, captions = rows_of(emb.images, i), rows_of(emb.captions, c)
     scores = images @ captions.transpose(-1, -2)  # (nb, B, M)
-    layouts = {} if layouts is None else layouts
-    if (layout_name, c.shape[-1]) not in layouts:
-        caption_image = torch.arange(batch_size, device=device) if layout_name == "pair" else None
-        layouts[(layout_name, c.shape[-1])] = BatchLayout.build(batch_size, c.shape[-1], caption_image, device=device)
-    layout = layouts[(layout_name, c.shape[-1])]
-    if layout_name == "pair":  # the batches' images: the same-image pairs (the positives stay the layout's)
-        layout = layout.with_image_ids(i)
+    layout = _chunk_layout({} if layouts is None else layouts, layout_name, batch_size, c, i)
     intra = {}
     if any(getattr(counter, "needs_intra", False) for _, counter in specs):  # the queries' own similarities (IMC)
         intra = intra_similarities(images, captions)
@@ -641,21 +685,46 @@ def _count_chunk(emb, cap, img, layout_name, batch_size, specs, modes, sweep_eps
         views = shared
         if getattr(counter, "needs_embeddings", False):  # a whole-batch callable: views of its dL/dS
             views = _views(layout, counter.gradients(images, captions, layout.caption_image), modes, intra)
-        main_eps = counter.params().get("eps", np.nan) if o.uses_eps else np.nan
-        swept = []
-        if sweep_eps is not None and o.uses_eps:
-            swept = [e for e in dict.fromkeys(float(x) for x in sweep_eps) if e != main_eps]
+        main_eps, swept = _thresholds(o, counter, sweep_eps)
         for mode in modes:
             for d in DIRECTIONS:
                 result, at_eps = counter.count_sweep(views[(mode, d)], swept)
-                key = (o.name, d, mode)
-                collect.add_batch((*key, main_eps), {**result.batch, "n_excluded": result.n_excluded})
-                if collect.keep_queries:
-                    kind = result.item_kind or ("image" if d == "i2t" else "caption")
-                    # the dataset rows of the entries: images (i2t, or regrouped by image), else captions
-                    collect.add_queries((*key, kind), result.per_query, img if kind == "image" else cap)
-                for e, batch in at_eps.items():
-                    collect.add_batch((*key, e), batch)
+                _collect_view(collect, (o.name, d, mode), main_eps, result, at_eps, cap, img)
+
+
+def _chunk_layout(layouts: dict, layout_name: str, batch_size, c: torch.Tensor, i: torch.Tensor) -> BatchLayout:
+    """The :class:`~cocos.data.layout.BatchLayout` of a chunk with caption rows ``c`` and image rows ``i``: built
+    once per (layout, captions per batch) and kept in ``layouts``; the pair layout takes the batches' images (the
+    same-image pairs; the positives stay the layout's)."""
+    key = (layout_name, c.shape[-1])
+    if key not in layouts:
+        caption_image = torch.arange(batch_size, device=c.device) if layout_name == "pair" else None
+        layouts[key] = BatchLayout.build(batch_size, c.shape[-1], caption_image, device=c.device)
+    layout = layouts[key]
+    return layout.with_image_ids(i) if layout_name == "pair" else layout
+
+
+def _thresholds(o, counter, sweep_eps) -> tuple[float, list[float]]:
+    """A counter's own threshold (NaN where its spec uses none) and the other thresholds of the sweep, in order,
+    once each (none without a sweep or a threshold)."""
+    main_eps = counter.params().get("eps", np.nan) if o.uses_eps else np.nan
+    swept = []
+    if sweep_eps is not None and o.uses_eps:
+        swept = [e for e in dict.fromkeys(float(x) for x in sweep_eps) if e != main_eps]
+    return main_eps, swept
+
+
+def _collect_view(collect, key: tuple, main_eps: float, result, at_eps: dict, cap, img) -> None:
+    """Add one view's counts (``key`` = (loss, direction, mode)) to ``collect``: the batch statistics with
+    ``n_excluded`` at ``main_eps``, the per-query values (if kept) and the batch statistics at each swept
+    threshold."""
+    collect.add_batch((*key, main_eps), {**result.batch, "n_excluded": result.n_excluded})
+    if collect.keep_queries:
+        kind = result.item_kind or ("image" if key[1] == "i2t" else "caption")
+        # the dataset rows of the entries: images (i2t, or regrouped by image), else captions
+        collect.add_queries((*key, kind), result.per_query, img if kind == "image" else cap)
+    for e, batch in at_eps.items():
+        collect.add_batch((*key, e), batch)
 
 
 def batches_per_chunk(plan: BatchPlan, chunk: int, device, invariant: bool) -> int:

@@ -459,38 +459,57 @@ def _load_pickle_images(path: Path, split: str) -> ImageSplit:
 
 
 def _load_csv_images(path: Path, split: str) -> ImageSplit:
-    try:
-        with open(path, newline="", encoding="utf-8-sig") as fh:  # a byte-order mark (spreadsheets) is dropped
-            rows = list(csv.reader(fh))
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise CocosError(f"{path}: not a readable CSV file ({_first_line(exc)})") from None
-    header = [h.strip().lower() for h in rows[0]] if rows else []
-    if "image" not in header or "caption" not in header:
-        found = ", ".join(h if h.isprintable() else ascii(h) for h in header[:20])  # nothing hidden in the line
-        raise CocosError(f"{path}: needs a header row with columns image and caption, found {found or 'none'}")
-    col_img, col_cap = header.index("image"), header.index("caption")
+    """The split listed by the CSV file ``path``: a header row naming the columns ``image`` (a path relative to the
+    file's folder) and ``caption`` (any case, any order, other columns ignored), then one caption a row; blank rows
+    are skipped and an image listed again gets the caption too."""
+    rows = _read_csv_rows(path)
+    col_img, col_cap = _csv_columns(path, rows)
     root = path.parent
     index: dict[str, int] = {}
     names, paths, captions, caption_image = [], [], [], []
     for line, row in enumerate(rows[1:], start=2):
         if not any(cell.strip() for cell in row):
             continue
-        if len(row) <= max(col_img, col_cap) or not row[col_img].strip() or not row[col_cap].strip():
-            raise CocosError(f"{path}: line {line} lacks an image or a caption")
-        if "\0" in row[col_cap]:
-            raise CocosError(f"{path}: line {line}: the caption holds a NUL character (a binary or damaged file?)")
-        rel = row[col_img].strip()
+        rel, text = _csv_row(path, line, row, col_img, col_cap)
         if rel not in index:
             index[rel] = len(names)
             paths.append(_inside(root, rel, f"{path} line {line}"))
             names.append(str(root / rel))
-        captions.append(caption_text(row[col_cap]))
+        captions.append(caption_text(text))
         caption_image.append(index[rel])
     if not names:
         raise CocosError(f"{path}: the CSV file lists no images")
     _check_present(paths, names, path)
     return ImageSplit(source=path, split=split, layout="csv", captions=captions,
                       caption_image=np.array(caption_image), names=names, paths=paths)
+
+
+def _read_csv_rows(path: Path) -> list[list[str]]:
+    """Every row of the CSV file ``path`` (UTF-8; a byte-order mark, as spreadsheets write, is dropped)."""
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as fh:
+            return list(csv.reader(fh))
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise CocosError(f"{path}: not a readable CSV file ({_first_line(exc)})") from None
+
+
+def _csv_columns(path: Path, rows: list[list[str]]) -> tuple[int, int]:
+    """The indices of the ``image`` and ``caption`` columns of the header row (names stripped, any case)."""
+    header = [h.strip().lower() for h in rows[0]] if rows else []
+    if "image" not in header or "caption" not in header:
+        found = ", ".join(h if h.isprintable() else ascii(h) for h in header[:20])  # nothing hidden in the line
+        raise CocosError(f"{path}: needs a header row with columns image and caption, found {found or 'none'}")
+    return header.index("image"), header.index("caption")
+
+
+def _csv_row(path: Path, line: int, row: list[str], col_img: int, col_cap: int) -> tuple[str, str]:
+    """The image path (stripped) and the caption (as written) of a non-blank row; both must be there and the
+    caption must hold no NUL character."""
+    if len(row) <= max(col_img, col_cap) or not row[col_img].strip() or not row[col_cap].strip():
+        raise CocosError(f"{path}: line {line} lacks an image or a caption")
+    if "\0" in row[col_cap]:
+        raise CocosError(f"{path}: line {line}: the caption holds a NUL character (a binary or damaged file?)")
+    return row[col_img].strip(), row[col_cap]
 
 
 # -- dispatch --------------------------------------------------------------------------------

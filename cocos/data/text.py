@@ -265,26 +265,38 @@ def tokens_from_maps(path: str | os.PathLike, word2idx: object, idx2word: object
     for key, pairs in (("word2idx", [(i, w) for w, i in _dict(word2idx).items()]),
                        ("idx2word", list(_dict(idx2word).items()))):
         for raw_id, word in pairs:
-            idx_ = _as_id(raw_id)
-            if idx_ is None:
-                raise CocosError(f"{path}: '{key}' holds a non-integer id {_short(raw_id)}")
-            if not isinstance(word, str) or not word:
-                raise CocosError(f"{path}: '{key}' holds a word that is not a non-empty string: {_short(word)}")
-            if by_id.setdefault(idx_, word) != word:
-                raise CocosError(f"{path}: id {_short(idx_)} is given to both {_short(by_id[idx_])} and {_short(word)}")
+            _add_entry(path, key, by_id, raw_id, word)
     n = len(by_id)
     if sorted(by_id) != list(range(n)):
         raise CocosError(f"{path}: vocabulary ids are not 0..{n - 1} without gaps")
     if idx is not None and (isinstance(idx, bool) or idx != n):
         raise CocosError(f"{path}: 'idx' says {_short(idx)} words but the maps hold {n}")
     tokens = [by_id[i] for i in range(n)]
-    if len(set(tokens)) < n:
-        seen: dict[str, int] = {}
-        for i, tok in enumerate(tokens):
-            if tok in seen:
-                raise CocosError(f"{path}: vocabulary word {_short(tok)} has two ids ({seen[tok]}, {i})")
-            seen[tok] = i
+    _check_unique(path, tokens)
     return tokens
+
+
+def _add_entry(path, key: str, by_id: dict[int, str], raw_id: object, word: object) -> None:
+    """Record ``word`` under the id ``raw_id`` of the map ``key`` in ``by_id``: the id must be an id
+    (:func:`_as_id`), the word a non-empty string, and an id already recorded must have the same word."""
+    idx_ = _as_id(raw_id)
+    if idx_ is None:
+        raise CocosError(f"{path}: '{key}' holds a non-integer id {_short(raw_id)}")
+    if not isinstance(word, str) or not word:
+        raise CocosError(f"{path}: '{key}' holds a word that is not a non-empty string: {_short(word)}")
+    if by_id.setdefault(idx_, word) != word:
+        raise CocosError(f"{path}: id {_short(idx_)} is given to both {_short(by_id[idx_])} and {_short(word)}")
+
+
+def _check_unique(path, tokens: list[str]) -> None:
+    """Each word of ``tokens`` (in id order) once; the first repeated word is named with its first two ids."""
+    if len(set(tokens)) == len(tokens):
+        return
+    seen: dict[str, int] = {}
+    for i, tok in enumerate(tokens):
+        if tok in seen:
+            raise CocosError(f"{path}: vocabulary word {_short(tok)} has two ids ({seen[tok]}, {i})")
+        seen[tok] = i
 
 
 def read_scan_json_tokens(path: str | os.PathLike, data: bytes | None = None) -> list[str]:

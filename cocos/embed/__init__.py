@@ -31,6 +31,7 @@ from cocos.legacy import (
     load_any_checkpoint,
     read_checkpoint_file,
 )
+from cocos.models.registry import get_family
 from cocos.training.checkpoint import load_checkpoint
 from cocos.training.evaluate import encode_split, evaluate_model, tokenize_split
 from cocos.training.trainer import build_from_checkpoint, resolve_data
@@ -75,7 +76,7 @@ class FrozenModel:
                 converted = False
         else:
             ckpt, converted = load_any_checkpoint(checkpoint, vocab=vocab, data=data, trust=trust)
-        images = ckpt["model"]["kind"] == "vsepp_full"
+        images = get_family(ckpt["model"]["kind"]).input == "images"
         if images:
             folder = _image_data(ckpt, data, checkpoint)
         else:
@@ -140,7 +141,7 @@ def _image_data(ckpt: dict, data, checkpoint) -> Path:
                          f"{checkpoint}: its image dataset {path} is gone; pass --data")
     if not is_image_dataset(path):
         raise CocosError(f"{path}: not an image dataset (images/ and a dataset_*.json, {{split}}_set.p or a CSV "
-                         f"file list); {checkpoint} encodes raw images (model vsepp_full)")
+                         f"file list); {checkpoint} encodes raw images (model {ckpt['model']['kind']})")
     return path
 
 

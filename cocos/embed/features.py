@@ -535,9 +535,7 @@ def write_feature_cache(data: str | os.PathLike, out: str | os.PathLike, cnn: to
     """
     out = Path(out)
     check_sizes(resize, crop_size, batch_size, workers)
-    names = list(dict.fromkeys(_normalise_split(s) for s in splits))
-    if not names or any(s not in SPLITS for s in names):
-        raise CocosError(f"splits must be among train, dev (val), test; got {', '.join(map(str, splits))}")
+    names = _split_names(splits)
     with output_lock(out):
         check_output_dir(out, [data] + ([weights_file] if weights_file else []), overwrite)
         opened = [load_image_split(data, s, use_restval=use_restval) for s in names]
@@ -549,12 +547,7 @@ def write_feature_cache(data: str | os.PathLike, out: str | os.PathLike, cnn: to
                 "rows": {s.split: s.n_images for s in opened}}
         staging = _open_staging(out, plan)
         try:
-            done = {s.split: staging.open_rows(s.split, s.n_images, plan["dim"], plan["batch_size"]) for s in opened}
-            with progress_bar(sum(s.n_images for s in opened), "CNN features", enabled=progress) as advance:
-                advance(sum(done.values()))
-                for split in opened:
-                    _fill_split(cnn, split, staging, done, plan, workers=workers, device=device, advance=advance,
-                                on_batch=on_batch)
+            _fill(cnn, staging, opened, plan, workers=workers, device=device, progress=progress, on_batch=on_batch)
             manifest = _finish(staging, plan, opened, captions, weights_file)
         except CocosError:  # bad input (a corrupt image): a rerun needs other inputs, so nothing is kept
             if not interrupt_pending():
@@ -566,12 +559,39 @@ def write_feature_cache(data: str | os.PathLike, out: str | os.PathLike, cnn: to
             raise CocosError(f"{out}: cannot write ({exc.strerror or exc})") from None
         finally:
             staging.close()
-        try:
-            swap_into_place(staging.path, out)
-        except CocosError:
-            shutil.rmtree(staging.path, ignore_errors=True)  # its marker is gone: no later run would remove it
-            raise
+        _swap(staging, out)
     return manifest
+
+
+def _split_names(splits) -> list[str]:
+    """The requested splits, normalised (``val`` is ``dev``) and once each, in order; each must be one of
+    :data:`SPLITS` and at least one must be given."""
+    names = list(dict.fromkeys(_normalise_split(s) for s in splits))
+    if not names or any(s not in SPLITS for s in names):
+        raise CocosError(f"splits must be among train, dev (val), test; got {', '.join(map(str, splits))}")
+    return names
+
+
+def _fill(cnn, staging: _Staging, opened: list[ImageSplit], plan: dict, *, workers: int, device, progress: bool,
+          on_batch: Callable | None) -> None:
+    """Open every split's row file in ``staging`` and write the rows still missing, split by split, with one
+    progress bar over all rows (the rows already done counted at once)."""
+    done = {s.split: staging.open_rows(s.split, s.n_images, plan["dim"], plan["batch_size"]) for s in opened}
+    with progress_bar(sum(s.n_images for s in opened), "CNN features", enabled=progress) as advance:
+        advance(sum(done.values()))
+        for split in opened:
+            _fill_split(cnn, split, staging, done, plan, workers=workers, device=device, advance=advance,
+                        on_batch=on_batch)
+
+
+def _swap(staging: _Staging, out: Path) -> None:
+    """Move the finished staging folder to ``out``; if that fails, remove it (its marker is gone: no later run
+    would) and re-raise."""
+    try:
+        swap_into_place(staging.path, out)
+    except CocosError:
+        shutil.rmtree(staging.path, ignore_errors=True)
+        raise
 
 
 def _finish(staging: _Staging, plan: dict, opened: list[ImageSplit], captions: dict, weights_file) -> dict:

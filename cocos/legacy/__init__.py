@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import re
 from pathlib import Path
 
 import torch
@@ -45,7 +44,8 @@ from cocos.data.text import read_vocab_tokens
 from cocos.defaults import DEFAULT_MARGIN, DEFAULT_TAU_NTXENT, DEFAULT_TAU_SMOOTHAP
 from cocos.errors import CocosError
 from cocos.models import build_model
-from cocos.models.cnn import CNN_TYPES, build_cnn, check_cnn_state, strip_classifier
+from cocos.models.original import _cnn_key, gru_tensors, map_full_image  # noqa: F401  (re-exported)
+from cocos.models.registry import families
 from cocos.objectives import get_loss
 from cocos.safeload import UnsafeCheckpointError, first_line, load_torch_file
 from cocos.training.checkpoint import FORMAT, load_checkpoint
@@ -122,15 +122,11 @@ def convert_checkpoint(raw: dict, path: str | os.PathLike, vocab: str | os.PathL
     _refuse_unrepresentable(opt, path)
     img_sd = _state_dict(raw["model"][0], path, "image encoder")
     txt_sd = _state_dict(raw["model"][1], path, "text encoder")
-    kind = _image_kind(img_sd, opt, path)
+    family = _image_family(img_sd, opt, path)
+    kind = family.name
 
     state, hparams = _map_text(txt_sd, path)
-    if kind == "vsrn":
-        img_state, img_hparams = _map_vsrn_image(img_sd, path, opt)
-    elif kind == "vsepp_full":
-        img_state, img_hparams = map_full_image(img_sd, path, opt)
-    else:
-        img_state, img_hparams = _map_vsepp_image(img_sd, path)
+    img_state, img_hparams = family.original.convert(img_sd, path, opt)
     state.update(img_state)
     hparams = {**img_hparams, **hparams}
     if img_hparams["embed_size"] != hparams["embed_size"]:
@@ -156,7 +152,7 @@ def convert_checkpoint(raw: dict, path: str | os.PathLike, vocab: str | os.PathL
     if not folder.is_dir():
         raise CocosError(f"{folder}: no such data folder")
     k = int(k if k is not None else _int(opt, "k", 5, path, minimum=1))
-    feature_shape = _feature_shape(kind, folder, k, hparams, path)
+    feature_shape = _feature_shape(family, folder, k, hparams, path)
 
     loss_name, loss_params = loss_from_opt(opt, path)
     batch_size = _int(opt, "batch_size", 128, path, minimum=1)
@@ -167,7 +163,7 @@ def convert_checkpoint(raw: dict, path: str | os.PathLike, vocab: str | os.PathL
         # the published losses count same-image pairs of a batch as negatives: compat
         "loss": {"name": loss_name, "params": loss_params, "compat": True},
         "data": {"path": str(folder.resolve()), "fingerprint": data_fingerprint(folder), "k": k,
-                 "feature_shape": feature_shape, **({"input": "images"} if kind == "vsepp_full" else {})},
+                 "feature_shape": feature_shape, **({"input": "images"} if family.input == "images" else {})},
         "train": {"model": kind, "loss": loss_name, "data": str(folder.resolve()), "k": k,
                   "batch_size": batch_size, "epochs": _int(opt, "num_epochs", None, path, minimum=1),
                   "lr": _float(opt, "learning_rate", path), "lr_update": _int(opt, "lr_update", None, path, minimum=1),
@@ -179,27 +175,26 @@ def convert_checkpoint(raw: dict, path: str | os.PathLike, vocab: str | os.PathL
         "metrics": {},
         "best_rsum": _float(raw, "best_rsum", path, where="checkpoint"),
         "history": [],
-        "legacy": {"file": str(path), "code": "vsrn" if kind == "vsrn" else "vsepp", "opt": _plain(opt),
+        "legacy": {"file": str(path), "code": family.original.code, "opt": _plain(opt),
                    "vocab": str(vocab), "note": "best_rsum is the original code's validation score"},
     }
 
 
-def _feature_shape(kind: str, folder: Path, k: int, hparams: dict, path: Path) -> list[int]:
-    """What the model reads per image: a precomputed folder's feature shape, checked against the model;
-    for a raw-image model (``vsepp_full``) the CNN's pooled feature ``[d]`` (what a feature cache holds)."""
+def _feature_shape(family, folder: Path, k: int, hparams: dict, path: Path) -> list[int]:
+    """What the model reads per image: a precomputed folder's feature shape, checked against the model (one vector
+    or regions per image, as the original encoder took them); for a raw-image model the CNN's pooled feature ``[d]``
+    (what a feature cache holds)."""
 
-    if kind == "vsepp_full":
-
+    if family.input == "images":
         with torch.device("meta"):
-            return [int(strip_classifier(build_cnn(hparams["cnn_type"])).out_dim)]
+            return [int(family.build(**hparams).img_dim)]
     feature_shape = list(PrecompSplit(folder, "train", k=k).feature_shape)
-    if kind == "vsrn" and len(feature_shape) != 2:
-        raise CocosError(f"{path}: a VSRN model needs region features (N, R, {hparams['img_dim']}); {folder} has "
-                         f"features of shape (N, {', '.join(map(str, feature_shape))})")
-    if kind == "vsepp" and len(feature_shape) != 1:
-        raise CocosError(f"{path}: a VSE++ EncoderImagePrecomp takes one feature vector per image (N, "
-                         f"{hparams['img_dim']}); {folder} has region features (N, "
-                         f"{', '.join(map(str, feature_shape))})")
+    rank = family.original.feature_rank
+    if rank is not None and len(feature_shape) != rank:
+        needs = (f"region features (N, R, {hparams['img_dim']})" if rank == 2
+                 else f"one feature vector per image (N, {hparams['img_dim']})")
+        raise CocosError(f"{path}: a {family.original.encoder} takes {needs}; {folder} has features of shape "
+                         f"(N, {', '.join(map(str, feature_shape))})")
     if feature_shape[-1] != hparams["img_dim"]:
         raise CocosError(f"{path}: the model takes {hparams['img_dim']}-d image features but {folder} has "
                          f"{feature_shape[-1]}-d ones")
@@ -242,20 +237,24 @@ def _refuse_unrepresentable(opt: dict, path: Path) -> None:
                          "L2-normalised embeddings (its similarities are cosines)")
 
 
-def _image_kind(sd: dict, opt: dict, path: Path) -> str:
-    """``vsepp_full`` (CNN weights ``cnn.*``, raw images), ``vsrn`` or ``vsepp``; the run's ``data_name`` and
-    ``finetune`` must agree with the weights."""
+def _image_family(sd: dict, opt: dict, path: Path):
+    """The registered family whose original image encoder the weights are (:class:`cocos.models.family.
+    OriginalImage`); the run's ``data_name`` and ``finetune`` must agree with the weights."""
     data_name = opt.get("data_name")
     raw = data_name is not None and not str(data_name).endswith("_precomp")
-    if any(key.startswith("cnn.") for key in sd) and (raw or data_name is None):
-        return "vsepp_full"  # with data_name *_precomp, the precomputed-feature mapping refuses the cnn.* weights
+    found = [f for f in families() if f.original is not None and f.original.matches(sd, opt)]
+    if found and found[0].input == "images":
+        return found[0]
     if raw:
         raise CocosError(f"{path}: trained on raw images (data_name {str(data_name)!r}) but the image encoder "
                          "holds no CNN weights (cnn.*)")
     if _bool(opt.get("finetune")):
         raise CocosError(f"{path}: trained with finetune (a CNN image encoder) but the image encoder holds no "
                          "CNN weights (cnn.*)")
-    return "vsrn" if any(key.startswith(("Rs_GCN_", "img_rnn.")) for key in sd) else "vsepp"
+    if not found:
+        raise CocosError(f"{path}: the image encoder is none that cocos imports "
+                         f"({', '.join(f.original.encoder for f in families() if f.original is not None)})")
+    return found[0]
 
 
 def opt_dict(raw: dict, path: Path) -> dict:
@@ -278,28 +277,10 @@ def _state_dict(obj: object, path: Path, what: str) -> dict[str, torch.Tensor]:
     return {k.removeprefix("module."): v for k, v in obj.items()}  # DataParallel prefixes
 
 
-def _gru(sd: dict, prefix: str, path: Path, what: str) -> tuple[dict, int, int, int]:
-    """A GRU's tensors under ``prefix``: ``(tensors, layers, input size, hidden size)``; refuses other RNNs."""
-    keys = [k for k in sd if k.startswith(prefix)]
-    if any(k.endswith("_reverse") for k in keys):
-        raise CocosError(f"{path}: the {what} GRU is bidirectional; cocos models have a one-directional GRU")
-    layers = sum(1 for k in keys if re.fullmatch(re.escape(prefix) + r"weight_ih_l\d+", k))
-    if not layers or f"{prefix}weight_hh_l0" not in sd:
-        raise CocosError(f"{path}: the {what} lacks its GRU ({prefix}weight_ih_l0)")
-    w_ih, w_hh = sd[f"{prefix}weight_ih_l0"], sd[f"{prefix}weight_hh_l0"]
-    if w_ih.dim() != 2 or w_hh.dim() != 2:
-        raise CocosError(f"{path}: {prefix}weight_ih_l0 is not a matrix")
-    hidden = int(w_hh.shape[1])
-    if w_ih.shape[0] != 3 * hidden:
-        raise CocosError(f"{path}: the {what} RNN has {w_ih.shape[0]} gate rows for hidden size {hidden}; "
-                         "cocos models take a GRU (3 gates), not an LSTM or plain RNN")
-    return {k: sd[k] for k in keys}, layers, int(w_ih.shape[1]), hidden
-
-
 def _map_text(sd: dict, path: Path) -> tuple[dict, dict]:
     if "embed.weight" not in sd or sd["embed.weight"].dim() != 2:
         raise CocosError(f"{path}: the text encoder lacks its word embedding (embed.weight)")
-    gru, layers, word_dim, embed = _gru(sd, "rnn.", path, "text encoder")
+    gru, layers, word_dim, embed = gru_tensors(sd, "rnn.", path, "text encoder")
     extra = sorted(set(sd) - set(gru) - {"embed.weight"})
     if extra:
         raise CocosError(f"{path}: the text encoder holds unexpected weights ({', '.join(extra[:3])}); "
@@ -312,123 +293,6 @@ def _map_text(sd: dict, path: Path) -> tuple[dict, dict]:
     hparams = {"vocab_size": int(rows), "word_dim": int(cols), "embed_size": embed}
     if layers != 1:
         hparams["num_layers"] = layers
-    return state, hparams
-
-
-def _linear(sd: dict, prefix: str, path: Path) -> tuple[torch.Tensor, torch.Tensor]:
-    if f"{prefix}weight" not in sd or f"{prefix}bias" not in sd:
-        raise CocosError(f"{path}: the image encoder lacks {prefix}weight / {prefix}bias")
-    weight = sd[f"{prefix}weight"]
-    if weight.dim() == 3 and weight.shape[-1] == 1:  # Conv1d with kernel size 1
-        weight = weight[..., 0]
-    if weight.dim() != 2:
-        raise CocosError(f"{path}: {prefix}weight has shape {tuple(sd[f'{prefix}weight'].shape)}; expected a "
-                         "linear map or a 1x1 convolution")
-    return weight, sd[f"{prefix}bias"]
-
-
-def _cnn_key(key: str) -> str:
-    """``cnn.module.layer1.0.conv1.weight`` -> ``layer1.0.conv1.weight``; ``cnn.features.module.0.weight`` ->
-    ``features.0.weight`` (VSE++ wraps a ResNet, but only a VGG's ``features``, in DataParallel)."""
-    return ".".join(part for part in key.removeprefix("cnn.").split(".") if part != "module")
-
-
-def map_full_image(sd: dict, path: Path, opt: dict) -> tuple[dict, dict]:
-    """VSE++ ``EncoderImageFull``: the CNN of ``opt.cnn_type`` (classifier stripped) and ``fc``."""
-
-    cnn_type = opt.get("cnn_type", "vgg19")  # VSE++'s default
-    if cnn_type not in CNN_TYPES:
-        raise CocosError(f"{path}: trained with cnn_type {cnn_type!r}, which cocos does not support "
-                         f"({', '.join(CNN_TYPES)})")
-    extra = sorted(k for k in sd if not k.startswith(("cnn.", "fc.")))
-    if extra:
-        raise CocosError(f"{path}: the image encoder holds weights other than cnn and fc ({', '.join(extra[:3])}); "
-                         "cocos imports VSE++'s EncoderImageFull")
-    cnn = {_cnn_key(k): v for k, v in sd.items() if k.startswith("cnn.")}
-    if "classifier.1.weight" in cnn:  # torchvision before pytorch/vision@989d52a, as VSE++'s load_state_dict
-        for old, new in (("1", "0"), ("4", "3")):
-            for name in ("weight", "bias"):
-                if f"classifier.{old}.{name}" in cnn:
-                    cnn[f"classifier.{new}.{name}"] = cnn.pop(f"classifier.{old}.{name}")
-    with torch.device("meta"):
-        trunk = strip_classifier(build_cnn(cnn_type))
-    for key in trunk.state_dict():  # BatchNorm of torch < 0.4.1 (the original VSE++ runs) lacks the counter
-        if key.endswith(".num_batches_tracked") and key not in cnn and key.replace("num_batches_tracked",
-                                                                                   "running_mean") in cnn:
-            cnn[key] = torch.tensor(0, dtype=torch.long)
-    check_cnn_state(cnn, {k: tuple(v.shape) for k, v in trunk.state_dict().items()},
-                    f"{path}: the image encoder's CNN", cnn_type)
-    weight, bias = _linear(sd, "fc.", path)
-    state = {f"cnn.{k}": v for k, v in cnn.items()}
-    state.update({"fc.weight": weight, "fc.bias": bias})
-    return state, {"cnn_type": cnn_type, "embed_size": int(weight.shape[0]), "finetune": _bool(opt.get("finetune"))}
-
-
-def _map_vsepp_image(sd: dict, path: Path) -> tuple[dict, dict]:
-    extra = sorted(set(sd) - {"fc.weight", "fc.bias"})
-    if extra:
-        raise CocosError(f"{path}: the image encoder holds weights other than fc ({', '.join(extra[:3])}); cocos "
-                         "imports VSE++'s EncoderImagePrecomp (precomputed features)")
-    weight, bias = _linear(sd, "fc.", path)
-    return ({"fc.weight": weight, "fc.bias": bias},
-            {"img_dim": int(weight.shape[1]), "embed_size": int(weight.shape[0])})
-
-
-_BN = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
-
-
-def _batchnorm(sd: dict, src: str, dst: str, path: Path) -> dict:
-    out = {}
-    for name in _BN:
-        if f"{src}{name}" in sd:
-            out[f"{dst}{name}"] = sd[f"{src}{name}"]
-        elif name == "num_batches_tracked":  # state dicts of torch < 0.4.1 lack it
-            out[f"{dst}{name}"] = torch.tensor(0, dtype=torch.long)
-        else:
-            raise CocosError(f"{path}: the image encoder lacks {src}{name}")
-    return out
-
-
-def _map_vsrn_image(sd: dict, path: Path, opt: dict) -> tuple[dict, dict]:
-    state, used = {}, set()
-    weight, bias = _linear(sd, "fc.", path)
-    state.update({"fc.weight": weight, "fc.bias": bias})
-    used |= {"fc.weight", "fc.bias"}
-    blocks = sorted({int(m.group(1)) for k in sd if (m := re.match(r"Rs_GCN_(\d+)\.", k))})
-    if blocks != list(range(1, len(blocks) + 1)):
-        raise CocosError(f"{path}: the image encoder's graph-reasoning blocks are numbered {blocks}, "
-                         "expected Rs_GCN_1..n")
-    for i in blocks:
-        src, dst = f"Rs_GCN_{i}.", f"gcn.{i - 1}."
-        if f"{src}W.weight" in sd:
-            raise CocosError(f"{path}: {src}W has no BatchNorm (bn_layer=False); cocos's RsGCN keeps VSRN's "
-                             "BatchNorm")
-        for name in ("g", "theta", "phi"):
-            w, b = _linear(sd, f"{src}{name}.", path)
-            state.update({f"{dst}{name}.weight": w, f"{dst}{name}.bias": b})
-        w, b = _linear(sd, f"{src}W.0.", path)
-        state.update({f"{dst}W.weight": w, f"{dst}W.bias": b})
-        state.update(_batchnorm(sd, f"{src}W.1.", f"{dst}bn.", path))
-        used |= {k for k in sd if k.startswith(src)}
-    gru, layers, _, _ = _gru(sd, "img_rnn.", path, "image encoder")
-    if layers != 1:
-        raise CocosError(f"{path}: the image GRU has {layers} layers; VSRN's has one")
-    state.update(gru)
-    used |= set(gru)
-    final_bn = any(k.startswith("bn.") for k in sd)
-    if final_bn:
-        state.update(_batchnorm(sd, "bn.", "bn.", path))
-        used |= {k for k in sd if k.startswith("bn.")}
-    extra = sorted(set(sd) - used)
-    if extra:
-        raise CocosError(f"{path}: the image encoder holds unexpected weights ({', '.join(extra[:3])}); cocos "
-                         "imports VSRN's EncoderImagePrecompAttn")
-    hparams = {"img_dim": int(weight.shape[1]), "embed_size": int(weight.shape[0]), "n_gcn": len(blocks),
-               "final_bn": final_bn, "norm_over_regions": True}  # VSRN's l2norm sums over dim 1 of (n, R, E)
-    # The VSRN code with the final BatchNorm skips the l2norm after fc for data_name 'f30k_precomp'
-    # (KunpengLi1994/VSRN and the reproducibility repository); without it, fc is always normalised.
-    if final_bn and opt.get("data_name") == "f30k_precomp":
-        hparams["fc_norm"] = False
     return state, hparams
 
 

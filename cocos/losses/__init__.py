@@ -2,7 +2,10 @@
 :class:`~cocos.data.layout.QueryView`), its closed-form counter and its spec (an
 :class:`~cocos.losses.spec.Objective`: label, statistics, paper table, colour, notes), over the shared core
 :mod:`cocos.losses.functional` (the maths every loss and its counter share),
-:mod:`cocos.losses.counts` (what a count is, companions, aggregation) and :mod:`cocos.losses.spec`.
+:mod:`cocos.losses.counts` (what a count is, companions, aggregation), :mod:`cocos.losses.reducers` (a
+family's terms reduced to a loss or a count: the closed-form counter of hinge-like terms),
+:mod:`cocos.losses.kernels` (faster computations of the same bits, apart from the maths) and
+:mod:`cocos.losses.spec`.
 
 ``triplet`` (Triplet, Triplet SH), ``ntxent``, ``smoothap``, ``goal`` (GOAL's weights, designed
 gradients and counter), ``imc`` (Triplet SH with intra-modal constraints), ``generic`` (the autograd

@@ -48,13 +48,34 @@ class ContrastiveLoss(nn.Module):
         """The loss of one direction (a :class:`QueryView`), with this loss's parameters."""
         return self.objective.direction_loss(view, **self._params)
 
+    def direction_parts(self, view) -> dict[str, torch.Tensor]:
+        """The named parts of one direction's loss (the family's ``parts``; one part ``"L_con"`` without)."""
+        if self.objective.parts is None:
+            return {"L_con": self.direction_loss(view)}
+        return dict(self.objective.parts(view, **self._params))
+
+    def views(self, images, captions, caption_image=None, image_ids=None) -> list:
+        """The batch's i2t and t2i :class:`~cocos.data.layout.QueryView` (with this loss's compat mode)."""
+        scores, layout = batch_similarity(images, captions, caption_image, image_ids, check=False)
+        intra = intra_similarities(images, captions) if self.objective.needs_intra else {}
+        return [layout.view(scores, d, self.compat, intra=intra.get(d)) for d in DIRECTIONS]
+
     def forward(self, images, captions, caption_image=None, image_ids=None) -> torch.Tensor:
         if self.objective.direction_loss is None:
             return self.objective.batch_loss(images, captions, caption_image)
-        scores, layout = batch_similarity(images, captions, caption_image, image_ids, check=False)
-        intra = intra_similarities(images, captions) if self.objective.needs_intra else {}
-        i2t, t2i = (self.direction_loss(layout.view(scores, d, self.compat, intra=intra.get(d))) for d in DIRECTIONS)
+        i2t, t2i = (self.direction_loss(view) for view in self.views(images, captions, caption_image, image_ids))
         return self.objective.combine_directions(i2t, t2i)
+
+    def named_terms(self, images, captions, caption_image=None, image_ids=None) -> dict[str, torch.Tensor]:
+        """The loss as named scalar parts (as open_clip's ``output_dict``), each combined over the two directions
+        as the family combines them, so that they add up to :meth:`forward`'s value (bit for bit for a family of
+        one part, ``{"L_con": ...}``; up to the rounding of the order of additions for several: IMC's
+        ``{"L_con": Triplet SH, "L_intra": lam * (IMC(images) + IMC(captions))}``). A whole-batch callable is one
+        part."""
+        if self.objective.direction_loss is None:
+            return {"L_con": self.objective.batch_loss(images, captions, caption_image)}
+        i2t, t2i = (self.direction_parts(view) for view in self.views(images, captions, caption_image, image_ids))
+        return {name: self.objective.combine_directions(i2t[name], t2i[name]) for name in i2t}
 
     def extra_repr(self) -> str:
         return ", ".join([f"name={self.name}", *(f"{k}={v}" for k, v in self._params.items())])

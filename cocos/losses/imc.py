@@ -11,8 +11,10 @@ never lie in the band).
 
 Each direction carries one modality's term: i2t the images' (its queries), t2i the
 captions'; the views get the queries' intra-modal similarities (``QueryView.intra``).
-The counter reports the cross-modal count (as Triplet SH) and, per query, the number
-of in-band intra-modal negatives ``C_intra``.
+The counter reports the cross-modal count (as Triplet SH: the count of
+:func:`~cocos.losses.functional.triplet_sh_terms` above 0) and, per query, the number
+of in-band intra-modal negatives ``C_intra``. The loss's named parts (:func:`imc_parts`) are
+``L_con`` (Triplet SH) and ``L_intra`` (the intra-modal terms).
 """
 
 from __future__ import annotations
@@ -52,12 +54,22 @@ def imc_term(intra: torch.Tensor, mu_down: float, mu_up: float) -> torch.Tensor:
     return (intra * band).sum() / intra.shape[-1]
 
 
-def imc_direction(view: QueryView, margin: float = DEFAULT_MARGIN, lam: float = 1.0, mu_down: float = 0.05,
-                  mu_up: float = 0.5) -> torch.Tensor:
-    """Triplet SH of the direction plus λ times the intra-modal term of its queries' modality."""
+def imc_parts(view: QueryView, margin: float = DEFAULT_MARGIN, lam: float = 1.0, mu_down: float = 0.05,
+              mu_up: float = 0.5) -> dict[str, torch.Tensor]:
+    """The direction loss's two parts: ``L_con``, Triplet SH of the direction, and ``L_intra``, λ times the
+    intra-modal term of its queries' modality."""
     if view.intra is None:
         raise CocosError("the IMC loss needs the intra-modal similarities of the batch (QueryView.intra)")
-    return triplet_direction(view, margin, hardest=True) + lam * imc_term(view.intra, mu_down, mu_up)
+    return {"L_con": triplet_direction(view, margin, hardest=True),
+            "L_intra": lam * imc_term(view.intra, mu_down, mu_up)}
+
+
+def imc_direction(view: QueryView, margin: float = DEFAULT_MARGIN, lam: float = 1.0, mu_down: float = 0.05,
+                  mu_up: float = 0.5) -> torch.Tensor:
+    """Triplet SH of the direction plus λ times the intra-modal term of its queries' modality (the sum of
+    :func:`imc_parts`)."""
+    parts = imc_parts(view, margin, lam, mu_down, mu_up)
+    return parts["L_con"] + parts["L_intra"]
 
 
 class IMCCounter(Counter):
@@ -90,7 +102,7 @@ class IMCCounter(Counter):
 
 IMC = Objective(
     name="imc", label="IMC", layout="pair", direction_loss=imc_direction, defaults=DEFAULTS, combine="sum",
-    counter=IMCCounter, stats=("C_q", "C_B", "C_0", "C_intra"), main_stat="C_q", table=None, color="#8c564b",
-    marker="P", check=check, needs_intra=True, distributions=("C_intra",),
+    parts=imc_parts, counter=IMCCounter, stats=("C_q", "C_B", "C_0", "C_intra"), main_stat="C_q", table=None,
+    color="#8c564b", marker="P", check=check, needs_intra=True, distributions=("C_intra",),
     description="Triplet SH plus lam x in-band intra-modal similarities (Chen et al.)",
 )

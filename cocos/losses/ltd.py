@@ -23,17 +23,12 @@ gradient ascent); while λ is inside ``(0, 100)`` both are the same.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
-from cocos.errors import CocosError
+from cocos.losses.ltd_config import BETA, ETA, MODES, LTDConfig  # noqa: F401  (re-exported)
 
-MODES = ("constraint", "dual")
 HIDDEN = 1024
-ETA = 0.2
-BETA = 1.0
 LAMBDA_INIT = 1.0
 LAMBDA_RANGE = (0.0, 100.0)
 LAMBDA_SGD = {"lr": 5e-3, "momentum": 0.9, "dampening": 0.9}
@@ -77,24 +72,6 @@ class LagrangeMultiplier(nn.Module):
 
     def __float__(self) -> float:
         return float(self.value.detach())
-
-
-@dataclass(frozen=True)
-class LTDConfig:
-    """What ``cocos train --ltd`` adds: the mode, its bound ``η`` or weight ``β``, and where the targets come from."""
-
-    mode: str = "constraint"
-    eta: float = ETA
-    beta: float = BETA
-    targets: str | None = None  # a user's .npy (one row per training caption); None = all-MiniLM-L6-v2
-
-    def validate(self) -> None:
-        if self.mode not in MODES:
-            raise CocosError(f"unknown --ltd-mode '{self.mode}' (choose from {', '.join(MODES)})")
-        if not 0 < self.eta < float("inf"):  # NaN fails too
-            raise CocosError(f"--ltd-eta must be a positive number, got {self.eta}")
-        if not self.beta >= 0 or self.beta == float("inf"):
-            raise CocosError(f"--ltd-beta must be a non-negative number, got {self.beta}")
 
 
 class LatentTargetDecoding(nn.Module):

@@ -13,21 +13,9 @@ import torch
 from cocos.data.layout import QueryView
 from cocos.defaults import DEFAULT_TAU_NTXENT
 from cocos.errors import check_params
-from cocos.losses.counts import (
-    COMPANIONS,
-    DEFAULT_EPS,
-    Count,
-    Counter,
-    companion_rows,
-    companions,
-    nanmean,
-    per_query,
-    per_view,
-    positives,
-    thresholded_sums_stacked,
-    view_key,
-)
+from cocos.losses.counts import COMPANIONS, DEFAULT_EPS, Count, Counter, companion_rows, companions, nanmean
 from cocos.losses.functional import ntxent_direction, ntxent_log_probs
+from cocos.losses.kernels import per_query, per_view, positives, thresholded_sums_stacked, view_key
 from cocos.losses.spec import Note, Objective
 
 
@@ -99,10 +87,10 @@ class NTXentCounter(Counter):
 
     def count_sweep(self, view: QueryView, eps_values=()) -> tuple[Count, dict[float, dict[str, torch.Tensor]]]:
         """One softmax for the count and every threshold; the counts and weights at the counter's own threshold
-        and every other by :func:`~cocos.losses.counts.thresholded_sums` (only rows with negatives on both sides
+        and every other by :func:`~cocos.losses.kernels.thresholded_sums` (only rows with negatives on both sides
         of a threshold are summed again, bit for bit the sums of :meth:`count`); ``W_qv+`` does not depend on
         ``eps``. Per-query values are shared by views that differ in a few rows
-        (:func:`~cocos.losses.counts.per_query`). Equal to ``count`` (without its weights: the engine's entry
+        (:func:`~cocos.losses.kernels.per_query`). Equal to ``count`` (without its weights: the engine's entry
         point) and ``sweep``."""
         thresholds = (self.eps, *(float(e) for e in eps_values))
         rows = per_query(view, ("ntxent", self.tau, thresholds), lambda v: self._per_query(v, thresholds),

@@ -21,22 +21,15 @@ import torch
 from cocos.data.layout import QueryView
 from cocos.defaults import DEFAULT_TAU_SMOOTHAP
 from cocos.errors import check_params
-from cocos.losses.counts import (
-    DEFAULT_EPS,
-    Count,
-    Counter,
-    companion_values,
-    companions,
+from cocos.losses.counts import DEFAULT_EPS, Count, Counter, companion_values, companions, nanmeans
+from cocos.losses.functional import SIGMOID_CLAMP, smoothap_direction
+from cocos.losses.kernels import (
     counts_above_summed,
-    nanmeans,
     per_view,
     positives,
-    view_key,
-)
-from cocos.losses.functional import (
-    smoothap_direction,
     smoothap_pair_weights,
     vectorised_whole,
+    view_key,
 )
 from cocos.losses.spec import Note, Objective
 
@@ -82,7 +75,7 @@ class SmoothAPCounter(Counter):
         ``n`` is ``Q`` except in the published t2i layout, where only the first ``ceil(K / k)`` caption queries
         have an anchor row ``< K`` (26 of 640 at batch 128): only those are computed, with every sigmoid in the
         vectorised loop, bit for bit what the whole tensor gives where it is tail-free
-        (:func:`~cocos.losses.functional.vectorised_whole`; otherwise the whole tensor is computed)."""
+        (:func:`~cocos.losses.kernels.vectorised_whole`; otherwise the whole tensor is computed)."""
         rows, valid, divisor = self.anchors(view)
         scores = view.scores
         candidates = view.candidates if view.excludes_any() else None  # None: every pair is a candidate
@@ -94,7 +87,7 @@ class SmoothAPCounter(Counter):
                 n = first
                 scores, rows, valid = (x[..., :n, :] for x in (scores, rows, valid))
                 candidates = None if candidates is None else candidates[..., :n, :]
-        w = smoothap_pair_weights(scores, rows, valid, candidates, self.tau, vectorised=n < q)
+        w = smoothap_pair_weights(scores, rows, valid, candidates, self.tau, SIGMOID_CLAMP, vectorised=n < q)
         return w, divisor, n
 
     def _count(
@@ -156,7 +149,7 @@ class SmoothAPCounter(Counter):
 
     def count_sweep(self, view: QueryView, eps_values=()) -> tuple[Count, dict[float, dict[str, torch.Tensor]]]:
         """The pair weights once for the count and every threshold; the thresholds' counts in one pass
-        (:func:`~cocos.losses.counts.counts_above_summed`). Equal to ``count`` (without its weights: the engine's
+        (:func:`~cocos.losses.kernels.counts_above_summed`). Equal to ``count`` (without its weights: the engine's
         entry point) and ``sweep``."""
         # the published t2i anchors differ from the corrected ones; otherwise equal views (both modes of a
         # ranking batch, which has no same-image pairs) share one computation, the modes differing only in

@@ -4,9 +4,11 @@ An :class:`Objective` holds the family's name and label, its batch layout (pair 
 ranking, definitions file "Notation"), its default hyper-parameters, the maths of
 one direction of its training loss (a function of a
 :class:`~cocos.data.layout.QueryView`, shared with its counter), how the two
-directions combine, its closed-form counter (or none: then the generic autograd
-counter counts it), the statistics the paper reports and the main one, the paper
-table it belongs to, its colour in figures and the notes its table needs. Each family
+directions combine, its closed-form counter (or its hinge-like ``terms``, counted in closed form by
+:class:`~cocos.losses.reducers.TermsCounter`; or neither: then the generic autograd counter counts it), the
+named parts of its loss, the statistics the paper reports and the main one, the paper
+table it belongs to, its colour in figures and the notes its table needs; the last seven are what reports show,
+one :class:`~cocos.presentation.Presentation` value (:meth:`Objective.presentation`). Each family
 defines its spec in its own module of :mod:`cocos.losses`, beside its maths and counter.
 
 The training losses (:func:`cocos.objectives.get_loss`), the counters, the engine,
@@ -25,22 +27,15 @@ from cocos.errors import CocosError, check_params
 from cocos.losses.base import ContrastiveLoss
 from cocos.losses.counts import Counter
 from cocos.losses.generic import BatchLossCounter, GenericCounter
+from cocos.losses.reducers import TermsCounter, TermsLoss
+from cocos.presentation import LAST, Presentation, TableNote, format_value  # noqa: F401  (format_value re-exported)
 
 LAYOUTS = ("pair", "ranking")
 COMBINES = ("sum", "mean")
 
-
-@dataclass(frozen=True)
-class Note:
-    """A note under the family's table, plain and LaTeX.
-
-    ``when="always"``, or ``"compat"``: only where compat values are shown or the
-    other counting mode differs in one of the family's cells.
-    """
-
-    text: str
-    latex: str | None = None
-    when: str = "always"
+# A note under the family's table, plain and LaTeX, shown ``when`` "always" or "compat" (only where compat values
+# are shown or the other counting mode differs in one of the family's cells): the report's own note type.
+Note = TableNote
 
 
 @dataclass(frozen=True)
@@ -71,8 +66,18 @@ class Objective:
     # A whole-batch loss ``(images, captions, caption_image=None) -> scalar`` instead of direction maths
     # (a user's own callable): counted from dL/dS of the whole loss, rows for i2t, columns for t2i.
     batch_loss: Callable[..., Any] | None = None
+    # ``(view, **params) -> (..., Q, K)`` (or ``(..., Q, A, K)``, one axis per positive) non-negative terms of one
+    # direction, each term's gradient weight its indicator (hinge-like terms): a family given by its terms is
+    # counted in closed form without a counter of its own (cocos.losses.reducers.TermsCounter: C_q = #{terms > 0}),
+    # and its direction_loss, if not given, is their sum.
+    terms: Callable[..., Any] | None = None
+    # ``(view, **params) -> {name: scalar}``: the direction loss's named parts (IMC's {"L_con": ..., "L_intra": ...}),
+    # whose sum is the direction loss; None: one part, "L_con" (cocos.losses.base.ContrastiveLoss.named_terms)
+    parts: Callable[..., Any] | None = None
 
     def __post_init__(self) -> None:
+        if self.direction_loss is None and callable(self.terms) and self.batch_loss is None:
+            object.__setattr__(self, "direction_loss", TermsLoss(self.terms))  # the sum of its terms
         if not self.name or not isinstance(self.name, str) or any(c in self.name for c in " ,/="):
             raise CocosError(f"a loss name must be a word without spaces, commas, '/' or '=', got {self.name!r}")
         if self.layout not in LAYOUTS:
@@ -91,7 +96,9 @@ class Objective:
     @property
     def uses_eps(self) -> bool:
         """Whether the count depends on an absolute or relative threshold ``eps``."""
-        return True if self.counter is None else bool(getattr(self.counter, "uses_eps", False))
+        if self.counter is None:
+            return self.terms is None  # terms: counted above 0; otherwise the generic counter's threshold
+        return bool(getattr(self.counter, "uses_eps", False))
 
     def params(self, **given) -> dict[str, Any]:
         """The loss's hyper-parameters: defaults, overridden by ``given`` (``None`` = default); checked.
@@ -126,10 +133,13 @@ class Objective:
         return ContrastiveLoss(self, compat=compat, **params)
 
     def make_counter(self, eps: float | None = None, **params) -> Counter:
-        """The family's closed-form counter, or the generic autograd counter of its direction loss."""
+        """The family's closed-form counter: its own, or the count of its terms; otherwise the generic autograd
+        counter of its direction loss."""
         full = self.counter_params(eps, **params)
         if self.counter is not None:
             return self.counter(**full)
+        if self.terms is not None:
+            return TermsCounter(self.terms, **full)
 
         return GenericCounter(self, **full) if self.direction_loss is not None else BatchLossCounter(self, **full)
 
@@ -146,12 +156,15 @@ class Objective:
         total = i2t + t2i
         return total / 2 if self.combine == "mean" else total
 
+    # -- how it is shown ---------------------------------------------------------------------------
 
-def format_value(value) -> str:
-    """A parameter for people: numbers without trailing zeros (``0.2``, ``10``), names and switches as they are."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return str(value).lower() if isinstance(value, bool) else str(value)
-    return f"{value:g}"
+    def presentation(self, rank: int = LAST) -> Presentation:
+        """The family's :class:`~cocos.presentation.Presentation` (what ``results.json`` stores under
+        ``presentation.<name>``): its label, statistics, main statistic, table, colour, marker, default
+        parameters and notes, at ``rank`` among the families (its place in the registry)."""
+        return Presentation(label=self.label, stats=tuple(self.stats), main_stat=self.main_stat, table=self.table,
+                            color=self.color, marker=self.marker, params=dict(self.defaults),
+                            notes=tuple(self.notes), rank=rank)
 
 
 def _typed(name: str, value, default):

@@ -227,24 +227,35 @@ def guess_architecture(shapes: dict[str, tuple]) -> str | None:
 def check_cnn_state(state: dict, expected: dict[str, tuple], where, what: str = "CNN") -> None:
     """``state`` has exactly the names and shapes of ``expected``; else one line naming ``where``, and the
     architecture the weights belong to when they are another one's."""
-    shapes = {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}
-    if len(shapes) != len(state):
-        bad = next(k for k, v in state.items() if not isinstance(v, torch.Tensor))
-        raise CocosError(f"{where}: {bad!r} is not a tensor; expected a state dict of the {what}")
+    shapes = _tensor_shapes(state, where, what)
     if shapes == expected:
         return
     other = guess_architecture(shapes)
     if other is not None and other != what:
         raise CocosError(f"{where}: holds {other} weights, not {what} ones")
+    raise CocosError(f"{where}: {_state_mismatch(shapes, expected, what)}")
+
+
+def _tensor_shapes(state: dict, where, what: str) -> dict[str, tuple]:
+    """The shape of every entry of ``state``; each must be a tensor (else one line naming the first that is not)."""
+    shapes = {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}
+    if len(shapes) != len(state):
+        bad = next(k for k, v in state.items() if not isinstance(v, torch.Tensor))
+        raise CocosError(f"{where}: {bad!r} is not a tensor; expected a state dict of the {what}")
+    return shapes
+
+
+def _state_mismatch(shapes: dict[str, tuple], expected: dict[str, tuple], what: str) -> str:
+    """How ``shapes`` (not equal to ``expected``) differs, first found first: a missing tensor, an unexpected one,
+    else the first tensor of another shape."""
     missing = [k for k in expected if k not in shapes]
-    extra = [k for k in shapes if k not in expected]
     if missing:
-        raise CocosError(f"{where}: the {what} weights lack {missing[0]} ({len(missing)} of {len(expected)} "
-                         "tensors missing)")
+        return f"the {what} weights lack {missing[0]} ({len(missing)} of {len(expected)} tensors missing)"
+    extra = [k for k in shapes if k not in expected]
     if extra:
-        raise CocosError(f"{where}: holds {extra[0]}, which the {what} does not have ({len(extra)} unexpected)")
+        return f"holds {extra[0]}, which the {what} does not have ({len(extra)} unexpected)"
     key = next(k for k in expected if shapes[k] != expected[k])
-    raise CocosError(f"{where}: {key} has shape {shapes[key]}, the {what} needs {expected[key]}")
+    return f"{key} has shape {shapes[key]}, the {what} needs {expected[key]}"
 
 
 # What the refusal of a CNN weights file that names a class says to do (the commands reading --cnn-weights have no

@@ -10,6 +10,7 @@ import os
 import torch
 from torch import nn
 
+from cocos.defaults import DEFAULT_CNN, DEFAULT_EMBED_SIZE, DEFAULT_WORD_DIM
 from cocos.errors import CocosError
 from cocos.models.cnn import CNN_TYPES, build_cnn, load_cnn_weights, strip_classifier
 from cocos.models.text import CaptionEncoder, l2norm, xavier_linear_
@@ -42,9 +43,9 @@ class VSEPPFull(nn.Module):
 
     kind = "vsepp_full"
 
-    def __init__(self, vocab_size: int, cnn_type: str = "resnet50", word_dim: int = 300,
-                 embed_size: int = 1024, num_layers: int = 1, finetune: bool = False, use_abs: bool = False,
-                 no_imgnorm: bool = False, head: str = "linear", hidden: int | None = None):
+    def __init__(self, vocab_size: int, cnn_type: str = DEFAULT_CNN, word_dim: int = DEFAULT_WORD_DIM,
+                 embed_size: int = DEFAULT_EMBED_SIZE, num_layers: int = 1, finetune: bool = False,
+                 use_abs: bool = False, no_imgnorm: bool = False, head: str = "linear", hidden: int | None = None):
         super().__init__()
         if cnn_type not in CNN_TYPES:
             raise CocosError(f"unknown CNN '{cnn_type}' (choose from {', '.join(CNN_TYPES)})")

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence
 
+from cocos.defaults import DEFAULT_EMBED_SIZE, DEFAULT_WORD_DIM
 from cocos.errors import CocosError
 
 
@@ -33,7 +34,7 @@ class CaptionEncoder(nn.Module):
     absolute value of the normalised embedding (VSE++ ``--use_abs``; off by default).
     """
 
-    def __init__(self, vocab_size: int, word_dim: int = 300, embed_size: int = 1024,
+    def __init__(self, vocab_size: int, word_dim: int = DEFAULT_WORD_DIM, embed_size: int = DEFAULT_EMBED_SIZE,
                  num_layers: int = 1, use_abs: bool = False):
         super().__init__()
         self.use_abs = bool(use_abs)

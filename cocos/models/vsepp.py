@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from cocos.defaults import DEFAULT_EMBED_SIZE, DEFAULT_WORD_DIM
 from cocos.errors import CocosError
 from cocos.models.text import CaptionEncoder, l2norm, xavier_linear_
 
@@ -24,8 +25,8 @@ class VSEPP(nn.Module):
 
     kind = "vsepp"
 
-    def __init__(self, img_dim: int, vocab_size: int, word_dim: int = 300,
-                 embed_size: int = 1024, num_layers: int = 1, use_abs: bool = False):
+    def __init__(self, img_dim: int, vocab_size: int, word_dim: int = DEFAULT_WORD_DIM,
+                 embed_size: int = DEFAULT_EMBED_SIZE, num_layers: int = 1, use_abs: bool = False):
         super().__init__()
         self.hparams = {"img_dim": int(img_dim), "vocab_size": int(vocab_size),
                         "word_dim": int(word_dim), "embed_size": int(embed_size)}

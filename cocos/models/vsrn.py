@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from cocos.defaults import DEFAULT_EMBED_SIZE, DEFAULT_WORD_DIM
 from cocos.errors import CocosError
 from cocos.models.text import CaptionEncoder, l2norm, xavier_linear_
 
@@ -58,8 +59,8 @@ class VSRN(nn.Module):
 
     kind = "vsrn"
 
-    def __init__(self, img_dim: int, vocab_size: int, word_dim: int = 300,
-                 embed_size: int = 1024, n_gcn: int = 4, final_bn: bool = True,
+    def __init__(self, img_dim: int, vocab_size: int, word_dim: int = DEFAULT_WORD_DIM,
+                 embed_size: int = DEFAULT_EMBED_SIZE, n_gcn: int = 4, final_bn: bool = True,
                  num_layers: int = 1, fc_norm: bool = True, use_abs: bool = False,
                  norm_over_regions: bool = False):
         super().__init__()

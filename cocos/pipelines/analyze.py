@@ -12,7 +12,7 @@ import json
 import os
 import time
 import zipfile
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cocos import __version__
@@ -22,8 +22,9 @@ from cocos.defaults import DEFAULT_EPS
 from cocos.embed import FrozenModel, save_embeddings
 from cocos.errors import CocosError
 from cocos.losses.spec import Objective, format_value
+from cocos.models.registry import get_family
 from cocos.objectives import OBJECTIVES, counter_params, names, paper_names, resolve
-from cocos.presentation import LAST, Presentation, TableNote
+from cocos.presentation import LAST, Presentation
 from cocos.results import (
     CountingInfo,
     DataInfo,
@@ -33,7 +34,6 @@ from cocos.results import (
     Source,
     TrainingInfo,
     lookup,
-    model_label,
     records,
 )
 from cocos.training.logs import TrainingLogs, read_logs
@@ -93,25 +93,30 @@ def counting_info(run: CountRun, compat: bool, sweep_eps) -> CountingInfo:
 
 
 def presentation_of(spec: Objective, rank: int = LAST) -> Presentation:
-    """A family's presentation: the spec's own record where it has one, else built from its fields."""
-    look = getattr(spec, "presentation", None)
-    if not isinstance(look, Presentation):
-        look = Presentation(label=spec.label, stats=tuple(spec.stats), main_stat=spec.main_stat, table=spec.table,
-                            color=spec.color, marker=spec.marker, params=dict(spec.defaults),
-                            notes=tuple(TableNote(n.text, n.latex, n.when) for n in spec.notes))
-    return replace(look, rank=rank)
+    """A family's presentation (:meth:`cocos.losses.spec.Objective.presentation`) at ``rank``."""
+    return spec.presentation(rank)
 
 
-def presentations(losses, labels: dict | None = None) -> dict[str, Presentation]:
-    """What results.json says about how each of these losses is shown (the report never asks the registry)."""
+def presentations(losses, labels: dict | None = None, recorded: dict | None = None) -> dict[str, Presentation]:
+    """What results.json says about how each of these losses is shown (the report never asks the registry): the
+    registered family's presentation, else the one ``recorded`` (a checkpoint's, for a loss whose plugin is not
+    installed), else its label alone."""
     known = names()
     out = {}
     for name in dict.fromkeys(n for n in losses if n is not None):
         if name in OBJECTIVES:
             out[name] = presentation_of(OBJECTIVES[name], known.index(name))
+        elif name in (recorded or {}):
+            out[name] = recorded[name]
         else:
             out[name] = Presentation(label=(labels or {}).get(name, name))
     return out
+
+
+def recorded_presentation(ckpt: dict) -> dict[str, Presentation]:
+    """The training loss's presentation as the checkpoint records it (``loss.presentation``; none before #29)."""
+    look = ckpt["loss"].get("presentation")
+    return {ckpt["loss"]["name"]: Presentation.from_dict(look)} if isinstance(look, dict) else {}
 
 
 def analyze_checkpoint(
@@ -183,7 +188,7 @@ def analyze_checkpoint(
         data=DataInfo(name=_dataset_name(frozen.data_folder), path=str(frozen.data_folder),
                       fingerprint=ckpt["data"]["fingerprint"], n_images=train.n_images,
                       n_captions=train.n_captions, k=frozen.k, split_counted="train"),
-        model=ModelInfo(label=model_label(kind, ckpt["model"]["hparams"]) + ltd_label(ltd)
+        model=ModelInfo(label=get_family(kind).words(ckpt["model"]["hparams"]) + ltd_label(ltd)
                         + (f" ({label})" if label else ""),
                         kind=kind, hparams=ckpt["model"]["hparams"]),
         training=TrainingInfo(loss=trained, params=ckpt["loss"].get("params", {}),
@@ -192,7 +197,8 @@ def analyze_checkpoint(
         statistics=records(run.summary()),
         evaluation=Evaluation(eval_split.split, metrics, n_images=int(eval_split.n_images),
                               n_captions=int(eval_split.n_captions)), cocos_version=__version__,
-        presentation=presentations([*run.losses, trained], {**run.labels, trained: ckpt["loss"].get("label", trained)}),
+        presentation=presentations([*run.losses, trained], {**run.labels, trained: ckpt["loss"].get("label", trained)},
+                                   recorded_presentation(ckpt)),
     )
     results = Results.from_dict(results.to_dict())  # exactly what results.json will hold
     logs = read_logs(Path(checkpoint).parent, max_epoch=int(ckpt["epoch"]))  # beside the checkpoint, if any

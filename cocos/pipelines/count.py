@@ -20,6 +20,7 @@ import pandas as pd
 from cocos import __version__
 from cocos.counting.engine import DEFAULT_SWEEP, CountRun, EmbeddingSet
 from cocos.data.layout import DIRECTIONS
+from cocos.defaults import DEFAULT_BATCH_SIZE
 from cocos.device import resolve_device
 from cocos.errors import CocosError
 from cocos.io import load_npz, sha256_file
@@ -58,7 +59,7 @@ def count_file(
     path: str | os.PathLike,
     losses=None,
     *,
-    batch_size: int = 128,
+    batch_size: int = DEFAULT_BATCH_SIZE,
     seed: int = 0,
     compat: bool = False,
     params: dict | None = None,

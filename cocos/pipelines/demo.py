@@ -20,7 +20,7 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from cocos.data.images import is_image_dataset, load_image_split
@@ -30,15 +30,18 @@ from cocos.data.synth_images import make_synthetic_images
 from cocos.errors import CocosError
 from cocos.io import MARKER, atomic_dir, check_interrupt, check_output_dir, check_writable_dir, is_own_temporary
 from cocos.models import CNN_TYPES
+from cocos.models.registry import get_family
 from cocos.objectives import get_objective, paper_names
 from cocos.pipelines.analyze import analyze_checkpoint
+from cocos.pipelines.demo_config import IMAGE_DEFAULTS, DemoConfig  # noqa: F401  (re-exported)
 from cocos.pipelines.folder import diagram_points, write_results_folder
-from cocos.report.diagram import common_extent
+from cocos.pipelines.triplets import common_extent
 from cocos.report.merge import build_report, write_report
 from cocos.report.tables import to_markdown
 from cocos.results import cnn_name, lookup
 from cocos.training.checkpoint import load_checkpoint
-from cocos.training.trainer import IMAGE_FLAGS, OUTPUT_NAMES, OUTPUT_PATTERNS, TrainConfig, Trainer
+from cocos.training.config import DataConfig, TrainConfig, default
+from cocos.training.trainer import OUTPUT_NAMES, OUTPUT_PATTERNS, Trainer
 
 # `cocos demo --all-losses` adds these runs: GOAL at its best reported setting and at con x con (= Triplet SH), IMC.
 ALL_LOSSES_EXTRA = ("goal:triplet_weight=cir,pair_weight=sig_ms", "goal:triplet_weight=con,pair_weight=con", "imc")
@@ -81,42 +84,6 @@ def paper_losses() -> list[str]:
     return paper_names()
 
 
-@dataclass
-class DemoConfig:
-    out: str = "reports/demo"
-    data: str = "data/synth"
-    checkpoints: str = "checkpoints/demo"
-    losses: list[str] = field(default_factory=lambda: paper_losses())
-    model: str = "vsepp"
-    epochs: int = 8
-    lr: float = 1e-3
-    lr_update: int = 6
-    warmup_epochs: int = 1
-    batch_size: int = 128
-    embed_size: int = 256
-    word_dim: int = 128
-    n_train: int = 3000
-    n_dev: int = 500
-    n_test: int = 500
-    seed: int = 0
-    device: str = "auto"
-    retrain: bool = False
-    overwrite: bool = False  # replace an --out or --data folder that cocos did not write
-    track_cocos: int | None = 10  # count COCOS on the training batches every N steps (None: off)
-    # raw images (cocos demo --images): the rendered world, a CNN fine-tuned from random initialisation
-    images: bool = False
-    cnn: str = "resnet18"
-    image_size: int = 64  # side of the rendered JPEGs
-    crop_size: int = 32  # training RandomResizedCrop; evaluation Resize(crop * 256/224) + CenterCrop(crop)
-    workers: int = 0  # DataLoader workers decoding images (does not change the result)
-
-
-# cocos demo --images: where its folders go and its schedule, where it differs from the feature demo's
-IMAGE_DEFAULTS = {"out": "reports/demo_images", "data": "data/synth_images", "checkpoints": "checkpoints/demo_images",
-                  "n_train": 1000, "n_dev": 200, "n_test": 200, "epochs": 4, "lr_update": 3, "lr": 1e-3,
-                  "batch_size": 128, "embed_size": 256, "word_dim": 128}
-
-
 def image_demo_config(**kw) -> DemoConfig:
     """The ``cocos demo --images`` configuration: :data:`IMAGE_DEFAULTS` overridden by ``kw``."""
     return DemoConfig(**{**IMAGE_DEFAULTS, **kw, "images": True})
@@ -128,12 +95,13 @@ def _train_config(cfg: DemoConfig, loss: str):
     loss = run.loss
     images = {"model": "vsepp_full", "cnn": cfg.cnn, "finetune": True, "crop_size": cfg.crop_size,
               "workers": cfg.workers} if cfg.images else {"model": cfg.model}
-    return TrainConfig(data=cfg.data, loss=loss, out=str(Path(cfg.checkpoints) / run.name),
-                       params=dict(run.params) or None,
-                       epochs=cfg.epochs, lr=cfg.lr, lr_update=cfg.lr_update, batch_size=cfg.batch_size,
-                       embed_size=cfg.embed_size, word_dim=cfg.word_dim, seed=cfg.seed, device=cfg.device,
-                       track_cocos=cfg.track_cocos, **images,
-                       warmup_epochs=min(cfg.warmup_epochs, cfg.epochs - 1) if get_objective(loss).warmup_loss else 0)
+    return TrainConfig.of(data=cfg.data, loss=loss, out=str(Path(cfg.checkpoints) / run.name),
+                          params=dict(run.params) or None,
+                          epochs=cfg.epochs, lr=cfg.lr, lr_update=cfg.lr_update, batch_size=cfg.batch_size,
+                          embed_size=cfg.embed_size, word_dim=cfg.word_dim, seed=cfg.seed, device=cfg.device,
+                          track_cocos=cfg.track_cocos, **images,
+                          warmup_epochs=min(cfg.warmup_epochs, cfg.epochs - 1) if get_objective(loss).warmup_loss
+                          else 0)
 
 
 def _run_state(train_cfg, fingerprint: str) -> str:
@@ -149,15 +117,15 @@ def _run_state(train_cfg, fingerprint: str) -> str:
         ckpt = load_checkpoint(last)
     except CocosError:
         return "none"
-    wanted = asdict(train_cfg)
+    wanted = train_cfg.flat()
     wanted.pop("workers")  # decoding processes do not change the run
     if lookup(ckpt, "data", "fingerprint") != fingerprint or not isinstance(ckpt.get("train"), dict):
         return "none"
     if {k: ckpt["train"].get(k) for k in wanted} != wanted or not isinstance(ckpt.get("epoch"), int):
         return "none"
-    if ckpt["epoch"] == train_cfg.epochs and (Path(train_cfg.out) / "model_best.pt").exists():
+    if ckpt["epoch"] == train_cfg.optim.epochs and (Path(train_cfg.out) / "model_best.pt").exists():
         return "done"
-    return "interrupted" if 0 < ckpt["epoch"] < train_cfg.epochs else "none"
+    return "interrupted" if 0 < ckpt["epoch"] < train_cfg.optim.epochs else "none"
 
 
 def _reusable(train_cfg, fingerprint: str) -> bool:
@@ -203,10 +171,12 @@ def _validate(train_cfg: TrainConfig, generate: bool) -> None:
     """``TrainConfig.validate`` before the data exists: an image world not yet rendered is checked as
     if it were there (the raw-image flags alone are checked by :func:`_check_image_flags`)."""
 
-    if not (generate and train_cfg.model == "vsepp_full"):
+    if not (generate and get_family(train_cfg.model.name).input == "images"):
         train_cfg.validate()
         return
-    replace(train_cfg, model="vsepp", **{name: default for name, default in IMAGE_FLAGS.items()}, workers=0).validate()
+    plain = {**train_cfg.flat(), "model": "vsepp", "cnn": None, "cnn_weights": None, "finetune": False,
+             "crop_size": default(DataConfig, "crop_size"), "use_restval": False, "workers": 0}
+    TrainConfig.of(**plain).validate()
 
 
 def _check_image_flags(cfg: DemoConfig) -> None:
@@ -247,20 +217,45 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True, log: Callable[[str], Non
 
     data = Path(cfg.data)
     generate = not _has_world(data, cfg.images)
+    _check_flags(cfg, runs, generate)
+    inputs = [cfg.data, cfg.checkpoints]
+    out = check_output_dir(cfg.out, inputs=inputs, overwrite=cfg.overwrite)
+    check_writable_dir(out.parent if out.exists() else out, "--out")  # the report is built beside it
+    folders = _check_folders(cfg, runs, data, generate)
+    fresh = [p for p in (data, Path(cfg.checkpoints), *folders) if not p.exists()]
+    try:
+        return _run(cfg, runs, out, inputs, data, generate, progress, log)
+    except Exception:  # a failed demo leaves nothing it made (Ctrl-C keeps finished models, to be reused)
+        for path in fresh:
+            shutil.rmtree(path, ignore_errors=True)
+        raise
+
+
+def _check_flags(cfg: DemoConfig, runs: dict, generate: bool) -> None:
+    """Every run's training flags (before data or folders are made), the raw-image flags, and, for a world still
+    to be generated, a batch size that fits its training split."""
     for loss in cfg.losses:
         _validate(_train_config(cfg, loss), generate)  # bad flags fail here, before data or folders are made
     if cfg.images:
         _check_image_flags(cfg)
-    if generate:  # counted in whole batches (analyze's rule): caught here, not after training
-        ranking = any(get_objective(run.loss).layout == "ranking" for run in runs.values())
-        items, what = (cfg.n_train, "images") if ranking else (cfg.n_train * DEMO_K, "captions")
-        if cfg.batch_size > items:
-            raise CocosError(f"--batch-size {cfg.batch_size} is larger than the training split the demo would "
-                             f"generate ({items} {what} for --n-train {cfg.n_train}): pass a smaller --batch-size or "
-                             "a larger --n-train")
-    inputs = [cfg.data, cfg.checkpoints]
-    out = check_output_dir(cfg.out, inputs=inputs, overwrite=cfg.overwrite)
-    check_writable_dir(out.parent if out.exists() else out, "--out")  # the report is built beside it
+    if generate:
+        _check_batch_size(cfg, runs)
+
+
+def _check_batch_size(cfg: DemoConfig, runs: dict) -> None:
+    """``--batch-size`` at most the training split the demo will generate, counted in whole batches (analyze's
+    rule) of images for a ranking loss, else of captions (``--n-train`` x 5): caught here, not after training."""
+    ranking = any(get_objective(run.loss).layout == "ranking" for run in runs.values())
+    items, what = (cfg.n_train, "images") if ranking else (cfg.n_train * DEMO_K, "captions")
+    if cfg.batch_size > items:
+        raise CocosError(f"--batch-size {cfg.batch_size} is larger than the training split the demo would "
+                         f"generate ({items} {what} for --n-train {cfg.n_train}): pass a smaller --batch-size or "
+                         "a larger --n-train")
+
+
+def _check_folders(cfg: DemoConfig, runs: dict, data: Path, generate: bool) -> list[Path]:
+    """The data folder (when it is to be generated), ``--checkpoints`` and every run's folder in it: usable and
+    writable. Returns the run folders."""
     if generate:
         _check_data_folder(data, cfg.overwrite, cfg.images)
         check_writable_dir(data, "--data")
@@ -269,13 +264,7 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True, log: Callable[[str], Non
     for folder in folders:
         _check_run_folder(folder, cfg.overwrite)
         check_writable_dir(folder, "--checkpoints")
-    fresh = [p for p in (data, Path(cfg.checkpoints), *folders) if not p.exists()]
-    try:
-        return _run(cfg, runs, out, inputs, data, generate, progress, log)
-    except Exception:  # a failed demo leaves nothing it made (Ctrl-C keeps finished models, to be reused)
-        for path in fresh:
-            shutil.rmtree(path, ignore_errors=True)
-        raise
+    return folders
 
 
 def _run(cfg: DemoConfig, runs: dict, out: Path, inputs: list, data: Path, generate: bool, progress: bool,
@@ -305,7 +294,7 @@ def _run(cfg: DemoConfig, runs: dict, out: Path, inputs: list, data: Path, gener
         else:
             resume = state == "interrupted"
             log(f"[{loss}] " + (f"resuming the interrupted run in {train_cfg.out} (last.pt)" if resume
-                                else f"training {train_cfg.model} for {cfg.epochs} epochs"))
+                                else f"training {train_cfg.model.name} for {cfg.epochs} epochs"))
             Trainer(train_cfg, resume=resume, overwrite=not resume, progress=progress,
                     log=lambda s, _l=loss: log(f"[{_l}] {s}")).fit()
         t1 = time.perf_counter()
@@ -370,7 +359,7 @@ def demo_readme(cfg: DemoConfig, report, timings: dict, total: float, reused=())
         f"batch {cfg.batch_size}, embed {cfg.embed_size}, word {cfg.word_dim}, seed {cfg.seed}"
         + (f", {cnn_name(cfg.cnn)} on {cfg.crop_size}-px crops of {cfg.image_size}-px images" if cfg.images else "")
         + (f", Triplet SH warm-up {cfg.warmup_epochs} epoch(s) of summed violations"
-           if "triplet_sh" in timings and _train_config(cfg, "triplet_sh").warmup_epochs else "")
+           if "triplet_sh" in timings and _train_config(cfg, "triplet_sh").loss.warmup_epochs else "")
         + f". Wall time {total:.0f} s"
         + (f" (reusing the trained checkpoints of {', '.join(reused)})" if reused else
            f": training {sum(t for t, _ in timings.values()):.0f} s, "

@@ -22,8 +22,8 @@ from cocos.defaults import DEFAULT_EPS, DEFAULT_MARGIN, DEFAULT_TAU_NTXENT
 from cocos.io import atomic_dir
 from cocos.losses.spec import format_value
 from cocos.objectives import OBJECTIVES
-from cocos.pipelines.triplets import triplet_points
-from cocos.report.diagram import DIRECTION_STYLE, plot_triplet_diagram
+from cocos.pipelines.triplets import plot_triplet_diagram, triplet_points
+from cocos.report.diagram import DIRECTION_STYLE
 from cocos.report.figures import plot_count_distributions, plot_eps_sweep, plot_query_distributions
 from cocos.report.merge import build_tables, group_results, loss_label, mode_name
 from cocos.report.tables import MANY_TABLES, to_latex, to_markdown

@@ -42,7 +42,6 @@ epoch with the same settings) continues only with ``--resume``; without it it st
 
 from __future__ import annotations
 
-import json
 import math
 import multiprocessing as mp
 import os
@@ -54,7 +53,7 @@ import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -68,8 +67,10 @@ from cocos.objectives import get_objective
 from cocos.pipelines.analyze import analyze_checkpoint
 from cocos.pipelines.folder import write_results_folder
 from cocos.report.merge import build_report, write_report
+from cocos.results import Results
 from cocos.training.checkpoint import load_checkpoint
-from cocos.training.trainer import TrainConfig, Trainer
+from cocos.training.config import LOSS_FLAT, OptimConfig, TrainConfig, default, record_type
+from cocos.training.trainer import Trainer
 
 try:
     import tomllib
@@ -174,8 +175,8 @@ def _train_kinds() -> dict[str, str | None]:
     parses it (``X | None``: the key may be left out; a field of another type is left to ``validate``)."""
     base = {"int": "int", "float": "num", "str": "str", "bool": "bool"}
     out = {}
-    for f in fields(TrainConfig):
-        if f.name not in RUN_KEYS:
+    for f in fields(record_type()):  # the flat names of cocos train's settings (cocos.training.config)
+        if f.name not in RUN_KEYS and f.name not in LOSS_FLAT:
             annotation = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
             out[f.name] = base.get(annotation.split("|")[0].strip())
     return out
@@ -394,7 +395,7 @@ def _expand(where: str, name: str, data: str, models: list, losses: list, seeds:
                 cfg = {**shared, **overrides, **loss, "data": data, "model": model, "seed": seed,
                        "out": str(checkpoints / name / run_name)}
                 try:
-                    TrainConfig(**cfg).validate()  # bad settings: one line, before anything is written
+                    TrainConfig.of(**cfg).validate()  # bad settings: one line, before anything is written
                 except (CocosError, TypeError) as exc:
                     raise CocosError(f"{where}: run {run_name}: {exc}") from None
                 runs.append(SweepRun(run_name, cfg, dict(analyze), label, str(reports / name / run_name)))
@@ -415,7 +416,7 @@ def train_state(run: SweepRun, fingerprint: str) -> str:
         ckpt = load_checkpoint(last)
     except CocosError:
         return "new"
-    wanted = asdict(TrainConfig(**run.train))
+    wanted = TrainConfig.of(**run.train).flat()
     if ckpt["data"]["fingerprint"] != fingerprint or {k: ckpt["train"].get(k) for k in wanted} != wanted:
         return "new"
     if ckpt["epoch"] == wanted["epochs"] and (out / "model_best.pt").exists():
@@ -430,14 +431,19 @@ def analysis_current(run: SweepRun) -> bool:
     if not results.is_file() or not best.is_file():
         return False
     try:
-        r = json.loads(results.read_text(encoding="utf-8"))
-        a = run.analyze
-        return (r["source"]["sha256"] == sha256_file(best) and r["evaluation"]["split"] == a["split"]
-                and bool(r["counting"]["compat"]) == bool(a["compat"])
-                and r["counting"]["seed"] == run.train["seed"]
-                and (a["batch_size"] is None or r["counting"]["batch_size"] == a["batch_size"]))
-    except (OSError, ValueError, KeyError, TypeError):
+        r = run_results(run)
+        a, c = run.analyze, r.counting
+        return (r.source.sha256 == sha256_file(best) and r.evaluation is not None
+                and r.evaluation.split == a["split"] and bool(c.compat) == bool(a["compat"])
+                and c.seed == run.train["seed"] and (a["batch_size"] is None or c.batch_size == a["batch_size"]))
+    except (CocosError, OSError):
         return False
+
+
+def run_results(run: SweepRun) -> Results:
+    """The run's ``results.json``, read through the results model (:meth:`cocos.results.Results.read`: any format
+    version it reads, checked; a bad file is one CocosError line naming it)."""
+    return Results.read(Path(run.report) / "results.json")
 
 
 def run_one(run: SweepRun, *, resume: bool = False, retrain: bool = False, progress: bool = False,
@@ -472,7 +478,7 @@ def _train_and_analyse(run: SweepRun, status: dict, log, *, resume: bool, retrai
         cont = state == "partial" and resume
         log(f"[{run.name}] {'resuming' if cont else 'training'} {run.train['model']} {run.train['loss']} "
             f"seed {run.train['seed']}")
-        Trainer(TrainConfig(**run.train), resume=cont, overwrite=not cont, progress=progress,
+        Trainer(TrainConfig.of(**run.train), resume=cont, overwrite=not cont, progress=progress,
                 log=lambda s: log(f"[{run.name}] {s}")).fit()
         status["trained"] = "resumed" if cont else "trained"
     if status["trained"] != "skipped" or not analysis_current(run):
@@ -485,8 +491,7 @@ def _train_and_analyse(run: SweepRun, status: dict, log, *, resume: bool, retrai
                              logs=analysis.logs, overwrite=True)
         status["analysed"] = "analysed"
         log(f"[{run.name}] analysed into {run.report}")
-    r = json.loads((Path(run.report) / "results.json").read_text(encoding="utf-8"))
-    status["rsum"] = r["evaluation"]["metrics"]["rsum"]
+    status["rsum"] = run_results(run).evaluation.metrics["rsum"]
 
 
 # -- executors ----------------------------------------------------------------------------------
@@ -615,7 +620,7 @@ def check_inputs(grid: Grid, executor: str = "local") -> None:
         _split_rows(data, split, f"{where}: [analyze] split")
     devices = set()
     for run in grid.runs:
-        batch = run.analyze["batch_size"] or run.train.get("batch_size", TrainConfig.batch_size)
+        batch = run.analyze["batch_size"] or run.train.get("batch_size", default(OptimConfig, "batch_size"))
         if batch > n_images:
             key = "[analyze] batch_size" if run.analyze["batch_size"] else \
                 "[train] batch_size (the analysis counts at the training batch size unless [analyze] sets one)"
@@ -624,7 +629,7 @@ def check_inputs(grid: Grid, executor: str = "local") -> None:
         for key in PATH_KEYS:
             if run.train.get(key) and not Path(run.train[key]).is_file():
                 raise CocosError(f"{where}: run {run.name}: {key}: {run.train[key]}: no such file")
-        devices.add(run.train.get("device", TrainConfig.device))
+        devices.add(run.train.get("device", default(TrainConfig, "device")))
     for device in sorted(devices):
         if executor == "local":  # the name itself: TrainConfig.validate (check_device_name)
             try:
@@ -679,7 +684,7 @@ def plan(grid: Grid, resume: bool = False, retrain: bool = False) -> list[tuple[
 def train_command(run: SweepRun) -> str:
     """The cocos train command line equivalent of a run (for --dry-run)."""
 
-    defaults = asdict(TrainConfig(data=""))
+    defaults = TrainConfig.of(data="").flat()
     parts = ["cocos train"]
     for key, value in run.train.items():
         if key == "params":
@@ -782,7 +787,9 @@ def _run_sweep(grid: Grid, executor: str, jobs: int, params: dict, resume: bool,
 
 
 def _rsum(run: SweepRun) -> float | None:
+    """The test rsum of a run's results.json; None where the file is missing, unreadable or has none."""
     try:
-        return json.loads((Path(run.report) / "results.json").read_text())["evaluation"]["metrics"]["rsum"]
-    except (OSError, ValueError, KeyError):
+        evaluation = run_results(run).evaluation
+    except CocosError:
         return None
+    return None if evaluation is None else evaluation.metrics.get("rsum")

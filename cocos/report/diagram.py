@@ -4,7 +4,9 @@ A *triplet diagram* is the heat map of a triplet weight ``T`` (or a gradient sca
 ``T·P±``) over the positive similarity ``Sp`` (x axis) and the hardest-negative
 similarity ``Sn`` (y axis). :func:`cocos.pipelines.triplets.triplet_points` forms the same seeded pair
 batches as the counting engine and collects ``(s+, hardest s−)`` of every query in
-both directions; :func:`plot_triplet_diagram` overlays them as density contours
+both directions; :func:`cocos.pipelines.triplets.triplet_diagram` evaluates the weights over the square
+and the share of triplets where each is active. This module only draws that data:
+:func:`draw_triplet_diagram` overlays the triplets as density contours
 (a 2-D histogram smoothed with a fixed Gaussian kernel, contours at the levels
 that enclose 50% and 90% of the points: deterministic, no random KDE bandwidth)
 and reports the share of triplets in the *active region*: where the triplet weight
@@ -24,63 +26,147 @@ inputs give the same bytes.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import torch
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from cocos.defaults import DEFAULT_MARGIN
-from cocos.errors import CocosError
-from cocos.losses.goal import PAIR_WEIGHTS, parse_weight, triplet_part, weight_grid, weight_params
 from cocos.report import style
 
-ACTIVE_THRESHOLD = 0.5
+ACTIVE_THRESHOLD = 0.5  # a triplet is in the active region where its triplet weight T exceeds this
 DEFAULT_EXTENT = (0.0, 1.0)
 FULL_EXTENT = (-1.0, 1.0)
 DENSITY_LEVELS = (0.5, 0.9)  # contours enclosing these shares of the points
 DIRECTION_STYLE = {"i2t": ("#d62728", "solid"), "t2i": ("#ff9896", "dashed")}
 MAX_PANELS_PER_ROW = 2  # two panels across the 12.2 cm column
+WEIGHT_LEVELS = (0.1, 0.3, 0.5, 0.7, 0.9)  # contour levels of a continuous weight, as shares of its maximum (or 1)
+
+# -- the data a diagram draws ---------------------------------------------------------------
 
 
-def _as_point_dict(points) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    if points is None:
-        return {}
-    if isinstance(points, dict):
-        items = points.items()
-    else:
-        items = [("points", points)]
-    out = {}
-    for key, (sp, sn) in items:
-        sp, sn = np.asarray(sp, dtype=np.float64).reshape(-1), np.asarray(sn, dtype=np.float64).reshape(-1)
-        if sp.shape != sn.shape:
-            raise CocosError(f"points '{key}': {sp.size} positive but {sn.size} negative similarities")
-        out[str(key)] = (sp, sn)
-    return out
+@dataclass(frozen=True)
+class WeightPanel:
+    """One heat map: weight ``name`` (parsed as ``triplet``, ``pair``, ``sign``) evaluated over the square.
 
-
-def active_share(weight: str, sp, sn, **params) -> float | None:
-    """Share of the triplets ``(sp, sn)`` where the triplet weight of ``weight`` is ``> 1/2``.
-
-    For ``T_con`` that is ``T = 1`` (margin violated). ``None`` for a pair weight alone
-    or no points.
+    ``values[i, j]`` is the weight at ``(Sp = grid[j], Sn = grid[i])``; ``params`` are the parameters the weight
+    uses (shown under the panel); ``boundary`` the margin of ``T_con`` drawn alone (its exact boundary
+    ``Sn = Sp − margin`` is drawn as a line), else ``None``; ``active[key]`` the share of the triplets ``key``
+    where the panel's triplet weight exceeds :data:`ACTIVE_THRESHOLD` (``None``: no triplet weight or no points).
     """
-    sp, sn = np.asarray(sp, dtype=np.float64), np.asarray(sn, dtype=np.float64)
-    if sp.size == 0:
-        return None
-    t = triplet_part(weight, torch.from_numpy(sp), torch.from_numpy(sn), **params)
-    if t is None:
-        return None
-    return float((t > ACTIVE_THRESHOLD).double().mean())
+
+    name: str
+    triplet: str | None
+    pair: str | None
+    sign: str | None
+    values: np.ndarray
+    params: dict
+    boundary: float | None
+    active: dict[str, float | None]
 
 
-# -- drawing helpers ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TripletDiagram:
+    """What :func:`draw_triplet_diagram` draws: the panels over ``grid`` (both axes) on ``extent²``, and the
+    triplets ``points[key] = (sp, sn)`` with their count and the share of them outside the square."""
+
+    grid: np.ndarray
+    extent: tuple[float, float]
+    panels: list[WeightPanel]
+    points: dict[str, tuple[np.ndarray, np.ndarray]]
+    n_points: dict[str, int]
+    outside: dict[str, float]
+
+
+@dataclass
+class DiagramResult:
+    """What :func:`draw_triplet_diagram` drew: the grid data of each panel and the point summary.
+
+    ``values[name][i, j]`` is the weight at ``(sp[j], sn[i])`` (rows: ``Sn``, as drawn
+    with the origin at the bottom left).
+    """
+
+    paths: list[Path]
+    sp: np.ndarray
+    sn: np.ndarray
+    values: dict[str, np.ndarray]
+    extent: tuple[float, float]
+    active: dict[str, dict[str, float | None]] = field(default_factory=dict)  # name -> points key -> share
+    n_points: dict[str, int] = field(default_factory=dict)
+    outside: dict[str, float] = field(default_factory=dict)  # points key -> share outside the square
+
+
+@dataclass
+class PairCurves:
+    """Pair-weight curves: ``positive[name]`` is ``P+`` over ``s``, ``negative[name]`` is ``P−`` over ``s``."""
+
+    paths: list[Path]
+    s: np.ndarray
+    positive: dict[str, np.ndarray]
+    negative: dict[str, np.ndarray]
+
+
+# -- notation -----------------------------------------------------------------------------------
+
+
+def _math_code(code: str) -> str:
+    """A weight's code as upright math: ``P_sig-ms`` -> ``\\mathrm{sig}\\text{-}\\mathrm{ms}``."""
+    return r"\mathrm{" + code.split("_", 1)[1].replace("-", r"}\text{-}\mathrm{") + "}"
+
+
+def notation(triplet: str | None, pair: str | None, sign: str | None) -> str:
+    """A parsed weight in the GOAL paper's notation, as matplotlib math (``T_cir``, ``P_sig-ms``, ``+`` ->
+    T_cir · P+_sig-ms)."""
+    parts = []
+    if triplet is not None:
+        parts.append(f"T_{{{_math_code(triplet)}}}")
+    if pair is not None:
+        parts.append(f"P^{{{'+' if sign == '+' else '-'}}}_{{{_math_code(pair)}}}")
+    return "$" + r" \cdot ".join(parts) + "$"
+
+
+def pair_notation(pair: str) -> str:
+    """A pair weight without its sign in the paper's notation: ``P_sig-ms`` -> ``$P_{sig-ms}$``."""
+    return notation(None, pair, "+").replace("^{+}", "")
+
+
+PARAM_MATH = {"margin": r"\alpha", "tau": r"\tau", "alpha": r"\alpha", "beta": r"\beta", "lam": r"\lambda",
+              "m_pos": r"m^{+}", "m_neg": r"m^{-}"}
+
+
+def _label(panel: WeightPanel) -> str:
+    """A panel's title: the weight's notation, then the parameters it uses, three per line (fits a 6 cm panel)."""
+    used = panel.params
+    shown = {k: v for k, v in used.items() if k in PARAM_MATH}
+    args = [f"${PARAM_MATH[k]}={v:g}$" if isinstance(v, float) else f"${PARAM_MATH[k]}={v}$" for k, v in shown.items()]
+    args += ["offset"] if used.get("offset") else []
+    lines = [", ".join(args[i:i + 3]) for i in range(0, len(args), 3)]
+    return "\n".join([notation(panel.triplet, panel.pair, panel.sign), *lines])
+
+
+def _bar_label(panel: WeightPanel) -> str:
+    """The colour bar's name: a pair weight, a triplet weight, or their product (a gradient scalar)."""
+    if panel.triplet is None:
+        return "pair weight"
+    return "triplet weight" if panel.pair is None else "gradient scalar"
+
+
+def file_slug(name: str) -> str:
+    """A file-name-safe form of a weight name: ``T_nca*P_sig-`` -> ``T_nca_x_P_sig_neg``."""
+    out = str(name).replace("\u2212", "-")
+    if out.endswith("+"):
+        out = out[:-1] + "_pos"
+    elif out.endswith("-"):
+        out = out[:-1] + "_neg"
+    return out.replace("*", "_x_").replace(",", "_")
+
+
+# -- point densities ---------------------------------------------------------------------------
 
 
 def _gaussian_kernel(sigma: float) -> np.ndarray:
+    """A normalised 1-D Gaussian kernel of standard deviation ``sigma`` bins, cut at 3 sigma."""
     r = max(1, int(np.ceil(3 * sigma)))
     x = np.arange(-r, r + 1, dtype=np.float64)
     k = np.exp(-0.5 * (x / sigma) ** 2)
@@ -112,181 +198,93 @@ def density_grid(sp, sn, extent: tuple[float, float], bins: int = 80, sigma: flo
     return centres, h, levels
 
 
-def _bar_label(spec) -> str:
-    if spec.triplet is None:
-        return "pair weight"
-    return "triplet weight" if spec.pair is None else "gradient scalar"
-
-
-def paper_notation(name: str) -> str:
-    """A weight in the GOAL paper's notation, as matplotlib math (``T_cir*P_sig-ms+`` -> T_cir · P+_sig-ms)."""
-    spec = parse_weight(name)
-
-    def sub(code: str) -> str:
-        return r"\mathrm{" + code.split("_", 1)[1].replace("-", r"}\text{-}\mathrm{") + "}"
-
-    parts = []
-    if spec.triplet is not None:
-        parts.append(f"T_{{{sub(spec.triplet)}}}")
-    if spec.pair is not None:
-        parts.append(f"P^{{{'+' if spec.sign == '+' else '-'}}}_{{{sub(spec.pair)}}}")
-    return "$" + r" \cdot ".join(parts) + "$"
-
-
-PARAM_MATH = {"margin": r"\alpha", "tau": r"\tau", "alpha": r"\alpha", "beta": r"\beta", "lam": r"\lambda",
-              "m_pos": r"m^{+}", "m_neg": r"m^{-}"}
-
-
-def _label(name: str, params: dict) -> str:
-    used = weight_params(name, **params)
-    shown = {k: v for k, v in used.items() if k in PARAM_MATH}
-    args = [f"${PARAM_MATH[k]}={v:g}$" if isinstance(v, float) else f"${PARAM_MATH[k]}={v}$" for k, v in shown.items()]
-    args += ["offset"] if used.get("offset") else []
-    lines = [", ".join(args[i:i + 3]) for i in range(0, len(args), 3)]  # three per line: fits a 6 cm panel
-    return "\n".join([paper_notation(name), *lines])
-
-
 # -- the diagram -------------------------------------------------------------------------------
 
 
-@dataclass
-class DiagramResult:
-    """What :func:`plot_triplet_diagram` drew: the grid data of each panel and the point summary.
-
-    ``values[name][i, j]`` is the weight at ``(sp[j], sn[i])`` (rows: ``Sn``, as drawn
-    with the origin at the bottom left).
-    """
-
-    paths: list[Path]
-    sp: np.ndarray
-    sn: np.ndarray
-    values: dict[str, np.ndarray]
-    extent: tuple[float, float]
-    active: dict[str, dict[str, float | None]] = field(default_factory=dict)  # name -> points key -> share
-    n_points: dict[str, int] = field(default_factory=dict)
-    outside: dict[str, float] = field(default_factory=dict)  # points key -> share outside the square
-
-
-def common_extent(point_sets) -> tuple[float, float]:
-    """One square for the diagrams of several models: ``[0, 1]`` if every triplet of all of them lies there."""
-    merged: dict = {}
-    for i, pts in enumerate(point_sets):
-        for key, value in _as_point_dict(pts).items():
-            merged[f"{i}/{key}"] = value
-    return _choose_extent(None, merged)
-
-
-def _choose_extent(extent, pts: dict) -> tuple[float, float]:
-    if extent is not None:
-        lo, hi = float(extent[0]), float(extent[1])
-        if not (np.isfinite(lo) and np.isfinite(hi) and lo < hi):
-            raise CocosError(f"extent must be two numbers lo < hi, got {extent}")
-        return lo, hi
-    lo, hi = DEFAULT_EXTENT
-    for sp, sn in pts.values():
-        if sp.size and (min(sp.min(), sn.min()) < lo or max(sp.max(), sn.max()) > hi):
-            return FULL_EXTENT
-    return DEFAULT_EXTENT
-
-
-def plot_triplet_diagram(
-    weight: str | Sequence[str],
+def draw_triplet_diagram(
+    diagram: TripletDiagram,
     *,
-    params: dict | None = None,
-    points=None,
     path_stem: str | os.PathLike,
-    extent: tuple[float, float] | None = None,
-    resolution: int = 301,
     title: str | None = None,
     color: str = DIRECTION_STYLE["i2t"][0],
     points_label: str = "triplets",
 ) -> DiagramResult:
-    """Heat map(s) of weight(s) over ``(Sp, Sn)``, one panel per name, written as PNG and PDF.
-
-    ``weight``: a name (``"T_nca"``, ``"T_cir*P_sig-"``, ...) or a list of names
-    (side-by-side panels, as the paper's Figure 2). ``params``: ``margin``, ``tau``,
-    ``offset``, ``alpha``, ... (each weight takes what it uses). ``points``:
-    ``{direction: (sp, sn)}`` (e.g. :func:`cocos.pipelines.triplets.triplet_points`) or one ``(sp, sn)`` pair,
-    drawn as density contours in ``color`` (the model's loss colour; i2t solid, t2i dashed), named ``points_label``
-    in the legend ("training triplets" for a model's own training data). Panels of a triplet weight ``T`` show the
-    share of triplets where it is active. Writes ``path_stem.png`` and ``path_stem.pdf`` (``title`` is their
-    metadata title: a figure's title belongs in its caption).
-    """
-    names = [weight] if isinstance(weight, str) else list(weight)
-    if not names:
-        raise CocosError("no weight to draw")
-    specs = [parse_weight(n) for n in names]
-    names = [s.name for s in specs]
-    params = {k: v for k, v in (params or {}).items() if v is not None}
-    if resolution < 2:
-        raise CocosError(f"resolution must be at least 2, got {resolution}")
-    pts = _as_point_dict(points)
-    lo, hi = _choose_extent(extent, pts)
-    grid = np.linspace(lo, hi, resolution)
-    g = torch.from_numpy(grid)
-    values = {n: weight_grid(n, g[None, :], g[:, None], **params).numpy().copy() for n in names}
-
-    result = DiagramResult(paths=[], sp=grid, sn=grid.copy(), values=values, extent=(lo, hi))
-    for key, (sp, sn) in pts.items():
-        result.n_points[key] = int(sp.size)
-        inside = (sp >= lo) & (sp <= hi) & (sn >= lo) & (sn <= hi)
-        result.outside[key] = float(1 - inside.mean()) if sp.size else 0.0
-    for n in names:
-        result.active[n] = {key: active_share(n, sp, sn, **params) for key, (sp, sn) in pts.items()}
-
-
-
+    """Draw the heat maps of ``diagram`` (one panel each, two per row) with its triplets as density contours in
+    ``color`` (i2t solid, t2i dashed), named ``points_label`` in the legend; write ``path_stem.png`` and
+    ``path_stem.pdf`` (``title`` is their metadata title: a figure's title belongs in its caption)."""
+    panels = diagram.panels
+    result = DiagramResult(paths=[], sp=diagram.grid, sn=diagram.grid.copy(),
+                           values={p.name: p.values for p in panels}, extent=diagram.extent,
+                           active={p.name: p.active for p in panels}, n_points=dict(diagram.n_points),
+                           outside=dict(diagram.outside))
     with style.paper_style():
-        ncols = min(MAX_PANELS_PER_ROW, len(names))
-        nrows = -(-len(names) // ncols)
-        fig = style.figure(2.3 * nrows + (0.6 if pts else 0.1))
+        ncols = min(MAX_PANELS_PER_ROW, len(panels))
+        nrows = -(-len(panels) // ncols)
+        fig = style.figure(2.3 * nrows + (0.6 if diagram.points else 0.1))
         fig.get_layout_engine().set(rect=(0, 0, 0.97, 1))  # the layout misjudges the last colour bar's labels
         axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
-        for ax in axes[len(names):]:
+        for ax in axes[len(panels):]:
             ax.set_axis_off()
-        for ax, name, spec in zip(axes, names, specs, strict=False):
-            v = values[name]
-            vmin, vmax = float(min(v.min(), 0.0)), float(max(v.max(), 1.0))
-            im = ax.imshow(v, origin="lower", extent=(lo, hi, lo, hi), cmap="viridis", vmin=vmin, vmax=vmax,
-                           aspect="auto", interpolation="bilinear")
-            ax.set_box_aspect(1)  # square panels that the layout engine can place (aspect="equal" it cannot)
-            binary = bool(np.isin(v, (0.0, 1.0)).all())
-            if spec.triplet == "T_con" and spec.pair is None:  # the exact boundary: Sn = Sp - margin
-                m = float(weight_params("T_con", **params).get("margin", DEFAULT_MARGIN))
-                ax.plot([lo, hi], [lo - m, hi - m], color="white", linewidth=1.0)
-            else:
-                scale = 1.0 if v.max() <= 1.0 else float(v.max())
-                levels = [lv * scale for lv in ((0.5,) if binary else (0.1, 0.3, 0.5, 0.7, 0.9))]
-                levels = [lv for lv in levels if v.min() < lv < v.max()]
-                if levels:
-                    cs = ax.contour(grid, grid, v, levels=levels, colors="white", linewidths=0.6, alpha=0.8)
-                    if not binary:
-                        ax.clabel(cs, fontsize=style.SMALL_PT, fmt="%.2g")
-            ax.plot([lo, hi], [lo, hi], color="0.85", linewidth=0.6, linestyle=":")
-            _draw_points(ax, pts, (lo, hi), color, result.active[name] if spec.pair is None else {})
-            ax.set_xlim(lo, hi)
-            ax.set_ylim(lo, hi)
-            ax.set_xlabel(r"$S_p$ (positive similarity)")
-            ax.set_ylabel(r"$S_n$ (hardest negative)")
-            ax.set_title(_label(name, params))
-            ax.grid(False)
-            bar = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
-            bar.set_label(_bar_label(spec), labelpad=1)
-            bar.ax.yaxis.set_label_position("left")  # between panel and bar: the layout keeps it inside the figure
-        if pts:
-            held = " / ".join(f"{q:.0%}" for q in DENSITY_LEVELS)
-            handles = [Line2D([], [], color=color,
-                              linestyle=DIRECTION_STYLE.get(k, ("C0", "solid"))[1],
-                              label=f"{k} {points_label} (contours hold {held})")
-                       for k, (sp, _) in pts.items() if sp.size >= 2]
-            if any(spec.pair is None for spec in specs):
-                handles.append(Patch(facecolor="none", edgecolor="none",
-                                     label=f"% active: share of triplets where T > {ACTIVE_THRESHOLD:g}"))
-            fig.legend(handles=handles, loc="outside lower center", ncols=1 if ncols < 3 else min(3, len(handles)),
-                       fontsize=style.SMALL_PT)
+        for ax, panel in zip(axes, panels, strict=False):
+            _draw_panel(fig, ax, panel, diagram, color)
+        if diagram.points:
+            _legend(fig, diagram, color, points_label, ncols)
         style.caption(fig, title)
         result.paths = style.save(fig, Path(path_stem))
     return result
+
+
+def _draw_panel(fig, ax, panel: WeightPanel, diagram: TripletDiagram, color: str) -> None:
+    """One weight's heat map on ``ax``: its boundary or contours, the diagonal, the triplets, labels, colour bar."""
+    lo, hi = diagram.extent
+    v = panel.values
+    vmin, vmax = float(min(v.min(), 0.0)), float(max(v.max(), 1.0))
+    im = ax.imshow(v, origin="lower", extent=(lo, hi, lo, hi), cmap="viridis", vmin=vmin, vmax=vmax,
+                   aspect="auto", interpolation="bilinear")
+    ax.set_box_aspect(1)  # square panels that the layout engine can place (aspect="equal" it cannot)
+    if panel.boundary is not None:  # the exact boundary: Sn = Sp - margin
+        ax.plot([lo, hi], [lo - panel.boundary, hi - panel.boundary], color="white", linewidth=1.0)
+    else:
+        _weight_contours(ax, diagram.grid, v)
+    ax.plot([lo, hi], [lo, hi], color="0.85", linewidth=0.6, linestyle=":")
+    _draw_points(ax, diagram.points, (lo, hi), color, panel.active if panel.pair is None else {})
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_xlabel(r"$S_p$ (positive similarity)")
+    ax.set_ylabel(r"$S_n$ (hardest negative)")
+    ax.set_title(_label(panel))
+    ax.grid(False)
+    bar = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    bar.set_label(_bar_label(panel), labelpad=1)
+    bar.ax.yaxis.set_label_position("left")  # between panel and bar: the layout keeps it inside the figure
+
+
+def _weight_contours(ax, grid: np.ndarray, v: np.ndarray) -> None:
+    """White contours of a weight: its 1/2 level if it only takes 0 and 1, else :data:`WEIGHT_LEVELS` (labelled),
+    both as shares of its maximum when that exceeds 1; levels outside the weight's range are left out."""
+    binary = bool(np.isin(v, (0.0, 1.0)).all())
+    scale = 1.0 if v.max() <= 1.0 else float(v.max())
+    levels = [lv * scale for lv in ((0.5,) if binary else WEIGHT_LEVELS)]
+    levels = [lv for lv in levels if v.min() < lv < v.max()]
+    if not levels:
+        return
+    cs = ax.contour(grid, grid, v, levels=levels, colors="white", linewidths=0.6, alpha=0.8)
+    if not binary:
+        ax.clabel(cs, fontsize=style.SMALL_PT, fmt="%.2g")
+
+
+def _legend(fig, diagram: TripletDiagram, color: str, points_label: str, ncols: int) -> None:
+    """The figure's legend: one line per direction with at least two triplets and, if a panel shows a
+    triplet weight's active share, what that share means."""
+    held = " / ".join(f"{q:.0%}" for q in DENSITY_LEVELS)
+    handles = [Line2D([], [], color=color, linestyle=DIRECTION_STYLE.get(k, ("C0", "solid"))[1],
+                      label=f"{k} {points_label} (contours hold {held})")
+               for k, (sp, _) in diagram.points.items() if sp.size >= 2]
+    if any(p.pair is None for p in diagram.panels):
+        handles.append(Patch(facecolor="none", edgecolor="none",
+                             label=f"% active: share of triplets where T > {ACTIVE_THRESHOLD:g}"))
+    fig.legend(handles=handles, loc="outside lower center", ncols=1 if ncols < 3 else min(3, len(handles)),
+               fontsize=style.SMALL_PT)
 
 
 def _draw_points(ax, pts: dict, extent, color: str, active: dict) -> None:
@@ -307,75 +305,27 @@ def _draw_points(ax, pts: dict, extent, color: str, active: dict) -> None:
                     bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "alpha": 0.8, "linewidth": 0})
 
 
-@dataclass
-class PairCurves:
-    """Pair-weight curves: ``positive[name]`` is ``P+`` over ``s``, ``negative[name]`` is ``P−`` over ``s``."""
-
-    paths: list[Path]
-    s: np.ndarray
-    positive: dict[str, np.ndarray]
-    negative: dict[str, np.ndarray]
-
-
-def plot_pair_weights(
-    names: str | Sequence[str] = tuple(PAIR_WEIGHTS),
-    *,
-    params: dict | None = None,
-    path_stem: str | os.PathLike,
-    extent: tuple[float, float] = DEFAULT_EXTENT,
-    resolution: int = 401,
-) -> PairCurves:
-    """Curves of pair weights (paper Figure 3): ``P+`` over ``Sp`` (left), ``P−`` over ``Sn`` (right).
-
-    The multi-similarity forms are drawn with fixed relative terms ``m_pos``/``m_neg``
-    (default 0.1 as in Figure 3).
-    """
-    names = [names] if isinstance(names, str) else list(names)
-    canon = []
-    for n in names:
-        spec = parse_weight(f"{n.rstrip('+-')}+")
-        if spec.triplet is not None:
-            raise CocosError(f"'{n}' is not a pair weight (choose from {', '.join(PAIR_WEIGHTS)})")
-        canon.append(spec.pair)
-    params = {k: v for k, v in (params or {}).items() if v is not None}
-    lo, hi = _choose_extent(extent, {})
-    s = np.linspace(lo, hi, resolution)
-    st = torch.from_numpy(s)
-    positive = {n: weight_grid(f"{n}+", st, st, **params).numpy().copy() for n in canon}
-    negative = {n: weight_grid(f"{n}-", st, st, **params).numpy().copy() for n in canon}
-
+def draw_pair_weights(curves: PairCurves, *, path_stem: str | os.PathLike) -> PairCurves:
+    """Draw pair-weight curves (paper Figure 3): ``P+`` over ``Sp`` (left), ``P−`` over ``Sn`` (right); write
+    ``path_stem.png`` and ``.pdf`` and return ``curves`` with their paths."""
+    lo, hi = float(curves.s[0]), float(curves.s[-1])
     with style.paper_style():
         fig = style.figure(2.2)
         axes = fig.subplots(1, 2)
-        for ax, curves, xlabel, title in ((axes[0], positive, r"$S_p$", r"$P_+$ (positive pairs)"),
-                                          (axes[1], negative, r"$S_n$", r"$P_-$ (negative pairs)")):
-            for i, (n, y) in enumerate(curves.items()):
-                ax.plot(s, y, color=f"C{i}", label=_pair_name(n), linewidth=1.4)
+        for ax, lines, xlabel, title in ((axes[0], curves.positive, r"$S_p$", r"$P_+$ (positive pairs)"),
+                                         (axes[1], curves.negative, r"$S_n$", r"$P_-$ (negative pairs)")):
+            for i, (n, y) in enumerate(lines.items()):
+                ax.plot(curves.s, y, color=f"C{i}", label=pair_notation(n), linewidth=1.4)
             ax.set_xlim(lo, hi)
             ax.set_xlabel(xlabel)
             ax.set_ylabel("pair weight")
             ax.set_title(title)
             ax.legend(fontsize=style.SMALL_PT)
-        paths = style.save(fig, Path(path_stem))
-    return PairCurves(paths=paths, s=s, positive=positive, negative=negative)
+        curves.paths = style.save(fig, Path(path_stem))
+    return curves
 
 
-def _pair_name(pair: str) -> str:
-    """A pair weight without its sign in the paper's notation: ``P_sig-ms`` -> ``$P_{sig-ms}$``."""
-    return paper_notation(f"{pair}+").replace("^{+}", "")
-
-
-def file_slug(name: str) -> str:
-    """A file-name-safe form of a weight name: ``T_nca*P_sig-`` -> ``T_nca_x_P_sig_neg``."""
-    out = str(name).replace("\u2212", "-")
-    if out.endswith("+"):
-        out = out[:-1] + "_pos"
-    elif out.endswith("-"):
-        out = out[:-1] + "_neg"
-    return out.replace("*", "_x_").replace(",", "_")
-
-
-__all__ = [
-    "ACTIVE_THRESHOLD", "DiagramResult", "PairCurves", "active_share", "density_grid", "file_slug",
-    "plot_pair_weights", "plot_triplet_diagram",
+__all__ = [  # the computing entry points (plot_triplet_diagram, ...) are cocos.pipelines.triplets'
+    "ACTIVE_THRESHOLD", "DiagramResult", "PairCurves", "TripletDiagram", "WeightPanel", "density_grid",
+    "draw_pair_weights", "draw_triplet_diagram", "file_slug", "notation", "pair_notation",
 ]

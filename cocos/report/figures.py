@@ -78,29 +78,7 @@ def plot_count_distributions(queries, path_stem: str | os.PathLike, looks: Mappi
                     ax.set_axis_off()
                     continue
                 values = queries.loc[rows, stat].to_numpy(dtype=np.float64)
-                values = values[np.isfinite(values)]
-                edges, discrete = _bins(values)
-                sns.histplot(x=values, bins=edges, stat="proportion", ax=ax, color=color, alpha=0.85,
-                             edgecolor="white", linewidth=0.4)
-                total = max(values.size, 1)
-                heights = np.rint(np.array([p.get_height() for p in ax.patches]) * total)  # queries per bar
-                nonzero = heights[heights > 0]
-                log = bool(nonzero.size and nonzero.max() / nonzero.min() > LOG_TAIL_RATIO)
-                if log:
-                    ax.set_yscale("log")
-                ax.yaxis.set_major_formatter(_share_formatter())
-                ax.set_xlabel(f"{style.stat_math(stat)} per query")
-                ax.set_ylabel(("share of queries" + (" (log)" if log else "")) if j == 0 or log else "")
-                if discrete and edges.size <= 12:
-                    ax.set_xticks(np.arange(edges[0] + 0.5, edges[-1]))
-                mean = float(values.mean()) if values.size else float("nan")
-                line = ax.axvline(mean, color="black", linestyle="--", linewidth=1)
-                entry = {"heights": heights, "edges": np.asarray(edges), "mean": float(line.get_xdata()[0]),
-                         "stat": stat, "log": log, "discrete": discrete}
-                if stat == "C_q" and (values > 0).any():
-                    gline = ax.axvline(float(values[values > 0].mean()), color="black", linestyle=":", linewidth=1)
-                    entry["mean_with_gradient"] = float(gline.get_xdata()[0])
-                data[(loss, d)] = entry
+                data[(loss, d)] = _count_histogram(ax, values[np.isfinite(values)], stat, color, first=j == 0)
         if not losses:
             axes[0][0].text(0.5, 0.5, "no per-query counts", ha="center", va="center")
 
@@ -112,6 +90,34 @@ def plot_count_distributions(queries, path_stem: str | os.PathLike, looks: Mappi
             style.caption(fig, title)
         paths = style.save(fig, path_stem)
     return FigureOutput(paths, data)
+
+
+def _count_histogram(ax, values: np.ndarray, stat: str, color: str, first: bool) -> dict:
+    """One panel of :func:`plot_count_distributions`: the share of queries per value of ``stat`` (log y for a long
+    tail), the mean (dashed) and for ``C_q`` the mean over queries with a gradient (dotted); the y label on the
+    ``first`` column (and on every log axis). Returns the panel's entry of ``data``, read back from the axes."""
+    edges, discrete = _bins(values)
+    sns.histplot(x=values, bins=edges, stat="proportion", ax=ax, color=color, alpha=0.85,
+                 edgecolor="white", linewidth=0.4)
+    total = max(values.size, 1)
+    heights = np.rint(np.array([p.get_height() for p in ax.patches]) * total)  # queries per bar
+    nonzero = heights[heights > 0]
+    log = bool(nonzero.size and nonzero.max() / nonzero.min() > LOG_TAIL_RATIO)
+    if log:
+        ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(_share_formatter())
+    ax.set_xlabel(f"{style.stat_math(stat)} per query")
+    ax.set_ylabel(("share of queries" + (" (log)" if log else "")) if first or log else "")
+    if discrete and edges.size <= 12:
+        ax.set_xticks(np.arange(edges[0] + 0.5, edges[-1]))
+    mean = float(values.mean()) if values.size else float("nan")
+    line = ax.axvline(mean, color="black", linestyle="--", linewidth=1)
+    entry = {"heights": heights, "edges": np.asarray(edges), "mean": float(line.get_xdata()[0]),
+             "stat": stat, "log": log, "discrete": discrete}
+    if stat == "C_q" and (values > 0).any():
+        gline = ax.axvline(float(values[values > 0].mean()), color="black", linestyle=":", linewidth=1)
+        entry["mean_with_gradient"] = float(gline.get_xdata()[0])
+    return entry
 
 
 def plot_query_distributions(queries, stats, path_stem: str | os.PathLike, title: str | None = None,

@@ -120,49 +120,68 @@ def _counting_settings(r: Results, losses=None) -> str:
 
 def group_results(results: Sequence[Results]) -> tuple[list[Group], list[str]]:
     """Group by (dataset, model label, training loss); returns the sorted groups and warnings."""
+    _refuse_repeats(results)
+    by_key: dict[tuple, Group] = {}
+    for r in results:
+        key = (r.data.name, r.model.label, r.training.loss if r.training is not None else None)
+        by_key.setdefault(key, Group(*key)).results.append(r)
+    groups = sorted(by_key.values(), key=Group.sort_key)
+    for g in groups:
+        _check_replicates(g)
+    warnings = _fingerprint_warnings(groups)
+    if len({r.counting.compat for r in results}) > 1:
+        warnings.append("results were counted in different modes (compat and corrected); each file's own "
+                        "mode is shown unless a mode is chosen")
+    return groups, warnings
+
+
+def _refuse_repeats(results: Sequence[Results]) -> None:
+    """The same analysis twice (same source file, model, seed, settings, counters and mode) would pose as two
+    replicates: refused."""
     seen: dict[tuple, str] = {}
-    for r in results:  # the same analysis twice would pose as two replicates
+    for r in results:
         key = (r.source.sha256, r.model.label, r.counting.seed, _counting_settings(r),
                tuple(r.counting.losses), r.counting.compat)
         if r.source.sha256 and key in seen:
             raise CocosError(f"{r.where}: counts the same {'checkpoint' if r.source.kind == 'analyze' else 'file'} "
                              f"in the same way as {seen[key]}; give each once")
         seen[key] = r.where
-    by_key: dict[tuple, Group] = {}
-    for r in results:
-        loss = r.training.loss if r.training is not None else None
-        key = (r.data.name, r.model.label, loss)
-        by_key.setdefault(key, Group(*key)).results.append(r)
-    groups = sorted(by_key.values(), key=Group.sort_key)
-    warnings: list[str] = []
-    for g in groups:
-        shared = set.intersection(*(set(r.counting.losses) for r in g.results))
-        settings = {_counting_settings(r, shared) for r in g.results}
-        if len(settings) > 1:
-            which = " vs ".join(sorted(settings))
-            raise CocosError(f"{g.name}: results were counted with different settings ({which}); "
-                             "count them alike (batch size, eps, margin/tau) before merging")
-        g.results.sort(key=lambda r: (r.replicate, r.where))
-        for seed, n in sorted(Tally(r.replicate for r in g.results).items()):
-            if n > 1:  # the same seed and configuration twice is one experiment, not two replicates
-                files = " and ".join(r.where for r in g.results if r.replicate == seed)
-                raise CocosError(f"{g.name}: {files} have the same seed ({seed}) and configuration, so they are not "
-                                 "replicates; keep them apart with a label (cocos analyze CKPT --label last, "
-                                 "cocos count EMB --label 'tau 0.05')")
+
+
+def _check_replicates(g: Group) -> None:
+    """A group's results are replicates: counted alike (batch size and the shared counters' parameters) and of
+    different seeds; sorts them by (seed, file)."""
+    shared = set.intersection(*(set(r.counting.losses) for r in g.results))
+    settings = {_counting_settings(r, shared) for r in g.results}
+    if len(settings) > 1:
+        which = " vs ".join(sorted(settings))
+        raise CocosError(f"{g.name}: results were counted with different settings ({which}); "
+                         "count them alike (batch size, eps, margin/tau) before merging")
+    g.results.sort(key=lambda r: (r.replicate, r.where))
+    repeated = sorted(seed for seed, n in Tally(r.replicate for r in g.results).items() if n > 1)
+    if repeated:  # the same seed and configuration twice is one experiment, not two replicates
+        seed = repeated[0]
+        files = " and ".join(r.where for r in g.results if r.replicate == seed)
+        raise CocosError(f"{g.name}: {files} have the same seed ({seed}) and configuration, so they are not "
+                         "replicates; keep them apart with a label (cocos analyze CKPT --label last, "
+                         "cocos count EMB --label 'tau 0.05')")
+
+
+def _fingerprint_warnings(groups: Sequence[Group]) -> list[str]:
+    """A warning per dataset whose analysed results carry different data fingerprints (a count result's
+    fingerprint is its embeddings file, not the data: left out)."""
     fingerprints: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
     for g in groups:
         for r in g.results:
-            if r.source.kind == "analyze":  # a count result's fingerprint is its embeddings file, not the data
+            if r.source.kind == "analyze":
                 fingerprints[g.dataset][r.data.fingerprint].append(f"{g.model}/{g.loss or NO_LOSS}")
-    for dataset, fps in fingerprints.items():
-        if len(fps) > 1:
-            parts = "; ".join(f"{fp[:12]} in {', '.join(sorted(set(who)))}" for fp, who in sorted(fps.items()))
-            warnings.append(f"dataset '{dataset}': results carry different data fingerprints ({parts}); "
-                            "they may not be counted on the same data")
-    if len({r.counting.compat for r in results}) > 1:
-        warnings.append("results were counted in different modes (compat and corrected); each file's own "
-                        "mode is shown unless a mode is chosen")
-    return groups, warnings
+    return [f"dataset '{dataset}': results carry different data fingerprints ({_fingerprint_list(fps)}); "
+            "they may not be counted on the same data" for dataset, fps in fingerprints.items() if len(fps) > 1]
+
+
+def _fingerprint_list(fps: dict[str, list[str]]) -> str:
+    """``<fingerprint[:12]> in <who, ...>; ...`` in fingerprint order."""
+    return "; ".join(f"{fp[:12]} in {', '.join(sorted(set(who)))}" for fp, who in sorted(fps.items()))
 
 
 # --------------------------------------------------------------------------- statistics as a long table

@@ -26,8 +26,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from cocos.losses.spec import format_value
-from cocos.presentation import Presentation, ranked
+from cocos.presentation import Presentation, format_value, ranked
 from cocos.report.groups import (
     Group,
     aggregate,
@@ -118,6 +117,11 @@ TABLE1_KEYS = (("i2t", "R@1", "i2t_R@1", 1), ("i2t", "R@5", "i2t_R@5", 1), ("i2t
 PERCENT = {"mAP@5": 100.0}  # results.json holds mAP@5 on a 0-1 scale; Table 1 shows it in percent like the recalls
 
 
+TABLE1_LABELS = ("Dataset", "Model", "#", "Loss", "Param.")
+# a label column with one value in every row goes to Table 1's title, in this order and phrasing
+TABLE1_WHERE = (("Model", " of {}"), ("Loss", " trained with the {}"), ("Param.", " ({})"), ("Dataset", " on {}"))
+
+
 def retrieval_table(groups: Sequence[Group]) -> Table | None:
     """Table 1 over the groups that were evaluated (None if none was): the paper's columns, one compact table.
 
@@ -128,29 +132,48 @@ def retrieval_table(groups: Sequence[Group]) -> Table | None:
     if not evaluated:
         return None
     seeds = any(g.n > 1 for g in evaluated)
-    names = ("Dataset", "Model", "#", "Loss", "Param.")
-    rows = [((dataset_name(g.dataset), g.model, str(i), loss_label(g.loss, g.results[0]),
-              _params_text(_shown_params(g))[0]), _metric_cells(g)) for i, g in enumerate(evaluated, start=1)]
-    varies = {name for j, name in enumerate(names) if len({labels[j] for labels, _ in rows}) > 1}
-    keep = [j for j, name in enumerate(names) if name in varies or name == "#" or
-            (len(rows) == 1 and name in ("Loss", "Param."))]
-    fixed = {name: rows[0][0][j] for j, name in enumerate(names) if j not in keep}
-    where = "".join(text.format(fixed[name]) for name, text in (
-        ("Model", " of {}"), ("Loss", " trained with the {}"), ("Param.", " ({})"), ("Dataset", " on {}"))
-        if name in fixed)
-    split = "/".join(sorted({r.evaluation.split for g in evaluated for r in g.results}))
-    ns = sorted({g.n for g in evaluated})
-    spread = "one run per row" if not seeds else (
-        f"mean ± sample std over {', '.join(str(n) for n in ns if n > 1)} seeds"
-        + (" (rows of one seed: the value alone)" if 1 in ns else ""))
-    title = f"Table 1: Retrieval on the {split} split{where}, {spread}"
+    rows = [(_table1_labels(g, i), _metric_cells(g)) for i, g in enumerate(evaluated, start=1)]
+    keep, fixed = _table1_label_columns([labels for labels, _ in rows])
     columns = tuple(Column(name, group, latex_std=not seeds or name == "rsum") for group, name, _, _ in TABLE1_KEYS)
     notes = [Footnote("Recalls and mAP@5 (image to text) in percent; rsum is the sum of the six recalls."
                       + (" In LaTeX only rsum shows its std (the others are in tables.md)." if seeds else ""))]
     rows, flag_notes = _flag_rows(evaluated, rows)
-    return Table(title, tuple(names[j] for j in keep), columns,
+    return Table(_table1_title(evaluated, fixed), tuple(TABLE1_LABELS[j] for j in keep), columns,
                  [Row(tuple(labels[j] for j in keep), cells) for labels, cells in rows], notes + flag_notes,
                  key="retrieval", stack=False)
+
+
+def _table1_title(groups: Sequence[Group], fixed: dict[str, str]) -> str:
+    """Table 1's title: the split(s), the label values shared by every row (``fixed``), and the spread."""
+    where = "".join(text.format(fixed[name]) for name, text in TABLE1_WHERE if name in fixed)
+    split = "/".join(sorted({r.evaluation.split for g in groups for r in g.results}))
+    return f"Table 1: Retrieval on the {split} split{where}, {_table1_spread(groups)}"
+
+
+def _table1_labels(g: Group, number: int) -> tuple[str, ...]:
+    """A Table 1 row's labels (:data:`TABLE1_LABELS`): dataset, model, row number, loss, shown parameters."""
+    return (dataset_name(g.dataset), g.model, str(number), loss_label(g.loss, g.results[0]),
+            _params_text(_shown_params(g))[0])
+
+
+def _table1_label_columns(label_rows: Sequence[tuple[str, ...]]) -> tuple[list[int], dict[str, str]]:
+    """``(kept, fixed)``: the indices of the label columns Table 1 shows (those that vary, the row number, and for a
+    single row its loss and parameters) and ``{name: value}`` of the others (one value in every row)."""
+    varies = {name for j, name in enumerate(TABLE1_LABELS) if len({labels[j] for labels in label_rows}) > 1}
+    single = len(label_rows) == 1
+    keep = [j for j, name in enumerate(TABLE1_LABELS)
+            if name in varies or name == "#" or (single and name in ("Loss", "Param."))]
+    fixed = {name: label_rows[0][j] for j, name in enumerate(TABLE1_LABELS) if j not in keep}
+    return keep, fixed
+
+
+def _table1_spread(groups: Sequence[Group]) -> str:
+    """How Table 1's ± is meant: one run per row, or the sample std over the seeds of each row."""
+    ns = sorted({g.n for g in groups})
+    if ns[-1] <= 1:
+        return "one run per row"
+    return (f"mean ± sample std over {', '.join(str(n) for n in ns if n > 1)} seeds"
+            + (" (rows of one seed: the value alone)" if 1 in ns else ""))
 
 
 RSUM_COLUMN = [name for _, name, _, _ in TABLE1_KEYS].index("rsum")
@@ -162,30 +185,43 @@ def _flag_rows(groups: Sequence[Group], rows: list) -> tuple[list, list[Footnote
     warm-up loss, so its row is that loss's, not its own), ``c`` a test rsum within noise of chance."""
     warm = [any(r.warmup_selected for r in g.results) for g in groups]
     chance = [any(r.at_chance for r in g.results) for g in groups]
-    out = []
-    for (labels, cells), w, c in zip(rows, warm, chance, strict=True):
-        mark = ("w" if w else "") + ("c" if c else "")
-        if mark:
-            cells = tuple(replace(cell, mark=mark) if j == RSUM_COLUMN else cell for j, cell in enumerate(cells))
-        out.append((labels, cells))
-    notes = []
-    if any(warm):
-        rows_ = ", ".join(str(i) for i, w in enumerate(warm, start=1) if w)
-        losses = sorted({r.training.warmup_loss for g, w in zip(groups, warm, strict=True) if w for r in g.results
-                         if r.warmup_selected})
-        notes.append(Footnote(f"Row {rows_}: the selected checkpoint (best validation rsum) is a warm-up epoch: the "
-                              f"model was trained only with the {', '.join(losses)} loss, so the row shows that "
-                              "loss, not the model's own.", "w"))
-    if any(chance):
-        parts = []
-        for i, (g, c) in enumerate(zip(groups, chance, strict=True), start=1):
-            if c:
-                mean, sd = next(r.chance for r in g.results if r.at_chance)
-                parts.append(f"{i} (chance {mean:.1f} ± {sd:.1f})")
-        notes.append(Footnote(f"Row {', '.join(parts)}: test rsum within noise of chance (below chance + "
-                              f"{CHANCE_NOISE_SD:g} sd of a random ranking): the model retrieves no better than "
-                              "chance, and its COCOS describe an untrained model.", "c"))
+    marks = [("w" if w else "") + ("c" if c else "") for w, c in zip(warm, chance, strict=True)]
+    out = [(labels, _mark_rsum(cells, mark)) for (labels, cells), mark in zip(rows, marks, strict=True)]
+    notes = [note for note in (_warmup_note(groups, warm), _chance_note(groups, chance)) if note is not None]
     return out, notes
+
+
+def _mark_rsum(cells: tuple[Cell, ...], mark: str) -> tuple[Cell, ...]:
+    """The row's cells with ``mark`` on its rsum (unchanged for no mark)."""
+    if not mark:
+        return cells
+    return tuple(replace(cell, mark=mark) if j == RSUM_COLUMN else cell for j, cell in enumerate(cells))
+
+
+def _warmup_note(groups: Sequence[Group], warm: Sequence[bool]) -> Footnote | None:
+    """The ``w`` note: which rows' checkpoints are warm-up epochs, and of which warm-up losses (None: no row)."""
+    if not any(warm):
+        return None
+    rows = ", ".join(str(i) for i, w in enumerate(warm, start=1) if w)
+    losses = sorted({r.training.warmup_loss for g, w in zip(groups, warm, strict=True) if w for r in g.results
+                     if r.warmup_selected})
+    return Footnote(f"Row {rows}: the selected checkpoint (best validation rsum) is a warm-up epoch: the "
+                    f"model was trained only with the {', '.join(losses)} loss, so the row shows that "
+                    "loss, not the model's own.", "w")
+
+
+def _chance_note(groups: Sequence[Group], chance: Sequence[bool]) -> Footnote | None:
+    """The ``c`` note: which rows' test rsum is within noise of chance, with the chance level (None: no row)."""
+    if not any(chance):
+        return None
+    parts = []
+    for i, (g, c) in enumerate(zip(groups, chance, strict=True), start=1):
+        if c:
+            mean, sd = next(r.chance for r in g.results if r.at_chance)
+            parts.append(f"{i} (chance {mean:.1f} ± {sd:.1f})")
+    return Footnote(f"Row {', '.join(parts)}: test rsum within noise of chance (below chance + "
+                    f"{CHANCE_NOISE_SD:g} sd of a random ranking): the model retrieves no better than "
+                    "chance, and its COCOS describe an untrained model.", "c")
 
 
 def _metric_cells(g: Group) -> tuple[Cell, ...]:
@@ -251,6 +287,13 @@ class _Rows:
         return (*(() if self.one_context else (dataset_name(g.dataset), g.model)), loss_label(g.loss, g.results[0]),
                 *((self.labels[c],) if self.extra_counter else ()))
 
+    def label_columns(self) -> tuple[str, ...]:
+        """The names of :meth:`row_labels`."""
+        if self.single:
+            return ("Counter",)
+        return (*(() if self.one_context else ("Dataset", "Model")), "Loss",
+                *(("Counter",) if self.extra_counter else ()))
+
     def cell(self, gi, c, d, s, which):
         key = (gi, c, d, s, which)
         return self.cells.get(key)
@@ -272,28 +315,45 @@ def cocos_tables(groups: Sequence[Group], compat: bool | None = None, counters: 
     frame = stat_frame(groups, compat)
     if frame.empty:
         return []
-    shown = frame[frame["which"] == "shown"]
     pairs = [(gi, c) for gi, g in enumerate(groups) for c in g.counters(counters)]
     looks = {c: groups[gi].results[0].look(c) for gi, c in pairs}
-    single = len(groups) == 1
-    contexts = {(groups[gi].dataset, groups[gi].model) for gi, _ in pairs}
-    modes = {gi: set(map(bool, v)) for gi, v in shown.groupby("group")["compat"]}
-    lay = _Rows(groups, aggregate(frame, groups).to_dict("index"), modes,
-                {c: look.label for c, look in looks.items()}, single, not single and len(contexts) == 1,
-                not single and any(groups[gi].loss != c for gi, c in pairs))
-    label_columns = ("Counter",) if single else (*(() if lay.one_context else ("Dataset", "Model")), "Loss",
-                                                  *(("Counter",) if lay.extra_counter else ()))
-    about = f": {_describe(groups[0])}" if single else ""
-    if lay.one_context:
-        dataset, model = next(iter(contexts))
-        about = f": {model} on {dataset_name(dataset)}"
+    lay = _rows_of(groups, frame, pairs, looks)
+    label_columns = lay.label_columns()
+    about = _about(lay, pairs)
     tables = [_paper_table(lay, spec, [(gi, c) for gi, c in pairs if c in spec.counters], looks, about, label_columns)
               for spec in table_specs([c for _, c in pairs], looks)]
-    comp = [(gi, c) for gi, c in pairs if any(lay.cell(gi, c, d, s, "shown") is not None
-                                               for d in DIRECTIONS for s in COMPANION_STATS)]
+    comp = [(gi, c) for gi, c in pairs if _has_companions(lay, gi, c)]
     if comp:
         tables.append(_companions_table(lay, comp, about, label_columns))
     return [_constant_labels_to_title(t) for t in tables]
+
+
+def _has_companions(lay: _Rows, gi: int, c: str) -> bool:
+    """Whether counter ``c`` of group ``gi`` has any threshold-free companion statistic in the shown mode."""
+    return any(lay.cell(gi, c, d, s, "shown") is not None for d in DIRECTIONS for s in COMPANION_STATS)
+
+
+def _rows_of(groups: Sequence[Group], frame: pd.DataFrame, pairs, looks: dict) -> _Rows:
+    """What the COCOS tables of the (group, counter) ``pairs`` share: the aggregated cells, each group's shown
+    modes, and how rows are labelled (one group: by counter; one dataset and model: by loss, and by counter where
+    a group shows a counter other than its loss)."""
+    shown = frame[frame["which"] == "shown"]
+    single = len(groups) == 1
+    contexts = {(groups[gi].dataset, groups[gi].model) for gi, _ in pairs}
+    modes = {gi: set(map(bool, v)) for gi, v in shown.groupby("group")["compat"]}
+    return _Rows(groups, aggregate(frame, groups).to_dict("index"), modes,
+                 {c: look.label for c, look in looks.items()}, single, not single and len(contexts) == 1,
+                 not single and any(groups[gi].loss != c for gi, c in pairs))
+
+
+def _about(lay: _Rows, pairs) -> str:
+    """What a COCOS table's title says its rows share: the one group, or the one model and dataset ("" else)."""
+    if lay.single:
+        return f": {_describe(lay.groups[0])}"
+    if lay.one_context:
+        gi = pairs[0][0]
+        return f": {lay.groups[gi].model} on {dataset_name(lay.groups[gi].dataset)}"
+    return ""
 
 
 def _constant_labels_to_title(table: Table) -> Table:

@@ -322,14 +322,10 @@ def to_latex(table: Table, collapse_labels: bool = True, width: str = "column") 
     """
     if width not in WIDTHS_PT:
         raise ValueError(f"unknown width '{width}' (use {', '.join(WIDTHS_PT)})")
-    n_labels = len(table.label_columns)
     label_rows = _label_rows(table, collapse_labels)
-    cells = [[_latex_cell(c if col.latex_std else Cell(c.mean, None, c.text, c.mark, c.digits))
-              for c, col in zip(row.cells, table.columns, strict=True)] for row in table.rows]
+    cells = _latex_cells(table)
     heads = [latex_escape(x) for x in table.label_columns]
     value_heads = [c.latex_name for c in table.columns]
-    runs = _groups(table.columns)
-    grouped = any(g for g, _, _ in runs)
     wide_rows = [heads + value_heads] + [lab + val for lab, val in zip(label_rows, cells, strict=True)]
     stacked, font, colsep = _layout(table, wide_rows, heads, value_heads, label_rows, cells, WIDTHS_PT[width])
     env = "table*" if width == "page" else "table"
@@ -337,31 +333,51 @@ def to_latex(table: Table, collapse_labels: bool = True, width: str = "column") 
     out = [rf"\begin{{{env}}}[t]", r"\centering", font, rf"\setlength{{\tabcolsep}}{{{colsep:g}pt}}",
            rf"\caption{{{latex_escape(caption).replace('query q,', 'query $q$,')}}}",
            rf"\label{{tab:{_latex_key(table.key)}}}"]
-    if not stacked:
-        out += [rf"\begin{{tabular}}{{{'l' * n_labels + 'r' * len(table.columns)}}}", r"\toprule"]
-        if grouped:
-            out += _group_header(runs, n_labels)
-        out += [" & ".join(heads + value_heads) + r" \\", r"\midrule"]
-        out += [" & ".join(lab + val) + r" \\" for lab, val in zip(label_rows, cells, strict=True)]
-    else:
-        panels = _panels(table)
-        n_values = max(len(p) for p in panels)
-        out += [rf"\begin{{tabular}}{{{'l' * n_labels + 'r' * n_values}}}", r"\toprule"]
-        for k, panel in enumerate(panels):
-            group = table.columns[panel[0]].group
-            pad = [""] * (n_values - len(panel))
-            if k:
-                out.append(r"\midrule")
-            if group:
-                out.append(rf"\multicolumn{{{n_labels + n_values}}}{{l}}{{\emph{{{latex_escape(group)}}}}} \\")
-            out.append(" & ".join(heads + [value_heads[i] for i in panel] + pad) + r" \\")
-            out.append(rf"\cmidrule(lr){{{n_labels + 1}-{n_labels + len(panel)}}}")
-            for lab, val in zip(label_rows, cells, strict=True):
-                out.append(" & ".join(lab + [val[i] for i in panel] + pad) + r" \\")
+    tabular = _stacked_tabular if stacked else _side_by_side_tabular
+    out += tabular(table, heads, value_heads, label_rows, cells)
     out += [r"\bottomrule", r"\end{tabular}"]
     out += _latex_notes(table.footnotes)
     out.append(rf"\end{{{env}}}")
     return _check_latex_ascii("\n".join(out) + "\n")
+
+
+def _latex_cells(table: Table) -> list[list[str]]:
+    """The LaTeX value cells of each row (a column without ``latex_std`` shows the mean alone)."""
+    return [[_latex_cell(c if col.latex_std else Cell(c.mean, None, c.text, c.mark, c.digits))
+             for c, col in zip(row.cells, table.columns, strict=True)] for row in table.rows]
+
+
+def _side_by_side_tabular(table: Table, heads, value_heads, label_rows, cells) -> list[str]:
+    """The tabular's opening, header and rows with every column in one row (column groups side by side, under a
+    group header)."""
+    n_labels = len(table.label_columns)
+    runs = _groups(table.columns)
+    out = [rf"\begin{{tabular}}{{{'l' * n_labels + 'r' * len(table.columns)}}}", r"\toprule"]
+    if any(g for g, _, _ in runs):
+        out += _group_header(runs, n_labels)
+    out += [" & ".join(heads + value_heads) + r" \\", r"\midrule"]
+    return out + [" & ".join(lab + val) + r" \\" for lab, val in zip(label_rows, cells, strict=True)]
+
+
+def _stacked_tabular(table: Table, heads, value_heads, label_rows, cells) -> list[str]:
+    """The tabular's opening and its column groups stacked as panels, one under the other, each with its group's
+    name and its own header (shorter panels padded with empty cells)."""
+    n_labels = len(table.label_columns)
+    panels = _panels(table)
+    n_values = max(len(p) for p in panels)
+    out = [rf"\begin{{tabular}}{{{'l' * n_labels + 'r' * n_values}}}", r"\toprule"]
+    for k, panel in enumerate(panels):
+        group = table.columns[panel[0]].group
+        pad = [""] * (n_values - len(panel))
+        if k:
+            out.append(r"\midrule")
+        if group:
+            out.append(rf"\multicolumn{{{n_labels + n_values}}}{{l}}{{\emph{{{latex_escape(group)}}}}} \\")
+        out.append(" & ".join(heads + [value_heads[i] for i in panel] + pad) + r" \\")
+        out.append(rf"\cmidrule(lr){{{n_labels + 1}-{n_labels + len(panel)}}}")
+        out += [" & ".join(lab + [val[i] for i in panel] + pad) + r" \\"
+                for lab, val in zip(label_rows, cells, strict=True)]
+    return out
 
 
 def _label_rows(table: Table, collapse: bool) -> list[list[str]]:

@@ -121,38 +121,59 @@ def plot_track(track: pd.DataFrame, path_stem: str | os.PathLike, title: str | N
         fig = style.figure(1.7 * rows + 0.5)
         axes = fig.subplots(rows, cols, squeeze=False, sharex=True).ravel()
         for ax, stat in zip(axes, stats, strict=False):
-            part = track[track["stat"] == stat]
-            for (name, direction), line in part.groupby([series, "direction"], sort=False):
-                line = line.sort_values(x)
-                kw = {"color": colours[name], "linestyle": style.DIRECTION_DASHES.get(direction, "-")}
-                if markers:
-                    ax.plot(line[x], line["value"], linewidth=1.4, marker="o", markersize=4, **kw)
-                else:
-                    ax.plot(line[x], line["value"], linewidth=0.5, alpha=0.3, **kw)
-                    ax.plot(line[x], _smooth(line["value"], len(line)), linewidth=1.6, **kw)
-            _log_axis(ax, part["value"].to_numpy(dtype=float))
-            ax.set_title("test rsum" if stat == "rsum" else style.stat_math(stat))
-            ax.set_xlabel("training step" if x == "step" else x)
-            ax.tick_params(labelbottom=True)  # shared x, but every panel keeps its numbers
-            if x == "epoch":
-
-                ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            _track_panel(ax, track[track["stat"] == stat], stat, series, x, markers, colours)
         for ax in axes[len(stats):]:
             ax.set_visible(False)
         if not stats:
             axes[0].set_visible(True)
             axes[0].text(0.5, 0.5, "nothing tracked", ha="center", va="center", transform=axes[0].transAxes)
-        handles = [Line2D([], [], color=c, linewidth=1.6) for c in colours.values()]
-        handles += [Line2D([], [], color="0.3", linestyle=style.DIRECTION_DASHES[d]) for d in ("i2t", "t2i")]
-        # runs of one model ("VSE++ (ResNet-18, fine-tuned), Triplet loss", ...): the model once, in the caption,
-        # and the losses in the legend, which otherwise runs off both edges of the figure
-        model, names = _common_model([str(n) for n in colours])
-        labels = [*names, "i2t", "t2i"]
-        ncols = max(1, min(4, len(labels), 110 // (max(len(n) for n in labels) + 6)))
-        fig.legend(handles, labels, loc="outside lower center", ncols=ncols, title=model or None)
+        model = _track_legend(fig, colours)
         caption = title or "COCOS of the training batches during training"
         style.caption(fig, f"{caption}: {model}" if model else caption)
         return FigureOutput(style.save(fig, path_stem), {"panels": stats, "series": list(colours)})
+
+
+def _track_panel(ax, part: pd.DataFrame, stat: str, series: str, x: str, markers: bool, colours: dict) -> None:
+    """One statistic of :func:`plot_track`: a line per (series, direction), as markers joined (``markers``) or as
+    faint per-batch values under their rolling mean; a log axis where the values span decades."""
+    for (name, direction), line in part.groupby([series, "direction"], sort=False):
+        line = line.sort_values(x)
+        kw = {"color": colours[name], "linestyle": style.DIRECTION_DASHES.get(direction, "-")}
+        if markers:
+            ax.plot(line[x], line["value"], linewidth=1.4, marker="o", markersize=4, **kw)
+        else:
+            ax.plot(line[x], line["value"], linewidth=0.5, alpha=0.3, **kw)
+            ax.plot(line[x], _smooth(line["value"], len(line)), linewidth=1.6, **kw)
+    _log_axis(ax, part["value"].to_numpy(dtype=float))
+    ax.set_title("test rsum" if stat == "rsum" else style.stat_math(stat))
+    ax.set_xlabel("training step" if x == "step" else x)
+    ax.tick_params(labelbottom=True)  # shared x, but every panel keeps its numbers
+    if x == "epoch":
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _track_legend(fig, colours: dict) -> str:
+    """The legend of :func:`plot_track` below the panels: a colour per series, then i2t and t2i. Runs of one model
+    ("VSE++ (ResNet-18, fine-tuned), Triplet loss", ...) name the model once, as the legend's title, and the losses
+    in it (which otherwise run off both edges of the figure); returns that model ("" for none)."""
+    handles = [Line2D([], [], color=c, linewidth=1.6) for c in colours.values()]
+    handles += [Line2D([], [], color="0.3", linestyle=style.DIRECTION_DASHES[d]) for d in ("i2t", "t2i")]
+    model, names = _common_model([str(n) for n in colours])
+    labels = [*names, "i2t", "t2i"]
+    ncols = max(1, min(4, len(labels), 110 // (max(len(n) for n in labels) + 6)))
+    fig.legend(handles, labels, loc="outside lower center", ncols=ncols, title=model or None)
+    return model
+
+
+def _training_panels(steps: pd.DataFrame) -> list[tuple[str, str]]:
+    """``(column, title)`` of each panel of :func:`plot_training`: the loss per query where the log has it (a
+    summed loss of a short final batch is no drop), else as logged; with LTD also λ and L_rec/η."""
+    per_query = PER_QUERY in steps and steps[PER_QUERY].notna().all()
+    panels = [(PER_QUERY, r"$\mathcal{L}_{con}$ per query") if per_query else
+              ("L_con", r"contrastive loss $\mathcal{L}_{con}$")]
+    if all(c in steps for c in LTD_COLUMNS) and steps["lambda"].notna().any():
+        panels += [("lambda", r"multiplier $\lambda$"), ("L_rec/eta", r"$\mathcal{L}_{rec}/\eta$")]
+    return panels
 
 
 def plot_training(steps: pd.DataFrame, path_stem: str | os.PathLike, title: str | None = None,
@@ -163,12 +184,7 @@ def plot_training(steps: pd.DataFrame, path_stem: str | os.PathLike, title: str 
     steps = steps.copy()
     if series not in steps:
         steps[series] = "run"
-    # the loss per query where the log has it (a summed loss of a short final batch is no drop), else as logged
-    per_query = PER_QUERY in steps and steps[PER_QUERY].notna().all()
-    panels = [(PER_QUERY, r"$\mathcal{L}_{con}$ per query") if per_query else
-              ("L_con", r"contrastive loss $\mathcal{L}_{con}$")]
-    if all(c in steps for c in LTD_COLUMNS) and steps["lambda"].notna().any():
-        panels += [("lambda", r"multiplier $\lambda$"), ("L_rec/eta", r"$\mathcal{L}_{rec}/\eta$")]
+    panels = _training_panels(steps)
     names = list(dict.fromkeys(steps[series]))
     legend = len(names) > 1 or names != ["run"]  # a report names its runs; one run's own folder needs no legend
 
@@ -178,17 +194,7 @@ def plot_training(steps: pd.DataFrame, path_stem: str | os.PathLike, title: str 
         fig = style.figure(2.0 + (0.4 if legend else 0.0))
         axes = fig.subplots(1, len(panels), squeeze=False)[0]
         for ax, (column, label) in zip(axes, panels, strict=True):
-            for name, part in steps.groupby(series, sort=False):
-                part = part.sort_values("step")
-                if part[column].notna().any():
-                    ax.plot(part["step"], part[column], color=colours[name], linewidth=0.4, alpha=0.3)
-                    ax.plot(part["step"], _smooth(part[column], len(part)), color=colours[name], linewidth=1.6)
-            if column in ("L_con", PER_QUERY):  # a warm-up epoch's summed violations can dwarf the rest
-                _log_axis(ax, steps[column].to_numpy(dtype=float))
-            if column == "L_rec/eta":
-                ax.axhline(1.0, color=style.GREY, linestyle=":", linewidth=1)
-                ax.text(0.99, 1.0, r"bound $\eta$", transform=ax.get_yaxis_transform(), ha="right", va="bottom",
-                        color=style.GREY, fontsize=style.SMALL_PT)
+            _training_panel(ax, steps, column, series, colours)
             ax.set_title(label)
             ax.set_xlabel("training step")
         if legend:
@@ -196,6 +202,23 @@ def plot_training(steps: pd.DataFrame, path_stem: str | os.PathLike, title: str 
                        loc="outside lower center", ncols=min(3, len(names)))
         style.caption(fig, title or "Training curves")
         return style.save(fig, path_stem)
+
+
+def _training_panel(ax, steps: pd.DataFrame, column: str, series: str, colours: dict) -> None:
+    """One column of the step log over steps: per series its faint per-step values under their rolling mean; the
+    loss on a log axis where it spans decades (a warm-up epoch's summed violations can dwarf the rest), and
+    ``L_rec/η`` with its bound at 1."""
+    for name, part in steps.groupby(series, sort=False):
+        part = part.sort_values("step")
+        if part[column].notna().any():
+            ax.plot(part["step"], part[column], color=colours[name], linewidth=0.4, alpha=0.3)
+            ax.plot(part["step"], _smooth(part[column], len(part)), color=colours[name], linewidth=1.6)
+    if column in ("L_con", PER_QUERY):
+        _log_axis(ax, steps[column].to_numpy(dtype=float))
+    if column == "L_rec/eta":
+        ax.axhline(1.0, color=style.GREY, linestyle=":", linewidth=1)
+        ax.text(0.99, 1.0, r"bound $\eta$", transform=ax.get_yaxis_transform(), ha="right", va="bottom",
+                color=style.GREY, fontsize=style.SMALL_PT)
 
 
 RUN_MARKERS = ("o", "^", "s", "D", "v")

@@ -480,24 +480,36 @@ def _is_number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
+# The checks of _check_contents, in order: (what must hold of the results, the error's detail); the counters'
+# parameters are checked by _check_params, which names the counter in its own line.
+_CONTENT_CHECKS = (
+    (lambda r: r.source.kind in KINDS, f"source.kind must be one of {', '.join(KINDS)}"),
+    (lambda r: all(isinstance(x, str) for x in r.counting.losses), "counting.losses must be names"),
+    (lambda r: _check_params(r.counting.params), None),
+    (lambda r: all(_is_number(v) for v in r.counting.n_batches.values()), "counting.n_batches must hold numbers"),
+    (lambda r: all(isinstance(v, str) for v in r.counting.labels.values()), "counting.labels must hold text"),
+    (lambda r: r.evaluation is None or all(_is_number(v) for v in r.evaluation.metrics.values()),
+     "evaluation.metrics must hold numbers"),
+)
+
+
 def _check_contents(r: Results) -> None:
-    """The nested values the reports read: counter names and parameters, batch counts, metrics."""
-    if r.source.kind not in KINDS:
-        raise CocosError(f"not a cocos results file (source.kind must be one of {', '.join(KINDS)})")
-    c = r.counting
-    if not all(isinstance(x, str) for x in c.losses):
-        raise CocosError("not a cocos results file (counting.losses must be names)")
-    for name, params in c.params.items():
-        if not isinstance(params, dict) or not all(isinstance(v, (int, float, str)) for v in params.values()):
+    """The nested values the reports read: counter names and parameters, batch counts, metrics
+    (:data:`_CONTENT_CHECKS`, in order; the first that fails is one line)."""
+    for holds, detail in _CONTENT_CHECKS:
+        if not holds(r):
+            raise CocosError(f"not a cocos results file ({detail})")
+
+
+def _check_params(params: dict) -> bool:
+    """Each counter's parameters map names to numbers or text, and ``eps``, where given, is a number; True, or one
+    line naming the counter."""
+    for name, p in params.items():
+        if not isinstance(p, dict) or not all(isinstance(v, (int, float, str)) for v in p.values()):
             raise CocosError(f"not a cocos results file (counting.params.{_shown(name)} must map names to numbers)")
-        if "eps" in params and not _is_number(params["eps"]):
+        if "eps" in p and not _is_number(p["eps"]):
             raise CocosError(f"not a cocos results file (counting.params.{_shown(name)}.eps must be a number)")
-    if not all(_is_number(v) for v in c.n_batches.values()):
-        raise CocosError("not a cocos results file (counting.n_batches must hold numbers)")
-    if not all(isinstance(v, str) for v in c.labels.values()):
-        raise CocosError("not a cocos results file (counting.labels must hold text)")
-    if r.evaluation is not None and not all(_is_number(v) for v in r.evaluation.metrics.values()):
-        raise CocosError("not a cocos results file (evaluation.metrics must hold numbers)")
+    return True
 
 
 def _statistics(data: dict, version: int) -> list[dict]:

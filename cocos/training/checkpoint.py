@@ -2,10 +2,11 @@
 
 Format (``format = "cocos-checkpoint"``, ``format_version = 1``)::
 
-    model:      {"kind": "vsepp" | "vsrn", "hparams": {...}}
+    model:      {"kind": a registered model family ("vsepp", "vsrn", "vsepp_full", a plugin's), "hparams": {...}}
     vocab:      [token, ...]               plain strings, index = token id
     state_dict: {name: tensor}
-    loss:       {"name": ..., "params": {...}, "compat": bool}
+    loss:       {"name": ..., "params": {...}, "compat": bool, "presentation": {...}}
+                (presentation: how reports show the loss, as results.json records it; absent before #29)
     data:       {"path": ..., "fingerprint": ..., "k": ..., "feature_shape": [...]}
                 raw images also: "input": "images", "crop_size": ..., "use_restval": bool
                 (fingerprint: the training split's ImageSplit.fingerprint; feature_shape: [pooled d])
@@ -24,7 +25,8 @@ may use: the zip CRC of every member, the content hash (checkpoints written befo
 existed load without it), and the structure (:func:`validate_checkpoint`): the type of
 every field, the model rebuilt from ``model.kind`` + ``hparams`` (on the meta device,
 nothing allocated) against the state dict's names, shapes and dtypes, the vocabulary
-against the embedding table, the recorded loss against the registry, and the resume
+against the embedding table, the recorded loss against the registry (where its family is registered: a
+checkpoint stands alone, its ``loss.presentation`` showing a loss whose plugin is gone), and the resume
 state (optimizer, scheduler, RNG, LTD) against the parameters it belongs to. Anything
 wrong raises :class:`CocosError` with one line naming the file and the field.
 """
@@ -51,8 +53,10 @@ from cocos.data.text import Vocabulary
 from cocos.errors import CocosError
 from cocos.io import write_bytes
 from cocos.losses.ltd import LAMBDA_RANGE, MODES, TargetDecoder
-from cocos.models import MODELS
-from cocos.objectives import OBJECTIVES, get_objective
+from cocos.models.registry import get_family
+from cocos.models.registry import names as model_names
+from cocos.objectives import OBJECTIVES
+from cocos.presentation import Presentation
 from cocos.safeload import first_line, load_torch_file
 
 FORMAT = "cocos-checkpoint"
@@ -345,13 +349,18 @@ class _Checker:
         if shape is not None and tuple(value.shape) != tuple(shape):
             self.fail(field, f"has shape {tuple(value.shape)}, expected {tuple(shape)}")
         if dtype is not None:
-            if dtype.is_floating_point and not value.dtype.is_floating_point:
-                self.fail(field, f"has dtype {value.dtype}, expected a floating point dtype ({dtype})")
-            if not dtype.is_floating_point and value.dtype != dtype:
-                self.fail(field, f"has dtype {value.dtype}, expected {dtype}")
+            self.dtype(value, field, dtype)
         if finite and value.dtype.is_floating_point and value.numel() and not bool(torch.isfinite(value).all()):
             self.fail(field, "holds NaN or Inf")
         return value
+
+    def dtype(self, value: torch.Tensor, field: str, dtype: torch.dtype) -> None:
+        """``value`` has the kind of ``dtype``: any floating point dtype for a floating ``dtype`` (weights may be
+        saved in half precision), else exactly ``dtype``."""
+        if dtype.is_floating_point and not value.dtype.is_floating_point:
+            self.fail(field, f"has dtype {value.dtype}, expected a floating point dtype ({dtype})")
+        if not dtype.is_floating_point and value.dtype != dtype:
+            self.fail(field, f"has dtype {value.dtype}, expected {dtype}")
 
 
 def _check_hparams(check: _Checker, cls, hparams, field: str) -> dict:
@@ -420,9 +429,9 @@ def validate_model(ckpt: dict, where="checkpoint") -> torch.nn.Module:
     check.dict(ckpt, "checkpoint")
     model = _entry(check, ModelEntry, check.key(ckpt, "model", ""), "model")
     kind = model["kind"]
-    if not isinstance(kind, str) or kind not in MODELS:
-        check.fail("model.kind", f"must be one of {', '.join(MODELS)}, got {_show(kind)}")
-    cls = MODELS[kind]
+    if not isinstance(kind, str) or kind not in model_names():
+        check.fail("model.kind", f"must be one of {', '.join(model_names())}, got {_show(kind)}")
+    cls = get_family(kind).module
     hparams = _check_hparams(check, cls, check.key(model, "hparams", "model"), "model.hparams")
     vocab = check.list(check.key(ckpt, "vocab", ""), "vocab")
     for i, token in enumerate(vocab):
@@ -457,6 +466,7 @@ class LossEntry:
     name: str
     params: dict = field(default_factory=dict)
     compat: bool = False
+    presentation: dict | None = None  # how reports show the training loss (Presentation.to_dict), since 0.1 (#29)
 
 
 @dataclass(frozen=True)
@@ -515,14 +525,14 @@ _TRAIN_USED = {"batch_size": 1, "k": 1, "seed": 0}
 
 
 def _check_train(check: _Checker, train) -> dict:
-    from cocos.training.trainer import TrainConfig  # here: the trainer imports this module (a cycle at the top)
+    from cocos.training.config import record_type
 
     train = check.dict(train, "train")
     for name, minimum in _TRAIN_USED.items():
         if name in train:
             check.int(train[name], f"train.{name}", minimum=minimum, maximum=SEED_LIMIT - 1 if name == "seed" else None)
     # a setting the run did not record is None (a converted checkpoint of the original code)
-    _entry(check, TrainConfig, {k: v for k, v in train.items() if v is not None}, "train", complete=False)
+    _entry(check, record_type(), {k: v for k, v in train.items() if v is not None}, "train", complete=False)
     for name, value in train.items():
         if _is_int(value) and value < 0:
             check.fail(f"train.{name}", f"must not be negative, got {value}")
@@ -530,20 +540,25 @@ def _check_train(check: _Checker, train) -> dict:
 
 
 def _check_loss(check: _Checker, loss) -> None:
+    """The training loss: a name and parameters, checked against the family's spec where it is registered. A loss
+    whose plugin is not installed is accepted as recorded (evaluating and analysing need no loss; the checkpoint's
+    ``presentation`` shows it; resuming needs the plugin and says so)."""
 
     loss = _entry(check, LossEntry, loss, "loss")
     name = check.str(loss["name"], "loss.name", nonempty=True)
-    try:
-        spec = get_objective(name)
-    except CocosError:
-        check.fail("loss.name", f"names a loss this cocos does not know: '{name}' (registered: "
-                                f"{', '.join(OBJECTIVES)})")
     params = check.dict(loss.get("params", {}), "loss.params")
     for key, value in params.items():
         if not (_is_number(value) or isinstance(value, (str, bool))):
             check.fail(f"loss.params.{key}", f"must be a number, a name or a switch, got {_show(value)}")
+    if loss.get("presentation") is not None:
+        try:
+            Presentation.from_dict(loss["presentation"])
+        except Exception as exc:  # noqa: BLE001 - CocosError, or what a tensor planted in it raises
+            check.fail("loss.presentation", f"is not a loss presentation ({first_line(exc)})")
+    if name not in OBJECTIVES:
+        return
     try:
-        spec.params(**params)
+        OBJECTIVES[name].params(**params)
     except CocosError as exc:
         check.fail("loss.params", f"are not valid for {name} ({exc})")
     except Exception as exc:  # noqa: BLE001 - a family's own check on a value of an odd type
@@ -710,6 +725,20 @@ def validate_checkpoint(ckpt: dict, path="checkpoint") -> dict:
     belong to. Raises one :class:`CocosError` line ``{path}: {field} ...``.
     """
     check = _Checker(path)
+    _check_header(check, ckpt, path)
+    meta = validate_model(ckpt, path)
+    hparams = ckpt["model"]["hparams"]
+    train = _check_train(check, ckpt["train"]) if "train" in ckpt else {}
+    _check_loss(check, ckpt["loss"])
+    _check_data(check, ckpt["data"], hparams, train)
+    _check_progress(check, ckpt)
+    _check_resume_state(check, ckpt, meta, hparams)
+    _check_hash_field(check, ckpt)
+    return ckpt
+
+
+def _check_header(check: _Checker, ckpt, path) -> None:
+    """A dict of format ``cocos-checkpoint``, of a version this cocos reads, holding every :data:`REQUIRED` field."""
     check.dict(ckpt, "checkpoint")
     if not isinstance(ckpt.get("format"), str) or ckpt["format"] != FORMAT:
         raise CocosError(f"{path}: not a cocos checkpoint")
@@ -717,12 +746,12 @@ def validate_checkpoint(ckpt: dict, path="checkpoint") -> dict:
     missing = [k for k in REQUIRED if k not in ckpt]
     if missing:
         raise CocosError(f"{path}: checkpoint lacks {', '.join(missing)}")
-    meta = validate_model(ckpt, path)
-    hparams = ckpt["model"]["hparams"]
-    train = _check_train(check, ckpt["train"]) if "train" in ckpt else {}
-    _check_loss(check, ckpt["loss"])
-    _check_data(check, ckpt["data"], hparams, train)
-    _check_progress(check, ckpt)
+
+
+def _check_resume_state(check: _Checker, ckpt: dict, meta: torch.nn.Module, hparams: dict) -> None:
+    """What resuming reads, where present: ``ltd`` (its decoder's parameters follow the model's in the optimizer),
+    ``optimizer`` against those parameters' shapes, ``scheduler`` against the optimizer's parameter groups (one
+    group without an optimizer), ``rng``."""
     shapes = [tuple(p.shape) for p in meta.parameters()]
     if ckpt.get("ltd") is not None:
         decoder = _check_ltd(check, ckpt["ltd"], hparams.get("embed_size"))
@@ -734,7 +763,11 @@ def validate_checkpoint(ckpt: dict, path="checkpoint") -> dict:
         _check_scheduler(check, ckpt["scheduler"], len(groups))
     if "rng" in ckpt:
         _check_rng(check, ckpt["rng"])
-    if HASH_KEY in ckpt and (not isinstance(ckpt[HASH_KEY], str) or not re.fullmatch(r"[0-9a-f]{64}",
-                                                                                      ckpt[HASH_KEY])):
+
+
+def _check_hash_field(check: _Checker, ckpt: dict) -> None:
+    """``content_sha256``, where present: 64 lowercase hex digits (whether it matches is
+    :func:`verify_content_hash`'s check)."""
+    value = ckpt.get(HASH_KEY)
+    if HASH_KEY in ckpt and (not isinstance(value, str) or not re.fullmatch(r"[0-9a-f]{64}", value)):
         check.fail(HASH_KEY, "must be a sha256 hex digest")
-    return ckpt

@@ -48,22 +48,40 @@ def _read(path: Path, columns, numeric, complete) -> pd.DataFrame | None:
     row. cocos ends every log with a newline, so a file that does not was cut mid-line."""
     if not path.is_file():
         return None
+    frame = _read_frame(path)
+    missing = [c for c in columns if c not in frame]
+    if missing:
+        raise CocosError(f"{path}: lacks the column(s) {', '.join(missing)}")
+    _check_counters(path, frame)
+    _check_values(path, frame, numeric, complete)
+    _check_order(path, frame)
+    return frame
+
+
+def _read_frame(path: Path) -> pd.DataFrame:
+    """The CSV at ``path`` as a frame; a file whose last byte is not a newline was cut mid-line (one line)."""
     try:
         with open(path, "rb") as fh:
             fh.seek(max(0, path.stat().st_size - 1))
             if path.stat().st_size and fh.read(1) != b"\n":
                 raise CocosError(f"{path}: its last line is cut (a damaged file?)")
-        frame = pd.read_csv(path)
+        return pd.read_csv(path)
     except CocosError:
         raise
     except (ValueError, OSError, UnicodeDecodeError) as exc:
         raise CocosError(f"{path}: not a readable CSV ({(str(exc).splitlines() or ['?'])[0]})") from None
-    missing = [c for c in columns if c not in frame]
-    if missing:
-        raise CocosError(f"{path}: lacks the column(s) {', '.join(missing)}")
+
+
+def _check_counters(path: Path, frame: pd.DataFrame) -> None:
+    """``step`` and ``epoch`` hold positive integers in every row."""
     for c in ("step", "epoch"):
         if not pd.api.types.is_integer_dtype(frame[c]) or (frame[c] < 1).any():
             raise CocosError(f"{path}: column {c} must hold positive integers in every row (a damaged or cut file?)")
+
+
+def _check_values(path: Path, frame: pd.DataFrame, numeric, complete) -> None:
+    """The ``numeric`` columns there are hold numbers, and the ``complete`` ones there are have a value in every
+    row (the first empty cell is named by its 1-based line, after the header)."""
     for c in (c for c in numeric if c in frame):
         if not pd.api.types.is_numeric_dtype(frame[c]):
             raise CocosError(f"{path}: column {c} must hold numbers (a damaged file?)")
@@ -71,11 +89,15 @@ def _read(path: Path, columns, numeric, complete) -> pd.DataFrame | None:
         if frame[c].isna().any():
             row = int(frame.index[frame[c].isna()][0]) + 2  # 1-based, after the header line
             raise CocosError(f"{path}: line {row} has no value in column {c} (a cut or damaged file?)")
+
+
+def _check_order(path: Path, frame: pd.DataFrame) -> None:
+    """Each step once (in the step log: the track has a row per statistic), and neither steps nor epochs
+    decreasing from row to row."""
     if frame["step"].duplicated().any() and "direction" not in frame:
         raise CocosError(f"{path}: a step appears twice")
     if not frame["step"].is_monotonic_increasing or not frame["epoch"].is_monotonic_increasing:
         raise CocosError(f"{path}: steps and epochs must not decrease from row to row (foreign rows?)")
-    return frame
 
 
 def read_logs(folder: str | os.PathLike, max_epoch: int | None = None) -> TrainingLogs:

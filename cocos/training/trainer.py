@@ -45,7 +45,6 @@ import contextlib
 import math
 import re
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -59,19 +58,11 @@ from cocos.data.samplers import pair_batches, ranking_batches
 from cocos.data.targets import read_targets, sentence_targets
 from cocos.data.text import Vocabulary, pad_batch
 from cocos.data.transforms import check_image_sizes
-from cocos.defaults import (
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_EMBED_SIZE,
-    DEFAULT_EPOCHS,
-    DEFAULT_LR,
-    DEFAULT_LR_UPDATE,
-    DEFAULT_WORD_DIM,
-)
+from cocos.defaults import DEFAULT_CROP_SIZE
 from cocos.device import check_device_name, resolve_device
 from cocos.distributed import all_gather_with_grad, average_gradients, barrier, block, broadcast_buffers, current
 from cocos.errors import CocosError, check_params
 from cocos.io import (
-    available_memory,
     check_interrupt,
     is_own_temporary,
     make_dirs,
@@ -81,9 +72,10 @@ from cocos.io import (
     write_csv,
     write_text,
 )
-from cocos.losses.ltd import LatentTargetDecoding, LTDConfig
-from cocos.models import CNN_TYPES, MODELS, build_model
+from cocos.losses.ltd import LatentTargetDecoding
+from cocos.models.registry import get_family, training_family
 from cocos.objectives import OBJECTIVES, get_loss, get_objective
+from cocos.objectives import names as loss_names
 from cocos.progress import progress_bar
 from cocos.training.checkpoint import (
     RESUME_KEYS,
@@ -94,6 +86,7 @@ from cocos.training.checkpoint import (
     save_checkpoint,
     validate_model,
 )
+from cocos.training.config import ADDED_DEFAULTS, TrainConfig, check_optim
 from cocos.training.evaluate import evaluate_model, tokenize_split
 from cocos.training.hooks import Hook, LTDHook, StepBatch, TrackHook, WarmUp
 from cocos.training.logs import check_resumable, read_logs
@@ -114,8 +107,8 @@ OUTPUT_PATTERNS = (r"epoch_\d+\.pt",)
 # flags that change what a run computes: a resumed run must keep them
 RESUME_FLAGS = ("lr", "lr_update", "batch_size", "embed_size", "word_dim", "seed", "k",
                 "warmup_epochs", "compat", "grad_clip", "ltd", "ltd_mode", "ltd_eta", "ltd_beta", "ltd_targets",
-                "cnn", "finetune", "crop_size", "use_restval")
-DEFAULT_CNN = "resnet50"  # the COCOS paper's (its job files: --cnn_type=resnet50)
+                "cnn", "finetune", "crop_size", "use_restval", "optimizer", "weight_decay", "lr_groups",
+                "model_params")
 # torchvision's ImageNet weights files, what a frozen CNN needs (--cnn-weights)
 TORCHVISION_WEIGHTS = {"resnet18": ("resnet18-f37072fd.pth", "resnet18-5c106cde.pth"),
                        "resnet34": ("resnet34-b627a593.pth", "resnet34-333f7ec4.pth"),
@@ -123,153 +116,120 @@ TORCHVISION_WEIGHTS = {"resnet18": ("resnet18-f37072fd.pth", "resnet18-5c106cde.
                        "resnet101": ("resnet101-63fe2227.pth", "resnet101-5d3b4d8f.pth"),
                        "resnet152": ("resnet152-394f9c45.pth", "resnet152-b121ed2d.pth"),
                        "vgg19": ("vgg19-dcbb9e9d.pth",)}
-# the raw-image flags and their defaults (given with precomputed features they are refused)
-IMAGE_FLAGS = {"cnn": None, "cnn_weights": None, "finetune": False, "crop_size": 224, "use_restval": False}
 
 
-@dataclass
-class TrainConfig:
-    data: str
-    model: str = "vsepp"
-    loss: str = "triplet_sh"
-    out: str = "checkpoints/run"
-    epochs: int = DEFAULT_EPOCHS
-    lr: float = DEFAULT_LR
-    lr_update: int = DEFAULT_LR_UPDATE
-    batch_size: int = DEFAULT_BATCH_SIZE
-    embed_size: int = DEFAULT_EMBED_SIZE
-    word_dim: int = DEFAULT_WORD_DIM
-    params: dict | None = None  # the loss's parameters (its spec's; cocos train --NAME VALUE or -p NAME=VALUE)
-    grad_clip: float = 2.0
-    warmup_epochs: int = 0  # triplet_sh only: epochs of summed violations first (VSE-infinity practice)
-    vocab_threshold: int = 4
-    k: int = 5
-    seed: int = 0
-    device: str = "auto"
-    compat: bool = False
-    vocab: str | None = None  # a SCAN-style vocab JSON instead of building one from the training captions
-    ltd: bool = False  # add latent target decoding (cocos.losses.ltd)
-    ltd_mode: str = "constraint"  # constraint (Lagrange multiplier) or dual (fixed weight beta)
-    ltd_eta: float = 0.2
-    ltd_beta: float = 1.0
-    ltd_targets: str | None = None  # a user's (n_train_captions, D) .npy instead of all-MiniLM-L6-v2
-    track_cocos: int | None = None  # count the training batch every N steps (cocos_track.csv)
-    save_every: int | None = None  # keep epoch_NNN.pt every K epochs
-    # raw images (data an image dataset): the CNN, its ImageNet weights file, whether it trains, the crop
-    cnn: str | None = None  # default resnet50
-    cnn_weights: str | None = None
-    finetune: bool = False
-    crop_size: int = 224
-    use_restval: bool = False  # Karpathy JSON: restval joins train
-    workers: int = 0  # DataLoader workers decoding images (does not change the result)
+def is_images(cfg: TrainConfig) -> bool:
+    """Whether the run's data is a raw-image dataset (looked up on disk; nothing is read)."""
 
-    def images(self) -> bool:
-        """Whether ``data`` is a raw-image dataset (looked up on disk; nothing is read)."""
+    return is_image_dataset(cfg.data.path)
 
-        return is_image_dataset(self.data)
 
-    def validate(self) -> None:
-        """Refuse nonsense flags before anything is read or written (one CocosError line).
+def validate(cfg: TrainConfig) -> None:
+    """Refuse nonsense settings before anything is read or written (one CocosError line).
 
-        On raw-image data ``model`` ``vsepp`` becomes ``vsepp_full`` and ``cnn`` defaults to resnet50.
-        """
+    On raw-image data a family that reads precomputed features gives way to its ``images_family`` (``vsepp`` ->
+    ``vsepp_full``); the model's parameters are then resolved (the family's defaults filled in) and checked.
+    """
 
-        for name in ("model", "loss", "device", "ltd_mode"):
-            if not isinstance(getattr(self, name), str):
-                raise CocosError(f"--{name.replace('_', '-')} must be a name, got {getattr(self, name)!r}")
-        get_objective(self.loss)  # unknown names: one line listing the registered losses
-        check_device_name(self.device)
-        self._validate_images()
-        if self.model not in MODELS:
-            raise CocosError(f"unknown model '{self.model}' (choose from {', '.join(MODELS)})")
-        self._validate_numbers()
-        if self.warmup_epochs and get_objective(self.loss).warmup_loss is None:
-            with_warmup = [n for n, o in OBJECTIVES.items() if o.warmup_loss]
-            raise CocosError(f"--warmup-epochs applies to {', '.join(with_warmup)} only (e.g. all-triplet warm-up "
-                             "before max violation)")
-        check_params(lr=self.lr)
-        get_loss(self.loss, **self.loss_params())  # the loss's own checks
-        for name in ("track_cocos", "save_every"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise CocosError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
-        if self.ltd:
-            self.ltd_config().validate()
-        else:
-            changed = [f"--{n.replace('_', '-')}" for n in ("ltd_mode", "ltd_eta", "ltd_beta", "ltd_targets")
-                       if getattr(self, n) != TrainConfig.__dataclass_fields__[n].default]
-            if changed:
-                raise CocosError(f"{', '.join(changed)} only apply with --ltd")
+    for what, value in (("model", cfg.model.name), ("loss", cfg.loss.name), ("device", cfg.device)):
+        if not isinstance(value, str):
+            raise CocosError(f"--{what} must be a name, got {value!r}")
+    get_objective(cfg.loss.name)  # unknown names: one line listing the registered losses
+    check_device_name(cfg.device)
+    images = is_images(cfg)
+    _check_input(cfg, images)
+    family = training_family(cfg.model.name, images)
+    cfg.model.name = family.name
+    cfg.model.params = family.params(**(cfg.model.params or {}))
+    _check_numbers(cfg, family)
+    if images:
+        _check_images(cfg)
+    _check_loss(cfg)
+    check_optim(cfg.optim)
+    for name in ("track_cocos", "save_every"):
+        value = getattr(cfg.hooks, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise CocosError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
+    if cfg.hooks.ltd is not None:
+        cfg.hooks.ltd.validate()
 
-    def _validate_numbers(self) -> None:
-        """The integer and size flags: integers in their ranges (from Python too, where a string or a bool could be
-        given), the model's size within the memory available."""
 
-        for name in ("epochs", "batch_size", "embed_size", "word_dim", "lr_update", "k", "vocab_threshold"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise CocosError(f"--{name.replace('_', '-')} must be an integer of at least 1, got {value!r}")
-        self._validate_sizes()
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < SEED_LIMIT:
-            raise CocosError(f"--seed must be an integer in [0, 2**63 - 1], got {self.seed}")
-        if self.model == "vsrn" and self.batch_size < 2:
-            raise CocosError(f"--model vsrn needs --batch-size of at least 2 (its BatchNorm needs two images), "
-                             f"got {self.batch_size}")
-        if self.batch_size < 2:  # one caption, or one image, has nothing to contrast with
-            raise CocosError(f"--batch-size must be at least 2 (a batch of one has no negatives), got "
-                             f"{self.batch_size}")
-        if isinstance(self.grad_clip, bool) or not isinstance(self.grad_clip, (int, float)) or \
-                not 0 <= self.grad_clip < math.inf:
-            raise CocosError(f"gradient clipping must be a finite number >= 0, got {self.grad_clip!r}")
-        if isinstance(self.warmup_epochs, bool) or not isinstance(self.warmup_epochs, int) or \
-                not 0 <= self.warmup_epochs < self.epochs:
-            raise CocosError(f"--warmup-epochs must lie in [0, epochs), got {self.warmup_epochs}")
+def _check_input(cfg: TrainConfig, images: bool) -> None:
+    """Raw-image settings only with raw-image data; the decoding workers a count."""
+    data = cfg.data
+    if isinstance(data.workers, bool) or not isinstance(data.workers, int) or data.workers < 0:
+        raise CocosError(f"--workers must be an integer >= 0, got {data.workers}")
+    if images:
+        return
+    family = get_family(cfg.model.name)
+    changed = _image_flags(cfg, family)
+    if changed or family.input == "images":
+        raise CocosError(f"{', '.join(changed) or '--model ' + family.name} only apply to raw-image data; "
+                         f"{data.path} is not an image dataset (images/ + dataset_*.json, {{split}}_set.p "
+                         "or a CSV file list)")
 
-    def _validate_sizes(self) -> None:
-        """Refuse sizes whose caption encoder alone (a GRU of ``word_dim`` inputs and ``embed_size`` units, float32,
-        with its gradient and Adam's two moments: 4 copies) needs more than the memory available: one line before
-        anything is read, not an allocation failure (or the OOM killer) later."""
-        gru = 3 * self.embed_size * (self.word_dim + self.embed_size + 2)
-        need = 16 * gru
-        if need > available_memory():
-            raise CocosError(f"--embed-size {self.embed_size} with --word-dim {self.word_dim} needs at least "
-                             f"{need / 2**30:,.1f} GB for the caption encoder alone, more than the "
-                             f"{available_memory() / 2**30:,.1f} GB of memory available")
 
-    def _validate_images(self) -> None:
+def _image_flags(cfg: TrainConfig, family) -> list[str]:
+    """The raw-image flags a run on precomputed features was given (its family's images family's own parameters,
+    the CNN weights, the crop, restval)."""
+    given = {k for k, v in (cfg.model.params or {}).items() if v is not None} - set(family.defaults)
+    pixels = set(get_family(family.images_family).defaults) if family.images_family else set()
+    flags = {"cnn": "cnn_type" in given, "cnn_weights": cfg.model.cnn_weights is not None,
+             "finetune": "finetune" in given and cfg.model.params["finetune"] is not False,
+             "crop_size": cfg.data.crop_size != DEFAULT_CROP_SIZE, "use_restval": cfg.data.use_restval}
+    changed = [f"--{n.replace('_', '-')}" for n, on in flags.items() if on]
+    return changed + [f"--{n.replace('_', '-')}" for n in sorted((given & pixels) - {"cnn_type", "finetune"})]
 
-        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 0:
-            raise CocosError(f"--workers must be an integer >= 0, got {self.workers}")
-        if not self.images():
-            changed = [f"--{n.replace('_', '-')}" for n, d in IMAGE_FLAGS.items() if getattr(self, n) != d]
-            if changed or self.model == "vsepp_full":
-                raise CocosError(f"{', '.join(changed) or '--model vsepp_full'} only apply to raw-image data; "
-                                 f"{self.data} is not an image dataset (images/ + dataset_*.json, {{split}}_set.p "
-                                 "or a CSV file list)")
-            return
-        if self.model == "vsepp":
-            self.model = "vsepp_full"
-        if self.model != "vsepp_full":
-            raise CocosError(f"--model {self.model} reads precomputed features; raw images train vsepp_full "
-                             "(VSE++ on a CNN)")
-        self.cnn = self.cnn or DEFAULT_CNN
-        if self.cnn not in CNN_TYPES:
-            raise CocosError(f"unknown CNN '{self.cnn}' (choose from {', '.join(CNN_TYPES)})")
-        if isinstance(self.crop_size, bool) or not isinstance(self.crop_size, int) or self.crop_size < 8:
-            raise CocosError(f"--crop-size must be an integer of at least 8 pixels, got {self.crop_size}")
-        # the pixels of a training batch and of an evaluation batch (evaluate_model's 256) must fit in memory
-        check_image_sizes(eval_resize(self.crop_size), self.crop_size, max(self.batch_size, 256), self.workers)
-        if not self.finetune and not self.cnn_weights:
-            files = " or ".join(TORCHVISION_WEIGHTS[self.cnn])
-            raise CocosError(f"a frozen {self.cnn} needs ImageNet weights: pass --cnn-weights FILE (torchvision's "
-                             f"{files}), or --finetune to train it from random initialisation")
 
-    def ltd_config(self):
+def _positive_int(value, flag: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise CocosError(f"--{flag} must be an integer of at least 1, got {value!r}")
 
-        return LTDConfig(mode=self.ltd_mode, eta=self.ltd_eta, beta=self.ltd_beta, targets=self.ltd_targets)
 
-    def loss_params(self) -> dict:
-        return recorded_loss_params(asdict(self))
+def _check_numbers(cfg: TrainConfig, family) -> None:
+    """The integer settings: integers in their ranges (from Python too, where a string or a bool could be given);
+    a batch that the family can train on."""
+
+    optim = cfg.optim
+    for name in ("epochs", "batch_size", "lr_update"):
+        _positive_int(getattr(optim, name), name.replace("_", "-"))
+    for name in ("k", "vocab_threshold"):
+        _positive_int(getattr(cfg.data, name), name.replace("_", "-"))
+    if isinstance(optim.seed, bool) or not isinstance(optim.seed, int) or not 0 <= optim.seed < SEED_LIMIT:
+        raise CocosError(f"--seed must be an integer in [0, 2**63 - 1], got {optim.seed}")
+    if optim.batch_size < family.min_batch:
+        raise CocosError(f"--model {family.name} needs --batch-size of at least {family.min_batch} (its BatchNorm "
+                         f"needs two images), got {optim.batch_size}")
+    if optim.batch_size < 2:  # one caption, or one image, has nothing to contrast with
+        raise CocosError(f"--batch-size must be at least 2 (a batch of one has no negatives), got "
+                         f"{optim.batch_size}")
+    warmup = cfg.loss.warmup_epochs
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or not 0 <= warmup < optim.epochs:
+        raise CocosError(f"--warmup-epochs must lie in [0, epochs), got {warmup}")
+
+
+def _check_loss(cfg: TrainConfig) -> None:
+    """The loss, its parameters (its spec's checks) and its warm-up; the learning rate."""
+    if cfg.loss.warmup_epochs and get_objective(cfg.loss.name).warmup_loss is None:
+        with_warmup = [n for n, o in OBJECTIVES.items() if o.warmup_loss]
+        raise CocosError(f"--warmup-epochs applies to {', '.join(with_warmup)} only (e.g. all-triplet warm-up "
+                         "before max violation)")
+    check_params(lr=cfg.optim.lr)
+    get_loss(cfg.loss.name, **cfg.loss_params())  # the loss's own checks
+
+
+def _check_images(cfg: TrainConfig) -> None:
+    """Raw images: the crop, the memory of a batch of pixels, and a frozen CNN's weights file."""
+    crop, params = cfg.data.crop_size, cfg.model.params
+    if isinstance(crop, bool) or not isinstance(crop, int) or crop < 8:
+        raise CocosError(f"--crop-size must be an integer of at least 8 pixels, got {crop}")
+    # the pixels of a training batch and of an evaluation batch (evaluate_model's 256) must fit in memory
+    check_image_sizes(eval_resize(crop), crop, max(cfg.optim.batch_size, 256), cfg.data.workers)
+    cnn = params.get("cnn_type")
+    if not params.get("finetune") and not cfg.model.cnn_weights:
+        files = " or ".join(TORCHVISION_WEIGHTS.get(cnn, ("a torchvision weights file",)))
+        raise CocosError(f"a frozen {cnn} needs ImageNet weights: pass --cnn-weights FILE (torchvision's "
+                         f"{files}), or --finetune to train it from random initialisation")
 
 
 def recorded_loss_params(train: dict) -> dict:
@@ -296,7 +256,7 @@ def build_from_checkpoint(ckpt: dict, where="checkpoint") -> tuple[torch.nn.Modu
     validate_model(ckpt, where)
     kind = ckpt["model"]["kind"]
     try:
-        model = build_model(kind, **ckpt["model"]["hparams"])
+        model = get_family(kind).build(**ckpt["model"]["hparams"])
         model.load_state_dict(ckpt["state_dict"])
     except (RuntimeError, TypeError, ValueError, AttributeError) as exc:
         raise CocosError(f"{where}: weights do not fit a {kind} model ({str(exc).splitlines()[0]})") from None
@@ -323,97 +283,137 @@ class Trainer:
         self.last_path, self.best_path = self.out / "last.pt", self.out / "model_best.pt"
         self.epoch_running = 0  # the epoch being trained (0: none yet)
         self.last_saved = False  # whether fit has written a last.pt (then a failure keeps the folder)
-        if self.out.exists() and not self.out.is_dir():
-            raise CocosError(f"{self.out}: exists and is not a folder; choose another --out")
-        if Path(cfg.data).exists() and self.out.resolve() == Path(cfg.data).resolve():
-            raise CocosError(f"{self.out}: is the data folder; choose another --out")
-        if self.out.is_dir() and not (resume or overwrite):
-            self._check_new_folder()
-        if resume and not self.last_path.exists():
-            raise CocosError(f"{self.last_path}: nothing to resume")
+        self._check_out_folder()
         self.device = resolve_device(cfg.device)
-        self.images = cfg.images()
+        self.images = is_images(cfg)
         if self.images:
             self._open_images()
         else:
-            self.train_split = PrecompSplit(cfg.data, "train", k=cfg.k, check_finite=True)
-            self.dev_split = PrecompSplit(cfg.data, "dev", k=cfg.k, check_finite=True)
-            if self.dev_split.feature_shape != self.train_split.feature_shape:
-                raise CocosError(f"{self.dev_split.features_path}: dev features have shape "
-                                 f"{self.dev_split.feature_shape} per image but the training features "
-                                 f"{self.train_split.feature_shape}")
-            self.fingerprint = data_fingerprint(cfg.data)
-            self.image_captions = self.train_split.image_captions
+            self._open_features()
 
         resume_ckpt = load_checkpoint(self.last_path) if resume else None
         if resume_ckpt is not None:
             self._check_resume(resume_ckpt)
             self.vocab = Vocabulary.from_tokens(resume_ckpt["vocab"])
-        elif cfg.vocab:
-            self.vocab = Vocabulary.from_scan_json(cfg.vocab)
+        elif cfg.data.vocab:
+            self.vocab = Vocabulary.from_scan_json(cfg.data.vocab)
         else:
-            self.vocab = Vocabulary.build(self.train_split.captions, threshold=cfg.vocab_threshold)
+            self.vocab = Vocabulary.build(self.train_split.captions, threshold=cfg.data.vocab_threshold)
         self.train_ids = tokenize_split(self.train_split, self.vocab)
         self.dev_ids = tokenize_split(self.dev_split, self.vocab)
-        self.targets = self._ltd_targets() if cfg.ltd else None  # before anything is written
+        self.targets = self._ltd_targets() if cfg.hooks.ltd is not None else None  # before anything is written
 
-        torch.manual_seed(cfg.seed)
+        torch.manual_seed(cfg.optim.seed)
         self.model = self._build_model()
-        self.loss_fn = get_loss(cfg.loss, **cfg.loss_params(), compat=cfg.compat)
+        self.loss_fn = get_loss(cfg.loss.name, **cfg.loss_params(), compat=cfg.loss.compat)
         self.hooks = self._hooks()
-        # raw images: the same Adam, fused into one kernel per step (a CNN's millions of weights make the
-        # per-tensor loop as slow as the step itself on the CPU); precomputed features: torch's default
-        fused = {"fused": True} if self.images else {}
-        self.optimizer = torch.optim.Adam(self.trained_parameters(), lr=cfg.lr, **fused)
-        self.scheduler = torch.optim.lr_scheduler.StepLR(self.optimizer, step_size=cfg.lr_update, gamma=0.1)
+        self.optimizer = self._optimizer()
+        self.scheduler = torch.optim.lr_scheduler.StepLR(self.optimizer, step_size=cfg.optim.lr_update, gamma=0.1)
         self.epoch, self.step_count, self.best_rsum, self.history, self.step_log = 0, 0, -math.inf, [], []
         self.best_metrics: dict = {}  # of this process's run (rank 0 returns the file's, which also covers a resume)
         if resume_ckpt is not None:
             self._resume_from(resume_ckpt)
 
+    def _check_out_folder(self) -> None:
+        """The out folder: a folder (or nothing yet), not the data; a new run's empty or cocos train's own; a resumed
+        run's holding its ``last.pt``."""
+        data = Path(self.cfg.data.path)
+        if self.out.exists() and not self.out.is_dir():
+            raise CocosError(f"{self.out}: exists and is not a folder; choose another --out")
+        if data.exists() and self.out.resolve() == data.resolve():
+            raise CocosError(f"{self.out}: is the data folder; choose another --out")
+        if self.out.is_dir() and not (self.resume or self.overwrite):
+            self._check_new_folder()
+        if self.resume and not self.last_path.exists():
+            raise CocosError(f"{self.last_path}: nothing to resume")
+
+    def _open_features(self) -> None:
+        """The precomputed-feature splits (train and dev, k captions per image), of one feature shape."""
+        cfg = self.cfg
+        self.train_split = PrecompSplit(cfg.data.path, "train", k=cfg.data.k, check_finite=True)
+        self.dev_split = PrecompSplit(cfg.data.path, "dev", k=cfg.data.k, check_finite=True)
+        if self.dev_split.feature_shape != self.train_split.feature_shape:
+            raise CocosError(f"{self.dev_split.features_path}: dev features have shape "
+                             f"{self.dev_split.feature_shape} per image but the training features "
+                             f"{self.train_split.feature_shape}")
+        self.fingerprint = data_fingerprint(cfg.data.path)
+        self.image_captions = self.train_split.image_captions
+
     def _open_images(self) -> None:
         """The raw-image splits (train with ``use_restval``; dev = Karpathy's val), k captions per image."""
 
         cfg = self.cfg
-        self.train_split = load_image_split(cfg.data, "train", use_restval=cfg.use_restval)
-        self.dev_split = load_image_split(cfg.data, "dev")
+        self.train_split = load_image_split(cfg.data.path, "train", use_restval=cfg.data.use_restval)
+        self.dev_split = load_image_split(cfg.data.path, "dev")
         for split in (self.train_split, self.dev_split):
             per_image = split.image_captions()  # one line if images have different numbers of captions
-            if per_image.shape[1] != cfg.k:
+            if per_image.shape[1] != cfg.data.k:
                 raise CocosError(f"{split.source}: split '{split.split}' has {per_image.shape[1]} captions per "
-                                 f"image, not --k {cfg.k}")
+                                 f"image, not --k {cfg.data.k}")
         self.image_captions = self.train_split.image_captions()
         if self.train_split.n_images >= 1000:  # reads every image once: a while for Flickr30k or COCO
             self.log(f"fingerprinting the {self.train_split.n_images:,} training images (read once)")
         self.fingerprint = self.train_split.fingerprint()  # the content of the training images and captions
 
     def _build_model(self) -> torch.nn.Module:
-        """The run's model on the device; raw images: ``vsepp_full`` with the CNN weights file loaded."""
+        """The run's model on the device: its family's module with the run's hyper-parameters, the vocabulary's size
+        and the features' dimension; a raw-image family's CNN with the weights file loaded."""
         cfg = self.cfg
-        sizes = {"vocab_size": len(self.vocab), "word_dim": cfg.word_dim, "embed_size": cfg.embed_size}
+        family = get_family(cfg.model.name)
+        feature_dim = None if self.images else self.train_split.feature_dim
+        model = family.build(**family.hparams(cfg.model.params, len(self.vocab), feature_dim))
         if not self.images:
-            return build_model(cfg.model, img_dim=self.train_split.feature_dim, **sizes).to(self.device)
-
-        model = build_model(cfg.model, cnn_type=cfg.cnn, finetune=cfg.finetune, **sizes)
-        if cfg.cnn_weights:
-            model.load_cnn_weights(cfg.cnn_weights)
+            return model.to(self.device)
+        if cfg.model.cnn_weights:
+            model.load_cnn_weights(cfg.model.cnn_weights)
         return prepare_model(model, self.device)
+
+    def _optimizer(self) -> torch.optim.Optimizer:
+        """Adam (or AdamW with ``weight_decay``) over :meth:`parameter_groups`. Raw images: fused into one kernel per
+        step (a CNN's millions of weights make the per-tensor loop as slow as the step itself on the CPU)."""
+        optim = self.cfg.optim
+        fused = {"fused": True} if self.images else {}
+        if optim.optimizer == "adamw":
+            return torch.optim.AdamW(self.parameter_groups(), lr=optim.lr, weight_decay=optim.weight_decay, **fused)
+        return torch.optim.Adam(self.parameter_groups(), lr=optim.lr, **fused)
+
+    def parameter_groups(self) -> list:
+        """What the optimiser trains: one group (the trained parameters), or with ``lr_groups`` one group per prefix
+        (the model's parameters whose names start with it, the longest prefix winning, at ``factor x lr``) and the
+        rest at ``lr``."""
+        groups = self.cfg.optim.lr_groups
+        if not groups:
+            return self.trained_parameters()
+        prefixes = sorted(groups, key=len, reverse=True)
+        named: dict[str, list] = {p: [] for p in prefixes}
+        rest = []
+        for name, param in self.model.named_parameters():
+            if param.requires_grad:
+                match = next((p for p in prefixes if name.startswith(p)), None)
+                (named[match] if match is not None else rest).append(param)
+        rest += [p for h in self.hooks for p in h.parameters()]
+        unused = [p for p in prefixes if not named[p]]
+        if unused:
+            raise CocosError(f"--lr-group {unused[0]}: no trained parameter of the {self.cfg.model.name} model has a "
+                             "name starting with it")
+        lr = self.cfg.optim.lr
+        return [{"params": rest}] + [{"params": named[p], "lr": lr * groups[p]} for p in prefixes]
 
     def _hooks(self) -> list[Hook]:
         """The run's extensions of the loop (:mod:`cocos.training.hooks`), in the order they are called."""
         cfg, hooks = self.cfg, []
-        if cfg.warmup_epochs:  # the warm-up loss takes the parameters it shares with the loss (the margin)
+        if cfg.loss.warmup_epochs:  # the warm-up loss takes the parameters it shares with the loss (the margin)
             warmup = get_objective(self.loss_fn.objective.warmup_loss)
             shared = {k: v for k, v in self.loss_fn.params().items() if k in warmup.defaults}
-            hooks.append(WarmUp(cfg.warmup_epochs, get_loss(warmup.name, **shared, compat=cfg.compat)))
-        if cfg.ltd:  # built after the model, so the model's initialisation is that of a run without LTD
-
-            ltd = LatentTargetDecoding(cfg.ltd_config(), cfg.embed_size, self.targets.shape[1]).to(self.device)
+            hooks.append(WarmUp(cfg.loss.warmup_epochs, get_loss(warmup.name, **shared, compat=cfg.loss.compat)))
+        if cfg.hooks.ltd is not None:  # built after the model: its initialisation is that of a run without LTD
+            embed = int(self.model.hparams["embed_size"])
+            ltd = LatentTargetDecoding(cfg.hooks.ltd, embed, self.targets.shape[1]).to(self.device)
             hooks.append(LTDHook(ltd, self.targets, self.last_path))
-        if cfg.track_cocos:
+        if cfg.hooks.track_cocos:
 
-            tracker = CocosTracker(cfg.track_cocos, cfg.loss, self.loss_fn.params(), self.loss_fn.batch_layout,
-                                   compat=cfg.compat)
+            tracker = CocosTracker(cfg.hooks.track_cocos, cfg.loss.name, self.loss_fn.params(),
+                                   self.loss_fn.batch_layout, compat=cfg.loss.compat)
             hooks.append(TrackHook(tracker, self.group.is_main, TRACK_LOG))
         return hooks
 
@@ -436,9 +436,9 @@ class Trainer:
         if dict(self.model.hparams) != ckpt["model"]["hparams"]:
             raise CocosError(f"{self.last_path}: holds a model with {ckpt['model']['hparams']}, but this run builds "
                              f"{dict(self.model.hparams)}; resume with the same flags and data")
-        if ckpt["epoch"] > self.cfg.epochs:
+        if ckpt["epoch"] > self.cfg.optim.epochs:
             raise CocosError(f"{self.last_path}: already holds epoch {ckpt['epoch']}, beyond --epochs "
-                             f"{self.cfg.epochs}")
+                             f"{self.cfg.optim.epochs}")
         for hook in self.hooks:
             if isinstance(hook, LTDHook):
                 hook.check(ckpt)
@@ -454,9 +454,9 @@ class Trainer:
                 torch.set_rng_state(rng)
                 reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
                 raise CocosError(f"{self.last_path}: its {what} does not fit this run ({reason})") from None
-        if self.scheduler.step_size != self.cfg.lr_update:
+        if self.scheduler.step_size != self.cfg.optim.lr_update:
             raise CocosError(f"{self.last_path}: its learning-rate schedule drops after {self.scheduler.step_size} "
-                             f"epochs, not --lr-update {self.cfg.lr_update}; resume with the same flags")
+                             f"epochs, not --lr-update {self.cfg.optim.lr_update}; resume with the same flags")
         self.epoch = int(ckpt["epoch"])
         self.step_count = int(ckpt.get("step", 0))
         self.best_rsum = float(ckpt["best_rsum"])
@@ -480,7 +480,7 @@ class Trainer:
         entries = self._foreign_entries()
         if not entries:
             return
-        out, epochs = self.out, self.cfg.epochs
+        out, epochs = self.out, self.cfg.optim.epochs
         if not (out / RUN_MARKER).exists() and not any(is_output(p.name) for p in entries):
             raise CocosError(f"{out}: exists and was not written by cocos train; choose another --out or pass "
                              "--overwrite to train into it")
@@ -515,14 +515,14 @@ class Trainer:
     def _ltd_targets(self) -> torch.Tensor:
 
         n = len(self.train_split.captions)
-        if self.cfg.ltd_targets:
-            return torch.from_numpy(read_targets(self.cfg.ltd_targets, n))
+        if self.cfg.hooks.ltd.targets:
+            return torch.from_numpy(read_targets(self.cfg.hooks.ltd.targets, n))
         if not self.group.is_main:  # rank 0 computes and caches them; the others then read the cache
             barrier(self.group)
         split = self.train_split
         if self.images:  # cached beside the image dataset (its folder, or the folder of its file)
 
-            data = Path(self.cfg.data)
+            data = Path(self.cfg.data.path)
             split = SimpleNamespace(folder=data if data.is_dir() else data.parent, split=split.split,
                                     captions=split.captions)
         targets = sentence_targets(split, progress=self.progress, log=self.log)
@@ -548,27 +548,31 @@ class Trainer:
             raise CocosError(f"{self.last_path}: holds no {', '.join(lacking)} to resume from (only a last.pt "
                              "written by cocos train can be resumed)")
         entry = Checkpoint.of(ckpt)
-        if entry.model.kind != cfg.model:
-            raise CocosError(f"{self.last_path}: checkpoint is a {entry.model.kind} model, not {cfg.model}")
-        if entry.loss.name != cfg.loss:
-            raise CocosError(f"{self.last_path}: checkpoint was trained with {entry.loss.name}, not {cfg.loss}")
+        if entry.model.kind != cfg.model.name:
+            raise CocosError(f"{self.last_path}: checkpoint is a {entry.model.kind} model, not {cfg.model.name}")
+        if entry.loss.name != cfg.loss.name:
+            raise CocosError(f"{self.last_path}: checkpoint was trained with {entry.loss.name}, not {cfg.loss.name}")
         if entry.data.fingerprint != self.fingerprint:
-            raise CocosError(f"{self.last_path}: checkpoint was trained on other data than {cfg.data}")
+            raise CocosError(f"{self.last_path}: checkpoint was trained on other data than {cfg.data.path}")
         # a resumed run equals an uninterrupted one only with the same flags (epochs may grow)
         recorded = {"ltd": False, **entry.train}
         if "params" in recorded and recorded_loss_params(recorded) != cfg.loss_params():
             raise CocosError(f"{self.last_path}: was trained with loss parameters {recorded_loss_params(recorded)}, "
                              f"not {cfg.loss_params()}; resume with the same flags")
+        now = cfg.flat()
+        defaults = ADDED_DEFAULTS
         for name in RESUME_FLAGS:
-            if name in recorded and recorded[name] != getattr(cfg, name):
-                raise CocosError(f"{self.last_path}: was trained with --{name.replace('_', '-')} {recorded[name]}, "
-                                 f"not {getattr(cfg, name)}; resume with the same flags")
+            if recorded.get(name, defaults.get(name)) != now.get(name, defaults.get(name)) and \
+                    (name in recorded or name in defaults):
+                raise CocosError(f"{self.last_path}: was trained with --{name.replace('_', '-')} "
+                                 f"{recorded.get(name, defaults.get(name))}, not {now.get(name, defaults.get(name))}; "
+                                 "resume with the same flags")
 
     # -- one epoch --------------------------------------------------------------------
 
     def batches(self, epoch: int):
-        seed = epoch_seed(self.cfg.seed, epoch)
-        bs = self.cfg.batch_size
+        seed = epoch_seed(self.cfg.optim.seed, epoch)
+        bs = self.cfg.optim.batch_size
         if self.loss_fn.batch_layout == "ranking":
             n = self.train_split.n_images
             images = ranking_batches(n, min(bs, n), seed, drop_last=False)
@@ -588,8 +592,8 @@ class Trainer:
     def _full_batch(self, img: np.ndarray, cap: np.ndarray) -> bool:
         """Whether a batch has the configured size (counts depend on it; the short final batch is not tracked)."""
         if self.loss_fn.batch_layout == "ranking":
-            return len(img) == min(self.cfg.batch_size, self.train_split.n_images)
-        return len(cap) == min(self.cfg.batch_size, len(self.train_split.caption_image))
+            return len(img) == min(self.cfg.optim.batch_size, self.train_split.n_images)
+        return len(cap) == min(self.cfg.optim.batch_size, len(self.train_split.caption_image))
 
     def _local_rows(self, img: np.ndarray, cap: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
         """This rank's contiguous block of the global batch (images and their captions), and whether it is split.
@@ -635,8 +639,20 @@ class Trainer:
         l_con = float(loss_con.detach()) if record else value
         objective = (loss_fn or self.loss_fn).objective  # the warm-up's family during warm-up epochs
         self.step_log.append({"step": self.step_count, "epoch": epoch, "loss": value, "L_con": l_con,
-                              "L_con/query": objective.per_query(l_con, len(img), len(cap)), **record})
+                              "L_con/query": objective.per_query(l_con, len(img), len(cap)), **record,
+                              **self._named_parts(loss_fn or self.loss_fn, batch, img_emb, cap_emb)})
         return value
+
+    @staticmethod
+    def _named_parts(loss_fn, batch: StepBatch, img_emb: torch.Tensor, cap_emb: torch.Tensor) -> dict[str, float]:
+        """The loss's named parts beyond ``L_con`` (IMC's ``L_intra``: :meth:`ContrastiveLoss.named_terms`), for the
+        step log; nothing for a family of one part. Computed without a gradient: the training loss is not touched."""
+        if loss_fn.objective.parts is None:
+            return {}
+        with torch.no_grad():
+            parts = loss_fn.named_terms(img_emb.detach(), cap_emb.detach(), caption_image=batch.caption_image,
+                                        image_ids=batch.image_ids)
+        return {name: float(term) for name, term in parts.items() if name != "L_con"}
 
     def forward(self, batch: StepBatch, pixels: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, bool]:
         """The embeddings of the global batch; under torchrun this rank encodes its block and gathers the rest
@@ -664,8 +680,8 @@ class Trainer:
         loss.backward()
         if split:  # each rank holds world x its rows' share of the gradient: the mean is the whole gradient
             average_gradients(self.trained_parameters(), self.group)
-        if self.cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.trained_parameters(), self.cfg.grad_clip)
+        if self.cfg.optim.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.trained_parameters(), self.cfg.optim.grad_clip)
         self.optimizer.step()
         if split:  # BatchNorm running statistics saw this rank's rows: every rank takes rank 0's (as DDP)
             broadcast_buffers(self.model, self.group)
@@ -680,8 +696,8 @@ class Trainer:
         for img, cap, *_ in batches:
             local_img, local_cap, _ = self._local_rows(np.asarray(img), np.asarray(cap))
             plan.append((local_img, local_img if self.loss_fn.batch_layout == "ranking" else local_cap))
-        return batch_loader(self.train_split, image_transform(True, self.cfg.crop_size), plan, seed=self.cfg.seed,
-                            epoch=epoch, workers=self.cfg.workers, device=self.device)
+        return batch_loader(self.train_split, image_transform(True, self.cfg.data.crop_size), plan,
+                            seed=self.cfg.optim.seed, epoch=epoch, workers=self.cfg.data.workers, device=self.device)
 
     def train_epoch(self, epoch: int) -> tuple[float, float]:
 
@@ -692,7 +708,7 @@ class Trainer:
             loss_fn = hook.loss_for(epoch, loss_fn)
         total_loss, n_caps, start = 0.0, 0, time.perf_counter()
         inputs = iter(self.pixel_batches(epoch, batches)) if self.images else None
-        with progress_bar(len(batches), f"epoch {epoch}/{self.cfg.epochs}", enabled=self.progress,
+        with progress_bar(len(batches), f"epoch {epoch}/{self.cfg.optim.epochs}", enabled=self.progress,
                           fields=True) as advance:
             for done, (img, cap, caption_image) in enumerate(batches, start=1):
                 pixels = next(inputs) if inputs is not None else None
@@ -707,12 +723,14 @@ class Trainer:
 
     def checkpoint(self, metrics: dict, full: bool) -> dict:
         ckpt = {
-            "model": {"kind": self.cfg.model, "hparams": dict(self.model.hparams)},
+            "model": {"kind": self.cfg.model.name, "hparams": dict(self.model.hparams)},
             "vocab": self.vocab.tokens,
             "state_dict": {k: v.detach().cpu().contiguous() for k, v in self.model.state_dict().items()},
-            "loss": {"name": self.cfg.loss, "params": self.loss_fn.params(), "compat": self.cfg.compat},
+            "loss": {"name": self.cfg.loss.name, "params": self.loss_fn.params(), "compat": self.cfg.loss.compat,
+                     "presentation": self.loss_fn.objective.presentation(loss_names().index(self.cfg.loss.name))
+                     .to_dict()},
             "data": self._data_entry(),
-            "train": asdict(self.cfg),
+            "train": self.cfg.flat(),
             "epoch": self.epoch,
             "step": self.step_count,
             "metrics": metrics,
@@ -730,16 +748,16 @@ class Trainer:
     def _data_entry(self) -> dict:
         """The checkpoint's ``data``; raw images: ``input: images``, the training split's content fingerprint
         (:meth:`cocos.data.images.ImageSplit.fingerprint`), the crop size, the CNN's pooled feature shape."""
-        data = {"path": str(Path(self.cfg.data).resolve()), "fingerprint": self.fingerprint, "k": self.cfg.k}
+        data = {"path": str(Path(self.cfg.data.path).resolve()), "fingerprint": self.fingerprint, "k": self.cfg.data.k}
         if not self.images:
             return {**data, "feature_shape": list(self.train_split.feature_shape)}
         return {**data, "feature_shape": [int(self.model.img_dim)], "input": "images",
-                "crop_size": self.cfg.crop_size, "use_restval": self.cfg.use_restval}
+                "crop_size": self.cfg.data.crop_size, "use_restval": self.cfg.data.use_restval}
 
     def evaluate_dev(self) -> dict:
         """Validation metrics on the dev split (raw images: evaluation transform, ``workers``)."""
         return evaluate_model(self.model, self.dev_split, self.dev_ids, device=self.device,
-                              workers=self.cfg.workers, crop_size=self.cfg.crop_size)
+                              workers=self.cfg.data.workers, crop_size=self.cfg.data.crop_size)
 
     def fit(self) -> dict:
         """Train the remaining epochs; returns the best checkpoint's validation metrics.
@@ -783,7 +801,7 @@ class Trainer:
         try:
             if main:
                 self._mark(created, existed)
-            while self.epoch < self.cfg.epochs:
+            while self.epoch < self.cfg.optim.epochs:
                 self._fit_epoch()
         except BaseException:
             if main and not self.last_saved:  # nothing of this run worth keeping (a full disk, Ctrl-C in epoch 1, ...)
@@ -842,7 +860,7 @@ class Trainer:
             self.write_logs()  # before last.pt: a resume cuts the logs back to its epoch
             if improved:
                 save_checkpoint(self.best_path, self.checkpoint(metrics, full=False))
-            if self.cfg.save_every and epoch % self.cfg.save_every == 0:
+            if self.cfg.hooks.save_every and epoch % self.cfg.hooks.save_every == 0:
                 save_checkpoint(self.out / f"epoch_{epoch:03d}.pt", self.checkpoint(metrics, full=False))
             save_checkpoint(self.last_path, self.checkpoint(metrics, full=True))
             self.last_saved = True
@@ -852,7 +870,8 @@ class Trainer:
             f"i2t R@1/5/10 {metrics['i2t_R@1']:.1f}/{metrics['i2t_R@5']:.1f}/{metrics['i2t_R@10']:.1f}  "
             f"t2i {metrics['t2i_R@1']:.1f}/{metrics['t2i_R@5']:.1f}/{metrics['t2i_R@10']:.1f}  "
             f"rsum {metrics['rsum']:.1f}{'  *best' if improved else ''}"
-            + (f"  (warm-up: {self.loss_fn.objective.warmup_loss} loss)" if epoch <= self.cfg.warmup_epochs else "")
+            + (f"  (warm-up: {self.loss_fn.objective.warmup_loss} loss)"
+               if epoch <= self.cfg.loss.warmup_epochs else "")
         )
 
     def write_logs(self) -> None:

@@ -1,0 +1,22 @@
+"""``cocos models``: the registered model families and what each one takes."""
+
+from __future__ import annotations
+
+import typer
+
+from .common import handle_errors
+from .main import app
+
+
+@app.command("models")
+@handle_errors
+def models() -> None:
+    """List the registered model families: input, caption input, hyper-parameters and defaults, original imports."""
+    from cocos.losses.spec import format_value
+    from cocos.models.registry import families
+
+    for family in families():
+        params = ", ".join(f"{k}={format_value(v)}" for k, v in family.defaults.items()) or "none"
+        imports = f"imports {family.original.encoder}" if family.original is not None else "no original imports"
+        typer.echo(f"{family.name:<11} {family.label}: {family.description}")
+        typer.echo(f"{'':<11} input {family.input}, captions {family.text}; parameters {params}; {imports}")

@@ -1,0 +1,81 @@
+"""The built-in model families: VSE++ and VSRN on precomputed features, VSE++ on raw images (a CNN).
+
+Each family's module lives in its own file of :mod:`cocos.models`; this module states their specs and registers
+them. Their training hyper-parameters are the COCOS paper's (VSE++'s): a joint embedding of 1024 and word
+embeddings of 300 (:mod:`cocos.defaults`); the raw-image family's CNN is the paper's ResNet-50, frozen unless
+``finetune``. How the original code's image encoders map onto them is :mod:`cocos.models.original`.
+"""
+
+from __future__ import annotations
+
+from cocos.defaults import DEFAULT_CNN, DEFAULT_EMBED_SIZE, DEFAULT_WORD_DIM
+from cocos.errors import CocosError
+from cocos.io import available_memory
+from cocos.models import original
+from cocos.models.cnn import CNN_TYPES
+from cocos.models.family import ModelFamily, OriginalImage
+from cocos.models.image import VSEPPFull
+from cocos.models.registry import register
+from cocos.models.vsepp import VSEPP
+from cocos.models.vsrn import VSRN
+
+SIZES = {"embed_size": DEFAULT_EMBED_SIZE, "word_dim": DEFAULT_WORD_DIM}
+
+
+def check_sizes(params: dict) -> None:
+    """Sizes of at least 1, and a caption encoder (a GRU of ``word_dim`` inputs and ``embed_size`` units, float32,
+    with its gradient and Adam's two moments: 4 copies) that fits in the memory available: one line before anything
+    is read, not an allocation failure (or the OOM killer) later."""
+    for name in ("embed_size", "word_dim"):
+        if params[name] < 1:
+            raise CocosError(f"--{name.replace('_', '-')} must be an integer of at least 1, got {params[name]!r}")
+    embed, word = params["embed_size"], params["word_dim"]
+    need = 16 * 3 * embed * (word + embed + 2)
+    if need > available_memory():
+        raise CocosError(f"--embed-size {embed} with --word-dim {word} needs at least {need / 2**30:,.1f} GB for "
+                         f"the caption encoder alone, more than the {available_memory() / 2**30:,.1f} GB of memory "
+                         "available")
+
+
+def check_cnn(params: dict) -> None:
+    if params["cnn_type"] not in CNN_TYPES:
+        raise CocosError(f"unknown CNN '{params['cnn_type']}' (choose from {', '.join(CNN_TYPES)})")
+    check_sizes(params)
+
+
+def cnn_name(cnn_type: str) -> str:
+    """``resnet18`` -> ``ResNet-18``, ``vgg19`` -> ``VGG-19`` (other names as they are)."""
+    for prefix, shown in (("resnet", "ResNet-"), ("vgg", "VGG-")):
+        if cnn_type.startswith(prefix) and cnn_type[len(prefix):].isdigit():
+            return shown + cnn_type[len(prefix):]
+    return cnn_type
+
+
+def describe_full(hparams: dict) -> str:
+    """A raw-image VSE++ with its CNN and whether it was trained: ``VSE++ (ResNet-18, fine-tuned)``."""
+    if not hparams.get("cnn_type"):
+        return "VSE++"
+    return f"VSE++ ({cnn_name(str(hparams['cnn_type']))}, {'fine-tuned' if hparams.get('finetune') else 'frozen'})"
+
+
+VSEPP_FAMILY = ModelFamily(
+    name="vsepp", label="VSE++", module=VSEPP, input="features", defaults=SIZES, check=check_sizes,
+    images_family="vsepp_full",
+    original=OriginalImage(original.is_vsepp_image, original.map_vsepp_image, "VSE++ EncoderImagePrecomp", "vsepp",
+                           feature_rank=1),
+    description="VSE++ (Faghri et al. 2018): a linear map of global (or region-averaged) features, a GRU caption "
+                "encoder")
+VSRN_FAMILY = ModelFamily(
+    name="vsrn", label="VSRN", module=VSRN, input="features", defaults=SIZES, check=check_sizes, min_batch=2,
+    original=OriginalImage(original.is_vsrn_image, original.map_vsrn_image, "VSRN model", "vsrn",
+                           feature_rank=2),
+    description="VSRN (Li et al. 2019): region features through a GCN and a GRU, a GRU caption encoder")
+VSEPP_FULL_FAMILY = ModelFamily(
+    name="vsepp_full", label="VSE++", module=VSEPPFull, input="images",
+    defaults={"cnn_type": DEFAULT_CNN, "finetune": False, **SIZES}, check=check_cnn,
+    original=OriginalImage(original.is_full_image, original.map_full_image, "VSE++ EncoderImageFull",
+                           "vsepp"), describe=describe_full,
+    description="VSE++ on raw images: a ResNet or VGG CNN (frozen, or fine-tuned), a GRU caption encoder")
+
+for _family in (VSEPP_FAMILY, VSRN_FAMILY, VSEPP_FULL_FAMILY):
+    register(_family)

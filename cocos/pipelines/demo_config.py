@@ -1,0 +1,54 @@
+"""``cocos demo``'s settings, each default written once (torch-free: the command's flags take theirs from here).
+
+The demo's schedule is shorter than the paper's (``cocos train``'s, :mod:`cocos.training.config`): 8 epochs at
+lr 1e-3 dropped after 6, a smaller model (embeddings 256, words 128), on a synthetic world of 3,000 scenes;
+``--images`` renders 1,000 scenes and trains 4 epochs (:data:`IMAGE_DEFAULTS`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cocos.defaults import DEFAULT_BATCH_SIZE
+
+
+def _paper_losses() -> list[str]:
+    """The registered families of the COCOS paper's tables (the registry is imported when a config is made)."""
+    from cocos.objectives import paper_names
+
+    return paper_names()
+
+
+@dataclass
+class DemoConfig:
+    out: str = "reports/demo"
+    data: str = "data/synth"
+    checkpoints: str = "checkpoints/demo"
+    losses: list[str] = field(default_factory=lambda: _paper_losses())
+    model: str = "vsepp"
+    epochs: int = 8
+    lr: float = 1e-3
+    lr_update: int = 6
+    warmup_epochs: int = 1
+    batch_size: int = DEFAULT_BATCH_SIZE
+    embed_size: int = 256
+    word_dim: int = 128
+    n_train: int = 3000
+    n_dev: int = 500
+    n_test: int = 500
+    seed: int = 0
+    device: str = "auto"
+    retrain: bool = False
+    overwrite: bool = False  # replace an --out or --data folder that cocos did not write
+    track_cocos: int | None = 10  # count COCOS on the training batches every N steps (None: off)
+    # raw images (cocos demo --images): the rendered world, a CNN fine-tuned from random initialisation
+    images: bool = False
+    cnn: str = "resnet18"
+    image_size: int = 64  # side of the rendered JPEGs
+    crop_size: int = 32  # training RandomResizedCrop; evaluation Resize(crop * 256/224) + CenterCrop(crop)
+    workers: int = 0  # DataLoader workers decoding images (does not change the result)
+
+
+# cocos demo --images: where its folders go and its schedule, where it differs from the feature demo's
+IMAGE_DEFAULTS = {"out": "reports/demo_images", "data": "data/synth_images", "checkpoints": "checkpoints/demo_images",
+                  "n_train": 1000, "n_dev": 200, "n_test": 200, "epochs": 4, "lr_update": 3}

@@ -1,0 +1,281 @@
+"""A training run's settings, in sections: what is read, the model, the loss, the optimisation, the hooks.
+
+Each default is written once, here (the schedule's in :mod:`cocos.defaults`, a model family's own
+hyper-parameters in its spec, a loss's in its spec, LTD's in :mod:`cocos.losses.ltd_config`);
+``cocos train``'s flags take theirs from these classes (:func:`default`). Torch-free, so the command
+line reads it before anything heavy is imported.
+
+A run is also written down flat, one name per flag (``cocos train --lr 2e-4`` is ``lr``): the
+``train`` record of a checkpoint, a sweep's grid, the keywords of :meth:`TrainConfig.of`.
+:data:`FLAT` maps each flat name to its section and field; :meth:`TrainConfig.flat` writes the record
+(the names and order of earlier versions, so their checkpoints read and resume; settings added since
+appear only where they differ from their default).
+
+Per-parameter-group learning rates and AdamW need no trainer code: ``OptimConfig.optimizer``
+``"adamw"`` with ``weight_decay``, and ``lr_groups`` ``{prefix: factor}`` trains the parameters
+whose names start with ``prefix`` at ``factor × lr`` (VSE∞ trains its BERT at a tenth:
+``{"txt_enc.bert": 0.1}``); the longest matching prefix wins.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+from cocos.defaults import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_CROP_SIZE,
+    DEFAULT_EPOCHS,
+    DEFAULT_GRAD_CLIP,
+    DEFAULT_LR,
+    DEFAULT_LR_UPDATE,
+)
+from cocos.errors import CocosError
+from cocos.losses.ltd_config import LTDConfig
+
+OPTIMIZERS = ("adam", "adamw")
+
+
+@dataclass
+class DataConfig:
+    """What a run reads: the data folder or image dataset, captions per image, the vocabulary, raw-image decoding."""
+
+    path: str
+    k: int = 5
+    vocab: str | None = None  # a SCAN-style vocab JSON instead of building one from the training captions
+    vocab_threshold: int = 4  # words seen fewer times are <unk>
+    use_restval: bool = False  # Karpathy JSON: restval joins train
+    crop_size: int = DEFAULT_CROP_SIZE  # raw images: training crop and evaluation centre crop
+    workers: int = 0  # DataLoader workers decoding images (does not change the result)
+
+
+@dataclass
+class ModelConfig:
+    """The model family (:mod:`cocos.models.registry`) and its own hyper-parameters (``None``: the family's
+    defaults); ``cnn_weights``: the weights file of a raw-image family's CNN."""
+
+    name: str = "vsepp"
+    params: dict | None = None
+    cnn_weights: str | None = None
+
+
+@dataclass
+class LossConfig:
+    """The loss family (:mod:`cocos.objectives`), its parameters (``None``: the spec's defaults), counting mode, and
+    ``warmup_epochs`` of the family's warm-up loss first (VSE∞ practice)."""
+
+    name: str = "triplet_sh"
+    params: dict | None = None
+    compat: bool = False
+    warmup_epochs: int = 0
+
+
+@dataclass
+class OptimConfig:
+    """The optimisation and schedule (VSE++'s): Adam, ``lr`` dropped x0.1 every ``lr_update`` epochs, gradient norm
+    clipped at ``grad_clip`` (0: none), batches of ``batch_size`` seeded by ``seed`` (module docstring: AdamW and
+    per-group rates)."""
+
+    epochs: int = DEFAULT_EPOCHS
+    lr: float = DEFAULT_LR
+    lr_update: int = DEFAULT_LR_UPDATE
+    batch_size: int = DEFAULT_BATCH_SIZE
+    grad_clip: float = DEFAULT_GRAD_CLIP
+    optimizer: str = "adam"
+    weight_decay: float = 0.0
+    lr_groups: dict | None = None  # {parameter-name prefix: factor of lr}
+    seed: int = 0
+
+
+@dataclass
+class HookConfig:
+    """What a run adds to the loop (:mod:`cocos.training.hooks`): LTD, COCOS tracking every N steps, checkpoints
+    every K epochs."""
+
+    ltd: LTDConfig | None = None
+    track_cocos: int | None = None
+    save_every: int | None = None
+
+
+@dataclass
+class TrainConfig:
+    """A run: its sections, the output folder and the device (module docstring)."""
+
+    data: DataConfig
+    model: ModelConfig = field(default_factory=ModelConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    hooks: HookConfig = field(default_factory=HookConfig)
+    out: str = "checkpoints/run"
+    device: str = "auto"
+
+    @classmethod
+    def of(cls, **flat) -> TrainConfig:
+        """A run from flat settings (:data:`FLAT`; a checkpoint's ``train`` record, a sweep's grid, keywords)."""
+        return from_flat(flat)
+
+    def flat(self) -> dict:
+        """The flat record of the run (module docstring)."""
+        return to_flat(self)
+
+    def validate(self) -> None:
+        """Refuse nonsense settings before anything is read or written (:func:`cocos.training.trainer.validate`)."""
+        from cocos.training.trainer import validate  # the checks need the registries: imported when used
+
+        validate(self)
+
+    def images(self) -> bool:
+        """Whether ``data`` is a raw-image dataset (looked up on disk; nothing is read)."""
+        from cocos.data.images import is_image_dataset
+
+        return is_image_dataset(self.data.path)
+
+    def loss_params(self) -> dict:
+        """The loss parameters given (``None``: the spec's default)."""
+        return {k: v for k, v in (self.loss.params or {}).items() if v is not None}
+
+
+def default(section: type, name: str):
+    """The default of a section's field: what a flag of ``cocos train`` shows and takes."""
+    for item in dataclasses.fields(section):
+        if item.name == name:
+            return item.default if item.default is not dataclasses.MISSING else item.default_factory()
+    raise KeyError(name)
+
+
+# -- the flat record --------------------------------------------------------------------------------------------
+
+# flat name -> (section, field); the model family's hyper-parameters that earlier versions recorded flat are
+# MODEL_FLAT, old loss settings LOSS_FLAT
+FLAT = {"data": ("data", "path"), "model": ("model", "name"), "loss": ("loss", "name"), "out": ("", "out"),
+        "epochs": ("optim", "epochs"), "lr": ("optim", "lr"), "lr_update": ("optim", "lr_update"),
+        "batch_size": ("optim", "batch_size"), "params": ("loss", "params"), "grad_clip": ("optim", "grad_clip"),
+        "warmup_epochs": ("loss", "warmup_epochs"), "vocab_threshold": ("data", "vocab_threshold"),
+        "k": ("data", "k"), "seed": ("optim", "seed"), "device": ("", "device"), "compat": ("loss", "compat"),
+        "vocab": ("data", "vocab"), "track_cocos": ("hooks", "track_cocos"), "save_every": ("hooks", "save_every"),
+        "cnn_weights": ("model", "cnn_weights"), "crop_size": ("data", "crop_size"),
+        "use_restval": ("data", "use_restval"), "workers": ("data", "workers"),
+        "optimizer": ("optim", "optimizer"), "weight_decay": ("optim", "weight_decay"),
+        "lr_groups": ("optim", "lr_groups"), "model_params": ("model", "params")}
+MODEL_FLAT = {"embed_size": "embed_size", "word_dim": "word_dim", "cnn": "cnn_type", "finetune": "finetune"}
+LTD_FLAT = {"ltd_mode": "mode", "ltd_eta": "eta", "ltd_beta": "beta", "ltd_targets": "targets"}
+LOSS_FLAT = ("margin", "tau")  # settings of their own beside params before loss parameters were the spec's flags
+# the record's names in the order earlier versions wrote them
+ORDER = ("data", "model", "loss", "out", "epochs", "lr", "lr_update", "batch_size", "embed_size", "word_dim",
+         "params", "grad_clip", "warmup_epochs", "vocab_threshold", "k", "seed", "device", "compat", "vocab", "ltd",
+         "ltd_mode", "ltd_eta", "ltd_beta", "ltd_targets", "track_cocos", "save_every", "cnn", "cnn_weights",
+         "finetune", "crop_size", "use_restval", "workers")
+# settings added since, written where they differ from their default (an earlier run had the default)
+ADDED_DEFAULTS = {"optimizer": default(OptimConfig, "optimizer"), "weight_decay": default(OptimConfig, "weight_decay"),
+                  "lr_groups": None, "model_params": None}
+SECTIONS = {"data": DataConfig, "model": ModelConfig, "loss": LossConfig, "optim": OptimConfig, "hooks": HookConfig}
+
+
+def _annotation(section: type, name: str) -> str:
+    return next(str(f.type) for f in dataclasses.fields(section) if f.name == name)
+
+
+def record_type() -> type:
+    """The flat record as a record type (each flat name with its field's annotation), for
+    :func:`cocos.typed.problem`: generated from the sections, not written again."""
+    owners = {"": TrainConfig, **SECTIONS}
+    items = [(n, _annotation(owners[s], f)) for n, (s, f) in FLAT.items()]
+    items += [(n, _annotation(LTDConfig, f)) for n, f in LTD_FLAT.items()]
+    items += [("ltd", "bool"), ("embed_size", "int | None"), ("word_dim", "int | None"), ("cnn", "str | None"),
+              ("finetune", "bool")]
+    items += [(n, "float | None") for n in LOSS_FLAT]
+    return dataclasses.make_dataclass("TrainRecord", [(n, t, field(default=None)) for n, t in items])
+
+
+def names() -> list[str]:
+    """Every flat name :meth:`TrainConfig.of` takes."""
+    return [*FLAT, *MODEL_FLAT, "ltd", *LTD_FLAT, *LOSS_FLAT]
+
+
+def sections_of(flat: dict) -> dict[str, dict]:
+    """Flat settings as ``{section: {field: value}}`` (``""``: the run's own fields) plus ``ltd``: the LTD fields
+    given; an unknown name is one line."""
+    unknown = [k for k in flat if k not in names()]
+    if unknown:
+        raise CocosError(f"no training setting {', '.join(sorted(unknown))} (settings: {', '.join(names())})")
+    out: dict[str, dict] = {s: {} for s in ("", *SECTIONS, "ltd")}
+    for name, value in flat.items():
+        if name in FLAT and name not in ("model_params", "params"):
+            section, item = FLAT[name]
+            out[section][item] = value
+        elif name in LTD_FLAT:
+            out["ltd"][LTD_FLAT[name]] = value
+    for section, params in (("model", _model_flat(flat)), ("loss", _loss_flat(flat))):
+        if params:
+            out[section]["params"] = params
+    return out
+
+
+def _loss_flat(flat: dict) -> dict:
+    """The loss parameters: ``params``, and ``margin``/``tau`` of records written before they were the spec's."""
+    return {**{k: flat[k] for k in LOSS_FLAT if flat.get(k) is not None}, **(flat.get("params") or {})}
+
+
+def _model_flat(flat: dict) -> dict:
+    """The model hyper-parameters: ``model_params``, and those given under their flat names (``finetune`` false is
+    the default: not given)."""
+    named = {MODEL_FLAT[n]: v for n, v in flat.items()
+             if n in MODEL_FLAT and v is not None and not (n == "finetune" and v is False)}
+    return {**(flat.get("model_params") or {}), **named}
+
+
+def from_flat(flat: dict) -> TrainConfig:
+    """:meth:`TrainConfig.of`. LTD settings without ``ltd`` are refused in one line (they would do nothing)."""
+    parts = sections_of(flat)
+    ltd = None
+    if flat.get("ltd"):
+        ltd = LTDConfig(**{k: v for k, v in parts["ltd"].items() if v is not None})
+    else:
+        changed = [f"--{n.replace('_', '-')}" for n, f in LTD_FLAT.items()
+                   if n in flat and flat[n] != getattr(LTDConfig, f)]
+        if changed:
+            raise CocosError(f"{', '.join(changed)} only apply with --ltd")
+    if "path" not in parts["data"]:
+        raise CocosError("a training run needs its data (data=...)")
+    return TrainConfig(data=DataConfig(**parts["data"]), model=ModelConfig(**parts["model"]),
+                       loss=LossConfig(**parts["loss"]), optim=OptimConfig(**parts["optim"]),
+                       hooks=HookConfig(ltd=ltd, **parts["hooks"]), **parts[""])
+
+
+def to_flat(cfg: TrainConfig) -> dict:
+    """The flat record (module docstring): the model's hyper-parameters that earlier versions recorded flat under
+    their flat names (``embed_size``, ``word_dim``, ``cnn``, ``finetune``), any others under ``model_params``."""
+    params = dict(cfg.model.params or {})
+    ltd = cfg.hooks.ltd
+    values = {"ltd": ltd is not None, **{n: getattr(ltd or LTDConfig(), f) for n, f in LTD_FLAT.items()}}
+    for name, item in MODEL_FLAT.items():
+        values[name] = params.pop(item, False if name == "finetune" else None)
+    for name, (section, item) in FLAT.items():
+        values.setdefault(name, getattr(getattr(cfg, section) if section else cfg, item))
+    values["model_params"] = params or None
+    out = {name: values[name] for name in ORDER}
+    out.update({name: values[name] for name, value in ADDED_DEFAULTS.items() if values[name] != value})
+    return out
+
+
+def _finite(value, least: float = 0.0) -> bool:
+    """A finite number (not a bool) of at least ``least``."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and least <= value < math.inf
+
+
+def check_optim(optim: OptimConfig) -> None:
+    """The optimiser's settings, one line for the first bad one."""
+    if optim.optimizer not in OPTIMIZERS:
+        raise CocosError(f"unknown --optimizer '{optim.optimizer}' (choose from {', '.join(OPTIMIZERS)})")
+    if not _finite(optim.weight_decay):
+        raise CocosError(f"--weight-decay must be a finite number >= 0, got {optim.weight_decay!r}")
+    if optim.weight_decay and optim.optimizer == "adam":
+        raise CocosError("--weight-decay applies to --optimizer adamw (Adam's L2 penalty is not weight decay)")
+    for prefix, factor in (optim.lr_groups or {}).items():
+        if not isinstance(prefix, str) or not prefix:
+            raise CocosError(f"--lr-group: a parameter-name prefix must be a non-empty name, got {prefix!r}")
+        if not _finite(factor):
+            raise CocosError(f"--lr-group {prefix}: the factor must be a finite number >= 0, got {factor!r}")
+    if not _finite(optim.grad_clip):
+        raise CocosError(f"gradient clipping must be a finite number >= 0, got {optim.grad_clip!r}")
