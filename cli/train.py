@@ -131,23 +131,18 @@ def _known_loss(loss: str, resume: bool, out: Path) -> None:
 
 
 def _model_flags(model: str, args: list[str]) -> tuple[dict, list[str]]:
-    """The options the command did not parse, split: a model family's own hyper-parameters (``--NAME VALUE``, typed
-    by the family's spec) and the rest (the loss's flags)."""
+    """The options the command did not parse (read as loss flags are, :func:`lossflags.as_params`), split: a model
+    family's own hyper-parameters (typed later by the family's spec) and the rest (the loss's flags)."""
     from cocos.models.registry import get_family
 
-    family = get_family(model)
-    own = {name.replace("_", "-") for name in family.defaults} - {"embed-size", "word-dim", "cnn-type", "finetune"}
-    params, rest, i = {}, [], 0
-    while i < len(args):
-        name, eq, value = args[i][2:].partition("=")
-        if args[i].startswith("--") and name in own:
-            if not eq:
-                i += 1
-                value = args[i] if i < len(args) else ""
-            params[name.replace("-", "_")] = value
+    own = set(get_family(model).defaults) - {"embed_size", "word_dim", "cnn_type", "finetune"}  # options of their own
+    params, rest = {}, []
+    for flag, item in lossflags.as_params(args):
+        name, _, value = item.partition("=")
+        if name in own:
+            params[name] = value
         else:
-            rest.append(args[i])
-        i += 1
+            rest.append(f"{flag}={value}")
     return params, rest
 
 

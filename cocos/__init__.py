@@ -9,8 +9,8 @@ The library follows the data; each layer imports only the layers before it (neve
 later one, checked over the real imports by ``tests/test_layers.py``):
 
 1. base: ``errors``, ``defaults``, ``io``, ``safeload``, ``progress``, ``device``, ``openmp``,
-   ``distributed``, ``presentation``, ``typed`` (records checked against their annotations), ``results``
-   (the typed ``results.json``);
+   ``distributed``, ``presentation``, ``plugins`` (the registries' plugin loading), ``typed`` (records checked
+   against their annotations), ``results`` (the typed ``results.json``);
 2. ``data``: datasets, batch layouts, samplers;
 3. ``models``: the encoders;
 4. ``losses``: one module per loss family: its maths, its counter and its spec;

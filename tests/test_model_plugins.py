@@ -188,3 +188,16 @@ def test_a_plugin_taking_a_built_in_name_is_refused_in_one_line_naming_its_packa
     warning = [line for line in res.stderr.splitlines() if line.strip()]
     assert len(warning) == 1 and warning[0].startswith("warning: model plugin vsepp (cocos_clash:clash) of package "
                                                        "cocos-clash: refused"), res.stderr
+
+
+def test_a_loss_plugin_taking_a_built_in_name_is_refused_the_same_way(tmp_path):
+    """One mechanism for both registries (cocos.plugins): a loss plugin named like a built-in is refused with one
+    warning line naming its package, and the built-in stays what it was."""
+    clash = LOSS_PLUGIN.replace('name="sqhinge", label="Squared hinge"', 'name="triplet", label="Not Triplet"')
+    _package(tmp_path / "p", "cocos_trip", clash, "[cocos.losses]\ntriplet = cocos_trip:objective\n")
+    res = cocos(["losses"], tmp_path, path=tmp_path / "p")
+    assert res.returncode == 0, res.stderr
+    assert "Not Triplet" not in res.stdout and "triplet     Triplet loss:" in res.stdout
+    warning = [line for line in res.stderr.splitlines() if line.strip()]
+    assert warning == ["warning: loss plugin triplet (cocos_trip:objective) of package cocos-trip: refused, its name "
+                       "'triplet' is a built-in loss family's"], res.stderr

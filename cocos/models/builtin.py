@@ -18,6 +18,7 @@ from cocos.models.image import VSEPPFull
 from cocos.models.registry import register
 from cocos.models.vsepp import VSEPP
 from cocos.models.vsrn import VSRN
+from cocos.results import model_label
 
 SIZES = {"embed_size": DEFAULT_EMBED_SIZE, "word_dim": DEFAULT_WORD_DIM}
 
@@ -43,19 +44,10 @@ def check_cnn(params: dict) -> None:
     check_sizes(params)
 
 
-def cnn_name(cnn_type: str) -> str:
-    """``resnet18`` -> ``ResNet-18``, ``vgg19`` -> ``VGG-19`` (other names as they are)."""
-    for prefix, shown in (("resnet", "ResNet-"), ("vgg", "VGG-")):
-        if cnn_type.startswith(prefix) and cnn_type[len(prefix):].isdigit():
-            return shown + cnn_type[len(prefix):]
-    return cnn_type
-
-
 def describe_full(hparams: dict) -> str:
-    """A raw-image VSE++ with its CNN and whether it was trained: ``VSE++ (ResNet-18, fine-tuned)``."""
-    if not hparams.get("cnn_type"):
-        return "VSE++"
-    return f"VSE++ ({cnn_name(str(hparams['cnn_type']))}, {'fine-tuned' if hparams.get('finetune') else 'frozen'})"
+    """A raw-image VSE++ with its CNN and whether it was trained: ``VSE++ (ResNet-18, fine-tuned)``
+    (:func:`cocos.results.model_label`, which also names the models of older results files)."""
+    return model_label("vsepp_full", hparams)
 
 
 VSEPP_FAMILY = ModelFamily(

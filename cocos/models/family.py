@@ -75,8 +75,7 @@ class ModelFamily:
 
     def arguments(self) -> dict[str, inspect.Parameter]:
         """The module constructor's named arguments (what ``hparams`` may hold)."""
-        return {n: p for n, p in inspect.signature(self.module.__init__).parameters.items()
-                if n != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        return constructor_arguments(self.module)
 
     def params(self, **given) -> dict[str, Any]:
         """The training hyper-parameters: defaults overridden by ``given`` (``None`` = default), each of its
@@ -115,6 +114,12 @@ class ModelFamily:
     def words(self, hparams: Mapping[str, Any]) -> str:
         """The model in words, for reports."""
         return self.describe(dict(hparams)) if self.describe is not None else self.label
+
+
+def constructor_arguments(cls) -> dict[str, inspect.Parameter]:
+    """A class's constructor arguments that can be named (a checkpoint's ``hparams`` may hold only these)."""
+    return {n: p for n, p in inspect.signature(cls.__init__).parameters.items()
+            if n != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
 
 
 def _typed(name: str, value, default):

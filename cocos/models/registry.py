@@ -6,83 +6,33 @@ any installed package registers through the ``cocos.models`` entry-point group
 :class:`ModelFamily` or a list of them), or through ``COCOS_PLUGINS=module[,module]`` (a module on the path that
 defines ``model_family`` or ``model_families``); both load with the registry (:func:`load_plugins`).
 
-A plugin that fails to load is one error line naming it. A plugin family whose name is a built-in's is refused
-with one warning line naming its package, and everything else keeps working.
+Loading, plugins and refusals are the loss registry's (:mod:`cocos.plugins`): a plugin that fails to load is one
+error line naming it; a plugin family whose name is a built-in's is refused with one warning line naming its
+package, and everything else keeps working.
 """
 
 from __future__ import annotations
 
-import importlib
-import os
-import warnings
-from importlib.metadata import entry_points
-
 from cocos.errors import CocosError
 from cocos.models.family import ModelFamily
+from cocos.plugins import Registry
 
 ENTRY_POINT_GROUP = "cocos.models"
-PLUGINS_ENV = "COCOS_PLUGINS"
-
-_REGISTRY: dict[str, ModelFamily] = {}
-_BUILTIN: set[str] = set()
-_loaded = False
+REGISTRY = Registry("model", ModelFamily, ENTRY_POINT_GROUP, "cocos.models.builtin",
+                    ("model_families", "model_family"))
 
 
 def _registry() -> dict[str, ModelFamily]:
-    global _loaded
-    if not _loaded:
-        _loaded = True
-        from cocos.models import builtin  # noqa: F401  (registers the built-in families)
-
-        _BUILTIN.update(_REGISTRY)
-        load_plugins()
-    return _REGISTRY
-
-
-def _register_plugin(found, where: str, package: str) -> None:
-    for item in found if isinstance(found, (list, tuple)) else [found]:
-        if not isinstance(item, ModelFamily):
-            raise CocosError(f"model plugin {where}: names a {type(item).__name__}, not a cocos ModelFamily")
-        if item.name in _BUILTIN and _REGISTRY[item.name] is not item:
-            warnings.warn(f"model plugin {where} of package {package}: refused, its name '{item.name}' is a built-in "
-                          "model family's", stacklevel=2)
-            continue
-        if _REGISTRY.get(item.name) is not item:
-            register(item)
-
-
-def load_plugins() -> None:
-    """Register the model families of installed plugins (module docstring)."""
-    for point in entry_points(group=ENTRY_POINT_GROUP):
-        package = point.dist.name if point.dist is not None else "?"
-        try:
-            found = point.load()
-        except Exception as exc:  # noqa: BLE001 - whatever a broken plugin raises: one line naming it
-            raise CocosError(f"model plugin {point.name} ({point.value}) failed to load: {exc}") from None
-        _register_plugin(found, f"{point.name} ({point.value})", package)
-    for module in filter(None, (m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(","))):
-        try:
-            loaded = importlib.import_module(module)
-        except Exception as exc:  # noqa: BLE001 - as above
-            raise CocosError(f"plugin module {module} ({PLUGINS_ENV}) failed to load: {exc}") from None
-        found = getattr(loaded, "model_families", getattr(loaded, "model_family", None))
-        if found is not None:
-            _register_plugin(found, module, module)
+    return REGISTRY.specs
 
 
 def register(family: ModelFamily, replace: bool = False) -> ModelFamily:
     """Add a family (``replace`` to redefine one); returns it."""
-    if not isinstance(family, ModelFamily):
-        raise CocosError(f"register() takes a ModelFamily, got {type(family).__name__}")
-    registry = _registry()
-    if family.name in registry and not replace and registry[family.name] is not family:
-        raise CocosError(f"a model family named '{family.name}' is registered already")
-    registry[family.name] = family
-    return family
+    return REGISTRY.register(family, replace)
 
 
 def unregister(name: str) -> None:
-    _registry().pop(name, None)
+    REGISTRY.unregister(name)
 
 
 def names() -> list[str]:

@@ -11,67 +11,28 @@ families (Triplet, Triplet SH, NT-Xent, SmoothAP, GOAL, IMC), each defined in it
 Plugins: a family in any installed package registers through the ``cocos.losses``
 entry-point group (``[project.entry-points."cocos.losses"] mytrip = "mypkg.losses:objective"``,
 the entry point naming an :class:`Objective`), or through ``COCOS_PLUGINS=module[,module]``
-for modules on the path; both are loaded with the registry (:func:`load_plugins`).
+for modules on the path; both are loaded with the registry (:mod:`cocos.plugins`, shared with the model families).
+A plugin family that takes a built-in's name is refused with one warning line naming its package.
 """
 
 from __future__ import annotations
 
-import importlib
-import os
-from importlib.metadata import entry_points
-
 from cocos.errors import CocosError
 from cocos.losses.spec import DEFAULT_EPS, Note, Objective, from_callable
-
-_REGISTRY: dict[str, Objective] = {}
-_builtin_loaded = False
-
+from cocos.plugins import PLUGINS_ENV, Registry  # noqa: F401  (PLUGINS_ENV re-exported)
 
 ENTRY_POINT_GROUP = "cocos.losses"  # ``name = package.module:objective`` in a plugin's pyproject.toml
-PLUGINS_ENV = "COCOS_PLUGINS"  # comma-separated modules on the path that define ``objective`` or ``objectives``
+REGISTRY = Registry("loss", Objective, ENTRY_POINT_GROUP, "cocos.objectives.builtin", ("objectives", "objective"))
 
 
 def _registry() -> dict[str, Objective]:
-    """The registry, with the built-in families and then the plugins loaded on first use (``builtin`` and the
-    plugins call :func:`register` of this module, so they are imported once it exists, not at its top)."""
-    global _builtin_loaded
-    if not _builtin_loaded:
-        _builtin_loaded = True
-        from cocos.objectives import builtin  # noqa: F401  (registers the built-in families; see the docstring)
-
-        load_plugins()
-    return _REGISTRY
-
-
-def _register_plugin(found, where: str) -> None:
-    items = found if isinstance(found, (list, tuple)) else [found]
-    for item in items:
-        if not isinstance(item, Objective):
-            raise CocosError(f"loss plugin {where}: names a {type(item).__name__}, not a cocos Objective")
-        if _REGISTRY.get(item.name) is not item:
-            register(item)
+    """The registry, with the built-in families and then the plugins loaded on first use (:mod:`cocos.plugins`)."""
+    return REGISTRY.specs
 
 
 def load_plugins() -> None:
-    """Register the loss families of installed plugins: every entry point of the ``cocos.losses`` group names an
-    :class:`Objective` (registered under its ``name``), and every module in ``COCOS_PLUGINS`` is imported and its
-    ``objective`` (or ``objectives``) registered, if it did not register them itself. A plugin that fails to load
-    is one error line naming it."""
-
-    for point in entry_points(group=ENTRY_POINT_GROUP):
-        try:
-            found = point.load()
-        except Exception as exc:  # noqa: BLE001 - whatever a broken plugin raises: one line naming it
-            raise CocosError(f"loss plugin {point.name} ({point.value}) failed to load: {exc}") from None
-        _register_plugin(found, f"{point.name} ({point.value})")
-    for module in filter(None, (m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(","))):
-        try:
-            loaded = importlib.import_module(module)
-        except Exception as exc:  # noqa: BLE001 - as above
-            raise CocosError(f"loss plugin module {module} ({PLUGINS_ENV}) failed to load: {exc}") from None
-        found = getattr(loaded, "objectives", getattr(loaded, "objective", None))
-        if found is not None:
-            _register_plugin(found, module)
+    """Register the loss families of installed plugins (:meth:`cocos.plugins.Registry.load_plugins`)."""
+    REGISTRY.load_plugins()
 
 
 def __getattr__(name: str):
@@ -82,17 +43,11 @@ def __getattr__(name: str):
 
 def register(objective: Objective, replace: bool = False) -> Objective:
     """Add a family to the registry (``replace`` to redefine one); returns it."""
-    if not isinstance(objective, Objective):
-        raise CocosError(f"register() takes an Objective, got {type(objective).__name__}")
-    registry = _registry()
-    if objective.name in registry and not replace and registry[objective.name] is not objective:
-        raise CocosError(f"a loss named '{objective.name}' is registered already")
-    registry[objective.name] = objective
-    return objective
+    return REGISTRY.register(objective, replace)
 
 
 def unregister(name: str) -> None:
-    _registry().pop(name, None)
+    REGISTRY.unregister(name)
 
 
 def names() -> list[str]:

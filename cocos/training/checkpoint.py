@@ -53,6 +53,7 @@ from cocos.data.text import Vocabulary
 from cocos.errors import CocosError
 from cocos.io import write_bytes
 from cocos.losses.ltd import LAMBDA_RANGE, MODES, TargetDecoder
+from cocos.models.family import constructor_arguments
 from cocos.models.registry import get_family
 from cocos.models.registry import names as model_names
 from cocos.objectives import OBJECTIVES
@@ -366,8 +367,7 @@ class _Checker:
 def _check_hparams(check: _Checker, cls, hparams, field: str) -> dict:
     """Constructor arguments of ``cls``: known names, integers >= 1 (``n_gcn`` >= 0) or switches."""
     hparams = check.dict(hparams, field)
-    params = {n: p for n, p in inspect.signature(cls.__init__).parameters.items()
-              if n != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    params = constructor_arguments(cls)
     for name, value in hparams.items():
         if name not in params:
             check.fail(f"{field}.{name}", f"is not a parameter of the {getattr(cls, 'kind', cls.__name__)} model "
@@ -431,8 +431,8 @@ def validate_model(ckpt: dict, where="checkpoint") -> torch.nn.Module:
     kind = model["kind"]
     if not isinstance(kind, str) or kind not in model_names():
         check.fail("model.kind", f"must be one of {', '.join(model_names())}, got {_show(kind)}")
-    cls = get_family(kind).module
-    hparams = _check_hparams(check, cls, check.key(model, "hparams", "model"), "model.hparams")
+    family = get_family(kind)
+    hparams = _check_hparams(check, family.module, check.key(model, "hparams", "model"), "model.hparams")
     vocab = check.list(check.key(ckpt, "vocab", ""), "vocab")
     for i, token in enumerate(vocab):
         if not isinstance(token, str) or not token:
@@ -444,7 +444,7 @@ def validate_model(ckpt: dict, where="checkpoint") -> torch.nn.Module:
     if "vocab_size" in hparams and len(vocab) != hparams["vocab_size"]:
         check.fail("vocab", f"has {len(vocab)} tokens but the model's word embedding table has "
                             f"{hparams['vocab_size']} rows (model.hparams.vocab_size)")
-    meta = _meta_module(check, "model.hparams", lambda: cls(**hparams))
+    meta = _meta_module(check, "model.hparams", lambda: family.module(**hparams))
     check.tensors(check.key(ckpt, "state_dict", ""), meta.state_dict(), "state_dict", f"{kind} model")
     return meta
 

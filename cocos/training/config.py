@@ -133,7 +133,7 @@ class TrainConfig:
 
     def loss_params(self) -> dict:
         """The loss parameters given (``None``: the spec's default)."""
-        return {k: v for k, v in (self.loss.params or {}).items() if v is not None}
+        return loss_params_of({"params": self.loss.params})
 
 
 def default(section: type, name: str):
@@ -215,6 +215,12 @@ def sections_of(flat: dict) -> dict[str, dict]:
 def _loss_flat(flat: dict) -> dict:
     """The loss parameters: ``params``, and ``margin``/``tau`` of records written before they were the spec's."""
     return {**{k: flat[k] for k in LOSS_FLAT if flat.get(k) is not None}, **(flat.get("params") or {})}
+
+
+def loss_params_of(flat: dict) -> dict:
+    """The loss parameters a flat record gives, those left at ``None`` (the spec's default) dropped: the spec
+    refuses what the loss does not take."""
+    return {k: v for k, v in _loss_flat(flat).items() if v is not None}
 
 
 def _model_flat(flat: dict) -> dict:

@@ -52,7 +52,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from cocos.data.images import is_image_dataset, load_image_split
+from cocos.data.images import load_image_split
 from cocos.data.precomp import PrecompSplit, data_fingerprint
 from cocos.data.samplers import pair_batches, ranking_batches
 from cocos.data.targets import read_targets, sentence_targets
@@ -86,7 +86,7 @@ from cocos.training.checkpoint import (
     save_checkpoint,
     validate_model,
 )
-from cocos.training.config import ADDED_DEFAULTS, TrainConfig, check_optim
+from cocos.training.config import ADDED_DEFAULTS, TrainConfig, check_optim, loss_params_of
 from cocos.training.evaluate import evaluate_model, tokenize_split
 from cocos.training.hooks import Hook, LTDHook, StepBatch, TrackHook, WarmUp
 from cocos.training.logs import check_resumable, read_logs
@@ -118,12 +118,6 @@ TORCHVISION_WEIGHTS = {"resnet18": ("resnet18-f37072fd.pth", "resnet18-5c106cde.
                        "vgg19": ("vgg19-dcbb9e9d.pth",)}
 
 
-def is_images(cfg: TrainConfig) -> bool:
-    """Whether the run's data is a raw-image dataset (looked up on disk; nothing is read)."""
-
-    return is_image_dataset(cfg.data.path)
-
-
 def validate(cfg: TrainConfig) -> None:
     """Refuse nonsense settings before anything is read or written (one CocosError line).
 
@@ -136,7 +130,7 @@ def validate(cfg: TrainConfig) -> None:
             raise CocosError(f"--{what} must be a name, got {value!r}")
     get_objective(cfg.loss.name)  # unknown names: one line listing the registered losses
     check_device_name(cfg.device)
-    images = is_images(cfg)
+    images = cfg.images()
     _check_input(cfg, images)
     family = training_family(cfg.model.name, images)
     cfg.model.name = family.name
@@ -233,11 +227,8 @@ def _check_images(cfg: TrainConfig) -> None:
 
 
 def recorded_loss_params(train: dict) -> dict:
-    """The loss parameters a run's settings give (``None`` = the default). Settings written before loss parameters
-    were flags of the spec kept ``margin`` and ``tau`` as fields of their own beside ``params``."""
-    old = {k: train[k] for k in ("margin", "tau") if train.get(k) is not None}
-    params = {**old, **(train.get("params") or {})}
-    return {k: v for k, v in params.items() if v is not None}  # the spec refuses what the loss does not take
+    """The loss parameters a run's flat record gives (:func:`cocos.training.config.loss_params_of`)."""
+    return loss_params_of(train)
 
 
 def epoch_seed(seed: int, epoch: int) -> int:
@@ -285,7 +276,7 @@ class Trainer:
         self.last_saved = False  # whether fit has written a last.pt (then a failure keeps the folder)
         self._check_out_folder()
         self.device = resolve_device(cfg.device)
-        self.images = is_images(cfg)
+        self.images = cfg.images()
         if self.images:
             self._open_images()
         else:
@@ -559,14 +550,12 @@ class Trainer:
         if "params" in recorded and recorded_loss_params(recorded) != cfg.loss_params():
             raise CocosError(f"{self.last_path}: was trained with loss parameters {recorded_loss_params(recorded)}, "
                              f"not {cfg.loss_params()}; resume with the same flags")
-        now = cfg.flat()
-        defaults = ADDED_DEFAULTS
+        # settings added since an earlier run wrote its record: that run had their defaults
+        recorded, now = {**ADDED_DEFAULTS, **recorded}, {**ADDED_DEFAULTS, **cfg.flat()}
         for name in RESUME_FLAGS:
-            if recorded.get(name, defaults.get(name)) != now.get(name, defaults.get(name)) and \
-                    (name in recorded or name in defaults):
-                raise CocosError(f"{self.last_path}: was trained with --{name.replace('_', '-')} "
-                                 f"{recorded.get(name, defaults.get(name))}, not {now.get(name, defaults.get(name))}; "
-                                 "resume with the same flags")
+            if name in recorded and recorded[name] != now[name]:
+                raise CocosError(f"{self.last_path}: was trained with --{name.replace('_', '-')} {recorded[name]}, "
+                                 f"not {now[name]}; resume with the same flags")
 
     # -- one epoch --------------------------------------------------------------------
 
