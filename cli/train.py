@@ -54,6 +54,8 @@ def train(
     cnn: str = typer.Option(None, help="Raw images: the CNN (resnet18/34/50/101/152, vgg19; default resnet50)."),
     cnn_weights: Path = typer.Option(None, metavar="FILE", help="Raw images: the CNN's ImageNet weights "
                                                                 "(torchvision's resnet50-0676ba61.pth, ...)."),
+    bert: Path = typer.Option(None, metavar="DIR", help="VSE∞: the Hugging Face BERT folder (config.json, weights, "
+                                                        "vocab.txt; read from disk, never downloaded)."),
     finetune: bool = typer.Option(False, "--finetune", help="Raw images: train the CNN too (without "
                                                             "--cnn-weights: from random initialisation)."),
     crop_size: int = typer.Option(default(DataConfig, "crop_size"),
@@ -81,15 +83,17 @@ def train(
     _known_loss(loss, resume, out)  # an unknown loss is named before its parameters are looked up
     model_args, loss_args = _model_flags(model, ctx.args)
     extra = lossflags.merge(param, loss_args, [loss], "train").get(loss) or None
-    cfg = TrainConfig.of(data=str(data), model=model, loss=loss, out=str(out), epochs=epochs, lr=lr,
-                         lr_update=lr_update, batch_size=batch_size, embed_size=embed_size, word_dim=word_dim,
-                         model_params=model_args or None, params=extra, k=k, seed=seed, device=device,
-                         warmup_epochs=warmup_epochs, vocab=str(vocab) if vocab else None, ltd=ltd,
-                         ltd_mode=ltd_mode, ltd_eta=ltd_eta, ltd_beta=ltd_beta,
-                         ltd_targets=str(ltd_targets) if ltd_targets else None, track_cocos=track_cocos,
-                         save_every=save_every, cnn=cnn, cnn_weights=str(cnn_weights) if cnn_weights else None,
-                         finetune=finetune, crop_size=crop_size, use_restval=use_restval, workers=workers,
-                         optimizer=optimizer, weight_decay=weight_decay, lr_groups=_lr_groups(lr_group) or None)
+    flat = dict(data=str(data), model=model, loss=loss, out=str(out), epochs=epochs, lr=lr,
+                lr_update=lr_update, batch_size=batch_size, embed_size=embed_size, word_dim=word_dim,
+                model_params=model_args or None, params=extra, k=k, seed=seed, device=device,
+                warmup_epochs=warmup_epochs, vocab=str(vocab) if vocab else None, ltd=ltd,
+                ltd_mode=ltd_mode, ltd_eta=ltd_eta, ltd_beta=ltd_beta,
+                ltd_targets=str(ltd_targets) if ltd_targets else None, track_cocos=track_cocos,
+                save_every=save_every, cnn=cnn, cnn_weights=str(cnn_weights) if cnn_weights else None,
+                finetune=finetune, crop_size=crop_size, use_restval=use_restval, workers=workers,
+                optimizer=optimizer, weight_decay=weight_decay, lr_groups=_lr_groups(lr_group) or None,
+                bert=str(bert) if bert else None)
+    cfg = TrainConfig.of(**_with_recipe(ctx, flat, resume))
     cfg.validate()  # nonsense flags first, before any file is looked at
     if json_path is not None:
         _check_json(json_path, cfg, overwrite)
@@ -144,6 +148,36 @@ def _model_flags(model: str, args: list[str]) -> tuple[dict, list[str]]:
         else:
             rest.append(f"{flag}={value}")
     return params, rest
+
+
+FLAG_OF = {"lr_groups": "lr_group"}  # a flat setting whose flag has another name
+
+
+def _with_recipe(ctx: typer.Context, flat: dict, resume: bool) -> dict:
+    """The model family's training recipe (VSE∞'s AdamW, rates, schedule and warm-up) for every setting not given on
+    the command line (:func:`cocos.training.config.with_recipe`); a resumed run keeps its recorded settings."""
+    from cocos.models.registry import get_family
+    from cocos.objectives import get_objective
+
+    if resume:
+        return flat
+    family = get_family(flat["model"])
+    if family.images_family and TrainConfig.of(data=flat["data"]).images():
+        family = get_family(family.images_family)
+    recipe = dict(family.recipe)
+    if get_objective(flat["loss"]).warmup_loss is None:  # a loss without a warm-up trains without one
+        recipe.pop("warmup_epochs", None)
+
+    def given(name: str) -> bool:
+        source = ctx.get_parameter_source(FLAG_OF.get(name, name))  # typer's click or click's own enum: by name
+        return source is not None and getattr(source, "name", str(source)) not in ("DEFAULT", "DEFAULT_MAP")
+
+    from cocos.training.config import with_recipe
+
+    out = with_recipe(flat, given, recipe)
+    if out.get("warmup_epochs", 0) >= out["epochs"] and not given("warmup_epochs"):
+        out["warmup_epochs"] = flat["warmup_epochs"]  # a run shorter than the recipe's warm-up
+    return out
 
 
 def _lr_groups(items: list[str]) -> dict[str, float]:

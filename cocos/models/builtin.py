@@ -17,6 +17,7 @@ from cocos.models.family import ModelFamily, OriginalImage
 from cocos.models.image import VSEPPFull
 from cocos.models.registry import register
 from cocos.models.vsepp import VSEPP
+from cocos.models.vse_infty import REGION_DROP, VSEInfty, VSEInftyFull
 from cocos.models.vsrn import VSRN
 from cocos.results import model_label
 
@@ -69,5 +70,43 @@ VSEPP_FULL_FAMILY = ModelFamily(
                            "vsepp"), describe=describe_full,
     description="VSE++ on raw images: a ResNet or VGG CNN (frozen, or fine-tuned), a GRU caption encoder")
 
-for _family in (VSEPP_FAMILY, VSRN_FAMILY, VSEPP_FULL_FAMILY):
+
+
+def check_vse_infty(params: dict) -> None:
+    """A joint embedding of at least 2 (the MLP's hidden layer is half of it) and a region drop in [0, 1)."""
+    if params["embed_size"] < 2:
+        raise CocosError(f"--embed-size must be an integer of at least 2, got {params['embed_size']!r}")
+    if not 0 <= params["region_drop"] < 1:
+        raise CocosError(f"--region-drop must be in [0, 1), got {params['region_drop']!r}")
+
+
+def check_vse_infty_full(params: dict) -> None:
+    backbones = [c for c in CNN_TYPES if not c.startswith("vgg")]
+    if params["cnn_type"] not in backbones:
+        raise CocosError(f"unknown backbone '{params['cnn_type']}' (choose from {', '.join(backbones)})")
+    if params["embed_size"] < 1:
+        raise CocosError(f"--embed-size must be an integer of at least 1, got {params['embed_size']!r}")
+
+
+def describe_vse_infty_full(hparams: dict) -> str:
+    return model_label("vse_infty_full", hparams)
+
+
+# VSE∞'s training (woodfrog/vse_infty train_region.sh, vse.py): AdamW with weight decay 1e-4, lr 5e-4 with the BERT at a
+# tenth, x0.1 after 15 of 25 epochs, batch 128, gradient norm clipped at 2, one epoch of the sum-of-hinges warm-up
+VSE_INFTY_RECIPE = {"optimizer": "adamw", "weight_decay": 1e-4, "lr": 5e-4, "lr_groups": {"txt_enc.bert": 0.1},
+                    "epochs": 25, "lr_update": 15, "batch_size": 128, "grad_clip": 2.0, "warmup_epochs": 1}
+VSE_INFTY_FAMILY = ModelFamily(
+    name="vse_infty", label="VSE∞", module=VSEInfty, input="features", text="wordpiece",
+    defaults={"embed_size": DEFAULT_EMBED_SIZE, "region_drop": REGION_DROP}, check=check_vse_infty, min_batch=2,
+    images_family="vse_infty_full", recipe=VSE_INFTY_RECIPE,
+    description="VSE∞ (Chen et al. 2021): region features + MLP residual and a BERT (--bert DIR), each pooled by GPO")
+VSE_INFTY_FULL_FAMILY = ModelFamily(
+    name="vse_infty_full", label="VSE∞", module=VSEInftyFull, input="images", text="wordpiece",
+    defaults={"cnn_type": "resnext101_32x8d", "finetune": False, "embed_size": DEFAULT_EMBED_SIZE},
+    check=check_vse_infty_full, describe=describe_vse_infty_full,
+    recipe={**VSE_INFTY_RECIPE, "lr_groups": {"txt_enc.bert": 0.1, "img_enc.backbone": 0.01}},
+    description="VSE∞ on raw images: a ResNeXt backbone's grid (WSL, --cnn-weights) and a BERT, each pooled by GPO")
+
+for _family in (VSEPP_FAMILY, VSRN_FAMILY, VSEPP_FULL_FAMILY, VSE_INFTY_FAMILY, VSE_INFTY_FULL_FAMILY):
     register(_family)

@@ -3,7 +3,8 @@
 A :class:`ModelFamily` is to a model what :class:`cocos.losses.spec.Objective` is to a loss: its
 name and label, the input it reads (``features``: precomputed ``(n, d)`` or region ``(n, R, d)``
 features; ``images``: raw pixels through a CNN), the caption input it takes (``vocab``: word ids of a
-cocos :class:`~cocos.data.text.Vocabulary`, padded), its training hyper-parameters with their
+cocos :class:`~cocos.data.text.Vocabulary`, padded; ``wordpiece``: a BERT's word pieces,
+:class:`~cocos.data.wordpiece.WordPieceCoder`, the BERT's ``config.json`` passed as ``bert_config``), its training hyper-parameters with their
 defaults and checks, how its module is built (``module(**hparams)``; the module records ``kind`` and
 ``hparams``, enough to rebuild it), and how the original code's checkpoints map onto it
 (:class:`OriginalImage`). The trainer, the checkpoint validator, the importer, the analysis and the
@@ -26,7 +27,9 @@ from typing import Any
 from cocos.errors import CocosError
 
 INPUTS = ("features", "images")  # precomputed (n, d) / (n, R, d) features; raw pixels through a CNN
-TEXTS = ("vocab",)  # word ids of a cocos Vocabulary (the GRU caption encoders of VSE++ and VSRN)
+# word ids of a cocos Vocabulary (the GRU caption encoders of VSE++ and VSRN); BERT word pieces of a BERT folder
+# (VSE∞: cocos.data.wordpiece, the folder given as --bert, its config.json passed to the module as bert_config)
+TEXTS = ("vocab", "wordpiece")
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,8 @@ class ModelFamily:
     original: OriginalImage | None = None  # original-code checkpoints it imports (cocos import / analyze)
     describe: Callable[[dict], str] | None = None  # a checkpoint's model in words (the CNN: "VSE++ (ResNet-152)")
     description: str = ""  # one line for `cocos models`
+    recipe: Mapping[str, Any] = field(default_factory=dict)  # the paper's training settings (flat names of cocos
+    # train: {"optimizer": "adamw", "lr": 5e-4, ...}), used where the run does not set them (config.with_recipe)
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str) or any(c in self.name for c in " ,/="):
@@ -94,12 +99,16 @@ class ModelFamily:
                 raise CocosError(f"model '{self.name}': {exc}") from None
         return out
 
-    def hparams(self, params: Mapping[str, Any], vocab_size: int, feature_dim: int | None = None) -> dict:
-        """The module's constructor arguments for training: the hyper-parameters, the vocabulary's size and, for a
-        family that reads precomputed features, their dimension (``img_dim``)."""
+    def hparams(self, params: Mapping[str, Any], vocab_size: int, feature_dim: int | None = None,
+                bert_config: dict | None = None) -> dict:
+        """The module's constructor arguments for training: the hyper-parameters, the vocabulary's size, for a
+        family that reads precomputed features their dimension (``img_dim``), for a ``wordpiece`` family its BERT's
+        ``config.json`` (``bert_config``)."""
         out = {**params, "vocab_size": int(vocab_size)}
         if "img_dim" in self.arguments() and feature_dim is not None:
             out["img_dim"] = int(feature_dim)
+        if "bert_config" in self.arguments() and bert_config is not None:
+            out["bert_config"] = dict(bert_config)
         return out
 
     def build(self, **hparams):

@@ -178,7 +178,7 @@ _LATEX_SPECIAL = {
     "…": r"\ldots{}", "−": "--", "—": "---", "–": "--", "<": r"\textless{}", ">": r"\textgreater{}",
     # Greek letters and math signs of the footnotes: pdflatex has no Unicode text glyphs for them
     "τ": r"$\tau$", "ε": r"$\varepsilon$", "α": r"$\alpha$", "λ": r"$\lambda$", "Σ": r"$\Sigma$",
-    "η": r"$\eta$", "β": r"$\beta$",
+    "η": r"$\eta$", "β": r"$\beta$", "∞": r"$\infty$",
     "²": r"$^2$", "×": r"$\times$", "⁻": r"$^-$", "⁺": r"$^+$",
 }
 

@@ -38,7 +38,8 @@ FORMAT_VERSION = 4
 # Presentations of the built-in families as cocos 0.1 showed them: for files of versions 1 and 2, which lack them.
 BUILTIN_PRESENTATION = Path(__file__).with_name("builtin_presentation.json")
 KINDS = ("analyze", "count")
-MODEL_NAMES = {"vsepp": "VSE++", "vsrn": "VSRN", "vsepp_full": "VSE++"}
+MODEL_NAMES = {"vsepp": "VSE++", "vsrn": "VSRN", "vsepp_full": "VSE++", "vse_infty": "VSE∞", "vse_infty_full": "VSE∞"}
+FULL_MODELS = ("vsepp_full", "vse_infty_full")  # raw-image families: their label names the CNN and whether trained
 MODES = ("corrected", "compat")
 STAT_KEYS = ("loss", "direction", "mode", "eps", "stat")  # one record per key
 STAT_COLUMNS = (*STAT_KEYS, "mean", "std", "n", "n_skipped")
@@ -46,7 +47,11 @@ _DTYPE = {"loss": object, "direction": object, "mode": object, "stat": object, "
 
 
 def cnn_name(cnn_type: str) -> str:
-    """``resnet18`` -> ``ResNet-18``, ``vgg19`` -> ``VGG-19`` (other names as they are)."""
+    """``resnet18`` -> ``ResNet-18``, ``vgg19`` -> ``VGG-19``, ``resnext101_32x8d`` -> ``ResNeXt-101 32x8d`` (other
+    names as they are)."""
+    if cnn_type.startswith("resnext") and "_" in cnn_type:
+        depth, width = cnn_type[len("resnext"):].split("_", 1)
+        return f"ResNeXt-{depth} {width}"
     for prefix, shown in (("resnet", "ResNet-"), ("vgg", "VGG-")):
         if cnn_type.startswith(prefix) and cnn_type[len(prefix):].isdigit():
             return shown + cnn_type[len(prefix):]
@@ -58,7 +63,7 @@ def model_label(kind: str, hparams: dict | None = None) -> str:
     trained, e.g. ``VSE++ (ResNet-18, fine-tuned)`` or ``VSE++ (ResNet-50, frozen)``."""
     name = MODEL_NAMES.get(kind, kind)
     hparams = hparams or {}
-    if kind == "vsepp_full" and hparams.get("cnn_type"):
+    if kind in FULL_MODELS and hparams.get("cnn_type"):
         name += f" ({cnn_name(str(hparams['cnn_type']))}, {'fine-tuned' if hparams.get('finetune') else 'frozen'})"
     return name
 

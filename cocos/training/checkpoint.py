@@ -49,11 +49,11 @@ from pathlib import Path
 import torch
 
 from cocos import __version__, typed
-from cocos.data.text import Vocabulary
+from cocos.data.wordpiece import coder_of
 from cocos.errors import CocosError
 from cocos.io import write_bytes
 from cocos.losses.ltd import LAMBDA_RANGE, MODES, TargetDecoder
-from cocos.models.family import constructor_arguments
+from cocos.models.family import TEXTS, constructor_arguments
 from cocos.models.registry import get_family
 from cocos.models.registry import names as model_names
 from cocos.objectives import OBJECTIVES
@@ -372,17 +372,25 @@ def _check_hparams(check: _Checker, cls, hparams, field: str) -> dict:
         if name not in params:
             check.fail(f"{field}.{name}", f"is not a parameter of the {getattr(cls, 'kind', cls.__name__)} model "
                                           f"(it takes {', '.join(params)})")
-        _check_hparam_value(check, value, params[name].default, f"{field}.{name}")
+        _check_hparam_value(check, value, params[name], f"{field}.{name}")
     for name, p in params.items():
         if p.default is inspect.Parameter.empty and name not in hparams:
             check.fail(f"{field}.{name}", "is missing")
     return hparams
 
 
-def _check_hparam_value(check: _Checker, value, default, field: str) -> None:
+def _check_hparam_value(check: _Checker, value, param: inspect.Parameter, field: str) -> None:
     """One constructor argument, typed by its default: a switch, a name (``cnn_type``, ``head`` of the
-    raw-image model: the model itself refuses unknown names), or an integer >= 1 (``n_*`` >= 0)."""
-    if isinstance(default, bool):
+    raw-image model: the model itself refuses unknown names), a finite number (a float default: VSE∞'s
+    ``region_drop``), a record (an argument annotated ``dict``: VSE∞'s ``bert_config``), or an integer >= 1
+    (``n_*`` >= 0)."""
+    default = param.default
+    if "dict" in str(param.annotation):
+        check.dict(value, field)
+    elif isinstance(default, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            check.fail(field, f"must be a finite number, got {_show(value)}")
+    elif isinstance(default, bool):
         check.bool(value, field)
     elif isinstance(default, str):
         check.str(value, field, nonempty=True)
@@ -437,8 +445,14 @@ def validate_model(ckpt: dict, where="checkpoint") -> torch.nn.Module:
     for i, token in enumerate(vocab):
         if not isinstance(token, str) or not token:
             check.fail(f"vocab[{i}]", f"must be a non-empty string, got {_show(token)}")
+    text = ckpt.get("text")
+    if text is not None and (not isinstance(text, dict) or text.get("kind") not in TEXTS):
+        check.fail("text", f"must be a record with kind one of {', '.join(TEXTS)}, got {_show(text)}")
+    kind_of_text = (text or {}).get("kind", "vocab")
+    if kind_of_text != family.text:
+        check.fail("text", f"the {kind} model takes {family.text} captions, the checkpoint records {kind_of_text}")
     try:
-        Vocabulary.from_tokens(vocab)
+        coder_of(vocab, text)
     except CocosError as exc:
         check.fail("vocab", f"is not a vocabulary ({exc})")
     if "vocab_size" in hparams and len(vocab) != hparams["vocab_size"]:

@@ -53,11 +53,13 @@ class DataConfig:
 @dataclass
 class ModelConfig:
     """The model family (:mod:`cocos.models.registry`) and its own hyper-parameters (``None``: the family's
-    defaults); ``cnn_weights``: the weights file of a raw-image family's CNN."""
+    defaults); ``cnn_weights``: the weights file of a raw-image family's CNN; ``bert``: the Hugging Face BERT
+    folder of a family whose captions are word pieces (VSE∞)."""
 
     name: str = "vsepp"
     params: dict | None = None
     cnn_weights: str | None = None
+    bert: str | None = None
 
 
 @dataclass
@@ -157,7 +159,7 @@ FLAT = {"data": ("data", "path"), "model": ("model", "name"), "loss": ("loss", "
         "cnn_weights": ("model", "cnn_weights"), "crop_size": ("data", "crop_size"),
         "use_restval": ("data", "use_restval"), "workers": ("data", "workers"),
         "optimizer": ("optim", "optimizer"), "weight_decay": ("optim", "weight_decay"),
-        "lr_groups": ("optim", "lr_groups"), "model_params": ("model", "params")}
+        "lr_groups": ("optim", "lr_groups"), "model_params": ("model", "params"), "bert": ("model", "bert")}
 MODEL_FLAT = {"embed_size": "embed_size", "word_dim": "word_dim", "cnn": "cnn_type", "finetune": "finetune"}
 LTD_FLAT = {"ltd_mode": "mode", "ltd_eta": "eta", "ltd_beta": "beta", "ltd_targets": "targets"}
 LOSS_FLAT = ("margin", "tau")  # settings of their own beside params before loss parameters were the spec's flags
@@ -168,7 +170,7 @@ ORDER = ("data", "model", "loss", "out", "epochs", "lr", "lr_update", "batch_siz
          "finetune", "crop_size", "use_restval", "workers")
 # settings added since, written where they differ from their default (an earlier run had the default)
 ADDED_DEFAULTS = {"optimizer": default(OptimConfig, "optimizer"), "weight_decay": default(OptimConfig, "weight_decay"),
-                  "lr_groups": None, "model_params": None}
+                  "lr_groups": None, "model_params": None, "bert": None}
 SECTIONS = {"data": DataConfig, "model": ModelConfig, "loss": LossConfig, "optim": OptimConfig, "hooks": HookConfig}
 
 
@@ -263,6 +265,13 @@ def to_flat(cfg: TrainConfig) -> dict:
     out = {name: values[name] for name in ORDER}
     out.update({name: values[name] for name, value in ADDED_DEFAULTS.items() if values[name] != value})
     return out
+
+
+def with_recipe(flat: dict, given, recipe: dict) -> dict:
+    """``flat`` with a model family's recipe (:attr:`cocos.models.family.ModelFamily.recipe`) for every setting the
+    user did not give (``given(name)`` is false): ``cocos train --model vse_infty`` trains as VSE∞ did unless told
+    otherwise."""
+    return {**flat, **{k: v for k, v in recipe.items() if not given(k)}}
 
 
 def _finite(value, least: float = 0.0) -> bool:

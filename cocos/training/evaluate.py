@@ -24,8 +24,9 @@ from cocos.training.pixels import batch_loader, encode_pixels, image_transform
 
 
 def tokenize_split(split: PrecompSplit, vocab: Vocabulary) -> list[list[int]]:
-    """Token ids of every caption of the split (with <start>/<end>)."""
-    return [vocab.encode(c) for c in split.captions]
+    """Token ids of every caption of the split (with <start>/<end>; a BERT's: [CLS]/[SEP], batched)."""
+    encode_all = getattr(vocab, "encode_all", None)
+    return encode_all(split.captions) if encode_all else [vocab.encode(c) for c in split.captions]
 
 
 def is_image_split(split) -> bool:

@@ -57,6 +57,7 @@ from cocos.data.precomp import PrecompSplit, data_fingerprint
 from cocos.data.samplers import pair_batches, ranking_batches
 from cocos.data.targets import read_targets, sentence_targets
 from cocos.data.text import Vocabulary, pad_batch
+from cocos.data.wordpiece import BertFolder, coder_of
 from cocos.data.transforms import check_image_sizes
 from cocos.defaults import DEFAULT_CROP_SIZE
 from cocos.device import check_device_name, resolve_device
@@ -136,6 +137,7 @@ def validate(cfg: TrainConfig) -> None:
     cfg.model.name = family.name
     cfg.model.params = family.params(**(cfg.model.params or {}))
     _check_numbers(cfg, family)
+    _check_text(cfg, family)
     if images:
         _check_images(cfg)
     _check_loss(cfg)
@@ -173,6 +175,25 @@ def _image_flags(cfg: TrainConfig, family) -> list[str]:
              "crop_size": cfg.data.crop_size != DEFAULT_CROP_SIZE, "use_restval": cfg.data.use_restval}
     changed = [f"--{n.replace('_', '-')}" for n, on in flags.items() if on]
     return changed + [f"--{n.replace('_', '-')}" for n in sorted((given & pixels) - {"cnn_type", "finetune"})]
+
+
+def _check_text(cfg: TrainConfig, family) -> None:
+    """A BERT family needs its folder (--bert), and takes no vocabulary; another family takes no --bert."""
+    if family.text == "wordpiece":
+        if not cfg.model.bert:
+            raise CocosError(f"--model {family.name} needs --bert DIR: a Hugging Face BERT folder (config.json, "
+                             "weights, vocab.txt), e.g. bert-base-uncased saved on disk")
+        if cfg.data.vocab:
+            raise CocosError(f"--model {family.name} codes captions with its BERT's vocab.txt; --vocab does not apply")
+    elif cfg.model.bert:
+        raise CocosError(f"--bert applies to the BERT families ({', '.join(_bert_families())}), not to --model "
+                         f"{family.name}")
+
+
+def _bert_families() -> list[str]:
+    from cocos.models.registry import families
+
+    return [f.name for f in families() if f.text == "wordpiece"]
 
 
 def _positive_int(value, flag: str) -> None:
@@ -252,7 +273,7 @@ def build_from_checkpoint(ckpt: dict, where="checkpoint") -> tuple[torch.nn.Modu
     except (RuntimeError, TypeError, ValueError, AttributeError) as exc:
         raise CocosError(f"{where}: weights do not fit a {kind} model ({str(exc).splitlines()[0]})") from None
     model.eval()
-    return model, Vocabulary.from_tokens(ckpt["vocab"])
+    return model, coder_of(ckpt["vocab"], ckpt.get("text"))
 
 
 class Trainer:
@@ -283,13 +304,21 @@ class Trainer:
             self._open_features()
 
         resume_ckpt = load_checkpoint(self.last_path) if resume else None
+        family = get_family(cfg.model.name)
+        # a BERT family's folder: its config, word pieces and (below) weights; read before anything is written
+        self.bert = BertFolder.read(cfg.model.bert) if family.text == "wordpiece" and resume_ckpt is None else None
         if resume_ckpt is not None:
             self._check_resume(resume_ckpt)
-            self.vocab = Vocabulary.from_tokens(resume_ckpt["vocab"])
+            self.vocab = coder_of(resume_ckpt["vocab"], resume_ckpt.get("text"))
+            self.bert_config = resume_ckpt["model"]["hparams"].get("bert_config")
+        elif self.bert is not None:
+            self.vocab, self.bert_config = self.bert.coder, self.bert.config
         elif cfg.data.vocab:
             self.vocab = Vocabulary.from_scan_json(cfg.data.vocab)
         else:
             self.vocab = Vocabulary.build(self.train_split.captions, threshold=cfg.data.vocab_threshold)
+        if resume_ckpt is None and self.bert is None:
+            self.bert_config = None
         self.train_ids = tokenize_split(self.train_split, self.vocab)
         self.dev_ids = tokenize_split(self.dev_split, self.vocab)
         self.targets = self._ltd_targets() if cfg.hooks.ltd is not None else None  # before anything is written
@@ -352,7 +381,9 @@ class Trainer:
         cfg = self.cfg
         family = get_family(cfg.model.name)
         feature_dim = None if self.images else self.train_split.feature_dim
-        model = family.build(**family.hparams(cfg.model.params, len(self.vocab), feature_dim))
+        model = family.build(**family.hparams(cfg.model.params, len(self.vocab), feature_dim, self.bert_config))
+        if self.bert is not None:  # a new run starts from the pre-trained BERT (a resumed one from its checkpoint)
+            model.load_text_encoder(self.bert.path)
         if not self.images:
             return model.to(self.device)
         if cfg.model.cnn_weights:
@@ -648,7 +679,8 @@ class Trainer:
         with their gradients (returns whether the batch was split)."""
 
         local_img, local_cap, split = self._local_rows(batch.images, batch.captions)
-        tokens, lengths = pad_batch([self.train_ids[c] for c in local_cap])
+        augment = getattr(self.vocab, "augment", None)  # BERT captions: VSE∞'s masking and dropping of words
+        tokens, lengths = pad_batch([augment(self.train_ids[c]) if augment else self.train_ids[c] for c in local_cap])
         if self.images:
 
             if pixels is None:  # a step called on its own (no loader): this rank's rows, decoded here
@@ -714,6 +746,7 @@ class Trainer:
         ckpt = {
             "model": {"kind": self.cfg.model.name, "hparams": dict(self.model.hparams)},
             "vocab": self.vocab.tokens,
+            **({"text": self.vocab.options()} if hasattr(self.vocab, "options") else {}),
             "state_dict": {k: v.detach().cpu().contiguous() for k, v in self.model.state_dict().items()},
             "loss": {"name": self.cfg.loss.name, "params": self.loss_fn.params(), "compat": self.cfg.loss.compat,
                      "presentation": self.loss_fn.objective.presentation(loss_names().index(self.cfg.loss.name))

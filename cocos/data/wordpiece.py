@@ -1,0 +1,242 @@
+"""Captions as BERT word pieces, with VSE∞'s caption augmentation; a BERT folder on disk.
+
+A caption is split as a BERT tokenizer splits it (the ``tokenizers`` library's ``BertNormalizer`` and
+``BertPreTokenizer``: clean, lowercase and strip accents when the model is uncased, split punctuation off; then
+WordPiece over each word), and coded ``[CLS] pieces [SEP]`` (ids of the BERT's ``vocab.txt``; ``[PAD]`` must be
+id 0, which VSE∞'s attention mask ``tokens != 0`` assumes).
+
+**Augmentation** (training only; VSE∞'s ``process_caption``, definitions file section 19): each *word* is, with
+probability 0.2, changed: with probability 0.5 of that every piece becomes ``[MASK]``, with 0.1 every piece a
+random word piece of the vocabulary, with 0.4 the word is dropped. The draws use torch's RNG (seeded with the
+run; theirs used Python's ``random`` in the data loader workers).
+
+A :class:`WordPieceCoder` is to a BERT family what :class:`cocos.data.text.Vocabulary` is to a GRU one: ``tokens``
+(the id -> piece table a checkpoint records), ``encode(text)`` (what evaluation and counting feed the model) and
+``augment(encoded)`` (what a training step feeds it). ``encode`` returns :class:`Pieces`, the ids with the number
+of pieces of each word, so a batch is augmented without tokenising again.
+
+``transformers``/``tokenizers`` are imported when a coder is built; a missing one is one line naming the extra.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from cocos.errors import CocosError
+
+INSTALL = "BERT captions need the tokenizers library: pip install 'cocos[bert]'"
+SPECIAL = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+AUGMENT_P = 0.2  # a word is changed with this probability while training (VSE∞)
+MASK_P, RANDOM_P = 0.5, 0.6  # of a changed word: [MASK] below 0.5, a random piece below 0.6, else dropped
+MAX_PIECES = 512  # BERT's positions: longer captions are cut (the [CLS] and [SEP] included)
+MAX_VOCAB_BYTES = 16 << 20
+
+
+class Pieces(list):
+    """A caption's ids (``[CLS] ... [SEP]``) and ``words``: the number of pieces of each word, in order."""
+
+    __slots__ = ("words",)
+
+    def __init__(self, ids: Sequence[int], words: Sequence[int]):
+        super().__init__(ids)
+        self.words = tuple(words)
+
+
+class WordPieceCoder:
+    """A BERT's word-piece vocabulary as a caption coder (module docstring)."""
+
+    kind = "wordpiece"
+
+    def __init__(self, tokens: Sequence[str], lowercase: bool = True):
+        tokens = list(tokens)
+        index: dict[str, int] = {}
+        for i, tok in enumerate(tokens):
+            if not isinstance(tok, str) or not tok:
+                raise CocosError(f"word piece {i} is not a non-empty string: {tok!r}")
+            index.setdefault(tok, i)
+        missing = [s for s in SPECIAL if s not in index]
+        if missing:
+            raise CocosError(f"a BERT vocabulary needs {', '.join(SPECIAL)}; it lacks {', '.join(missing)}")
+        if index["[PAD]"] != 0:
+            raise CocosError(f"a BERT vocabulary must have [PAD] at id 0 (VSE∞ masks id 0), not {index['[PAD]']}")
+        self._tokens, self.lowercase = tokens, bool(lowercase)
+        self.cls_id, self.sep_id, self.mask_id = index["[CLS]"], index["[SEP]"], index["[MASK]"]
+        self._tokenizer = _tokenizer(index, self.lowercase)
+
+    @classmethod
+    def from_folder(cls, folder: str | os.PathLike) -> WordPieceCoder:
+        """The coder of a Hugging Face BERT folder: its ``vocab.txt`` and, where given, ``tokenizer_config.json``'s
+        ``do_lower_case`` (default: lowercase, as bert-base-uncased)."""
+        folder = Path(folder)
+        return cls(read_vocab_txt(folder / "vocab.txt"), lowercase=_lowercase(folder))
+
+    @property
+    def tokens(self) -> list[str]:
+        return list(self._tokens)
+
+    def options(self) -> dict:
+        """What a checkpoint records beside ``tokens`` to rebuild the coder."""
+        return {"kind": self.kind, "lowercase": self.lowercase}
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, WordPieceCoder) and (self._tokens, self.lowercase) == (other._tokens, other.lowercase)
+
+    def __hash__(self) -> int:
+        return hash((len(self._tokens), self.lowercase))
+
+    def __repr__(self) -> str:
+        return f"WordPieceCoder({len(self)} word pieces, lowercase={self.lowercase})"
+
+    def pieces(self, text: str) -> list[str]:
+        """The word pieces of ``text`` (no ``[CLS]``/``[SEP]``)."""
+        return self._tokenizer.encode(_text(text), add_special_tokens=False).tokens
+
+    def encode(self, text: str) -> Pieces:
+        """``[CLS] pieces [SEP]`` (at most :data:`MAX_PIECES` ids), with the pieces per word."""
+        return self._coded(self._tokenizer.encode(_text(text), add_special_tokens=False))
+
+    def encode_all(self, captions: Sequence[str]) -> list[Pieces]:
+        """:meth:`encode` of every caption, in order (one batched call of the Rust tokenizer)."""
+        return [self._coded(e) for e in self._tokenizer.encode_batch([_text(c) for c in captions],
+                                                                     add_special_tokens=False)]
+
+    def _coded(self, encoding) -> Pieces:
+        ids, word_ids = encoding.ids[: MAX_PIECES - 2], encoding.word_ids[: MAX_PIECES - 2]
+        words: list[int] = []
+        last = object()
+        for w in word_ids:
+            if w != last:
+                words.append(0)
+                last = w
+            words[-1] += 1
+        return Pieces([self.cls_id, *ids, self.sep_id], words)
+
+    def augment(self, coded: Pieces, generator: torch.Generator | None = None) -> list[int]:
+        """VSE∞'s training augmentation of one encoded caption (module docstring)."""
+        words = coded.words
+        if not words:
+            return list(coded)
+        draws = torch.rand(len(words), generator=generator).tolist()
+        out, pos = [self.cls_id], 1
+        for n, u in zip(words, draws):
+            piece = coded[pos:pos + n]
+            pos += n
+            if u >= AUGMENT_P:
+                out += piece
+                continue
+            u /= AUGMENT_P
+            if u < MASK_P:
+                out += [self.mask_id] * n
+            elif u < RANDOM_P:
+                out += torch.randint(len(self._tokens), (n,), generator=generator).tolist()
+            # else: the word is dropped
+        out.append(self.sep_id)
+        return out
+
+
+def _text(caption) -> str:
+    if not isinstance(caption, str):
+        raise CocosError(f"a caption must be a string, got {type(caption).__name__}")
+    return caption
+
+
+def _tokenizer(index: dict[str, int], lowercase: bool):
+    try:
+        from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+    except ImportError:
+        raise CocosError(INSTALL) from None
+    tokenizer = Tokenizer(models.WordPiece(index, unk_token="[UNK]", max_input_chars_per_word=100))
+    tokenizer.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=None,
+                                                      lowercase=lowercase)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    return tokenizer
+
+
+def read_vocab_txt(path: Path) -> list[str]:
+    """A BERT ``vocab.txt``: one word piece per line, the line number its id; one line for a bad file."""
+    if not path.is_file():
+        raise CocosError(f"{path}: no such file (a BERT folder holds its vocab.txt)")
+    if path.stat().st_size > MAX_VOCAB_BYTES:
+        raise CocosError(f"{path}: {path.stat().st_size:,} bytes is too large for a vocab.txt")
+    try:
+        lines = path.read_text(encoding="utf-8").split("\n")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CocosError(f"{path}: cannot read it as UTF-8 text ({type(exc).__name__})") from None
+    if lines and lines[-1] == "":
+        lines.pop()
+    tokens = [line.rstrip("\r") for line in lines]
+    empty = next((i for i, t in enumerate(tokens) if not t.strip()), None)
+    if empty is not None:
+        raise CocosError(f"{path}: line {empty + 1} is empty (one word piece per line)")
+    return tokens
+
+
+def _lowercase(folder: Path) -> bool:
+    config = folder / "tokenizer_config.json"
+    if not config.is_file():
+        return True
+    try:
+        value = json.loads(config.read_text(encoding="utf-8")).get("do_lower_case", True)
+    except (OSError, ValueError, AttributeError):
+        raise CocosError(f"{config}: not a JSON object") from None
+    return bool(value)
+
+
+@dataclass(frozen=True)
+class BertFolder:
+    """A Hugging Face BERT folder on disk: its ``config.json`` (as a dict) and its word-piece coder."""
+
+    path: Path
+    config: dict
+    coder: WordPieceCoder
+
+    @classmethod
+    def read(cls, folder: str | os.PathLike) -> BertFolder:
+        """Read and check the folder (nothing is fetched): a BERT's ``config.json`` whose ``vocab_size`` is the
+        ``vocab.txt``'s; one line naming what is wrong."""
+        path = Path(folder)
+        if not path.is_dir():
+            raise CocosError(f"{path}: no such BERT folder (a Hugging Face model folder: config.json, weights, "
+                             "vocab.txt)")
+        config_path = path / "config.json"
+        if not config_path.is_file():
+            raise CocosError(f"{config_path}: no such file (a BERT folder holds its config.json)")
+        try:
+            config = json.loads(config_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError, UnicodeDecodeError):
+            raise CocosError(f"{config_path}: not a JSON file") from None
+        if not isinstance(config, dict):
+            raise CocosError(f"{config_path}: not a JSON object")
+        if config.get("model_type", "bert") != "bert":
+            raise CocosError(f"{config_path}: a {config.get('model_type')!r} model; VSE∞ takes a BERT "
+                             "(model_type 'bert')")
+        for key in ("hidden_size", "vocab_size", "num_hidden_layers", "num_attention_heads"):
+            if not isinstance(config.get(key), int) or isinstance(config.get(key), bool) or config[key] < 1:
+                raise CocosError(f"{config_path}: {key} must be a positive integer, got {config.get(key)!r}")
+        coder = WordPieceCoder.from_folder(path)
+        if config["vocab_size"] != len(coder):
+            raise CocosError(f"{path}: config.json has vocab_size {config['vocab_size']} but vocab.txt "
+                             f"{len(coder)} word pieces")
+        return cls(path, config, coder)
+
+
+def coder_of(tokens: Sequence[str], options: dict | None):
+    """The caption coder a checkpoint records: ``vocab`` tokens and its ``text`` options (absent: a
+    :class:`cocos.data.text.Vocabulary`)."""
+    if options and options.get("kind") == WordPieceCoder.kind:
+        return WordPieceCoder(tokens, lowercase=bool(options.get("lowercase", True)))
+    from cocos.data.text import Vocabulary
+
+    return Vocabulary.from_tokens(tokens)
+
+
+__all__ = ["AUGMENT_P", "BertFolder", "Pieces", "WordPieceCoder", "coder_of", "read_vocab_txt"]

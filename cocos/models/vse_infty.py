@@ -1,0 +1,368 @@
+"""VSE∞ (Chen et al., CVPR 2021): region or grid features and BERT tokens, each pooled by GPO.
+
+The model of the GOAL paper's main tables (definitions file, section 19). As ``woodfrog/vse_infty``
+(``lib/encoders.py``, ``lib/modules/aggr/gpo.py``, ``lib/modules/mlp.py``):
+
+* **Image, regions** (:class:`EncoderImageAggr`, ``precomp_enc_type="basic"``): the ``(n, R, d)`` features
+  through ``fc = Linear(d, E)`` (Xavier-uniform, zero bias) plus, as a residual, a two-layer MLP with BatchNorm
+  (``Linear(d, E/2)``, BN, ReLU, ``Linear(E/2, E)``; the BatchNorm's statistics are over every row of the padded
+  batch, padding included, as theirs), then GPO, then l2norm.
+* **Image, grid** (:class:`VSEInftyFull`, ``precomp_enc_type="backbone"``): a CNN's last feature map
+  (``(n, H*W, C)``, :meth:`cocos.models.cnn.ResNet.grid`) through ``fc`` and GPO (no MLP).
+* **Text** (:class:`EncoderText`): a BERT (``transformers.BertModel``, attention mask ``tokens != 0``) ->
+  ``Linear(hidden, E)`` -> GPO over the tokens (``[CLS]`` and ``[SEP]`` included) -> l2norm.
+* **GPO** (:class:`GPO`): the pooling weights of a set of ``L`` vectors come from a bidirectional GRU (32 units)
+  run over the sinusoidal positional encodings (32-d) of positions ``0..L-1``, its two directions averaged,
+  a ``Linear(32, 1)`` score per position, ``softmax(score / 0.1)`` over the positions; each dimension's ``L``
+  values are sorted in descending order and summed with these weights. The weights depend on ``L`` only.
+* **Size augmentation** (training only): each region is dropped with probability ``region_drop`` (0.2), the
+  kept ones moved to the front and the rest zero-padded (theirs: in the data loader, with numpy's RNG; here in
+  the forward pass with torch's, so a seed fixes it and a resumed run continues it). Deviation: an image keeps
+  at least one region (theirs could keep none, and GPO then fails). The grid variant drops as theirs: with
+  probability 0.8 an image drops each cell with probability ``0.2 * u`` (``u`` uniform), else keeps them all.
+
+The state dict's names are theirs, under ``img_enc.`` and ``txt_enc.``: a ``model_best.pth`` of vse_infty
+(``['model'] = [img_enc state, txt_enc state]``) loads by prefixing (:mod:`cocos.legacy`). ``transformers`` is
+imported when a text encoder is built: a missing one is one line naming the extra to install.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from cocos.errors import CocosError
+from cocos.models.cnn import CNN_TYPES, build_cnn, load_cnn_weights, strip_classifier
+from cocos.models.text import l2norm, xavier_linear_
+
+BERT_INSTALL = "VSE∞'s caption encoder is a BERT: pip install 'cocos[bert]' (transformers)"
+REGION_DROP = 0.2  # VSE∞'s size augmentation: each region dropped with this probability while training
+GPO_DIM = 32  # GPO's positional encodings and GRU units (VSE∞'s GPO(32, 32))
+GPO_TEMPERATURE = 0.1
+
+
+def positional_encoding(d: int, length: int) -> torch.Tensor:
+    """The ``(length, d)`` sinusoidal positional encodings: ``sin`` in even, ``cos`` in odd columns."""
+    if d % 2:
+        raise CocosError(f"positional encodings need an even dimension, got {d}")
+    position = torch.arange(length, dtype=torch.float).unsqueeze(1)
+    freq = torch.exp(torch.arange(0, d, 2, dtype=torch.float) * -(math.log(10000.0) / d))
+    pe = torch.zeros(length, d)
+    pe[:, 0::2] = torch.sin(position * freq)
+    pe[:, 1::2] = torch.cos(position * freq)
+    return pe
+
+
+def length_mask(lengths: torch.Tensor, width: int) -> torch.Tensor:
+    """``(n, width)`` bool: position ``j`` of row ``i`` is one of its ``lengths[i]`` vectors."""
+    return torch.arange(width, device=lengths.device).unsqueeze(0) < lengths.unsqueeze(1)
+
+
+class GPO(nn.Module):
+    """The Generalised Pooling Operator (module docstring): ``forward(features (n, L, d), lengths (n,))`` ->
+    ``(pooled (n, d), weights (n, L, 1))``.
+
+    The weights depend on the lengths alone, so the GRU runs once per distinct length in the batch, not once per
+    row (theirs runs it per row; the result is the same)."""
+
+    def __init__(self, d_pe: int = GPO_DIM, d_hidden: int = GPO_DIM):
+        super().__init__()
+        self.d_pe, self.d_hidden = d_pe, d_hidden
+        self.gru = nn.GRU(d_pe, d_hidden, 1, batch_first=True, bidirectional=True)
+        self.linear = nn.Linear(d_hidden, 1, bias=False)
+        self._pe: dict[int, torch.Tensor] = {}
+
+    def encodings(self, length: int, device) -> torch.Tensor:
+        if length not in self._pe:
+            self._pe[length] = positional_encoding(self.d_pe, length)
+        return self._pe[length].to(device)
+
+    def pool_weights(self, lengths: torch.Tensor) -> torch.Tensor:
+        """``(n, max(lengths), 1)``: the softmax pooling weights of each row, 0 beyond its length."""
+        lengths = lengths.long()
+        width = int(lengths.max())
+        distinct, inverse = torch.unique(lengths, return_inverse=True)
+        pes = self.encodings(width, lengths.device).unsqueeze(0).repeat(len(distinct), 1, 1)
+        pes = pes.masked_fill(~length_mask(distinct, width).unsqueeze(-1), 0)
+        packed = pack_padded_sequence(pes, distinct.cpu(), batch_first=True, enforce_sorted=False)
+        out, _ = pad_packed_sequence(self.gru(packed)[0], batch_first=True, total_length=width)
+        out = (out[:, :, : self.d_hidden] + out[:, :, self.d_hidden:]) / 2
+        scores = self.linear(out)[inverse]  # (n, width, 1)
+        mask = length_mask(lengths, width).unsqueeze(-1)
+        return torch.softmax(scores.masked_fill(~mask, -10000) / GPO_TEMPERATURE, 1)
+
+    def forward(self, features: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        lengths = lengths.to(features.device).long()
+        weights = self.pool_weights(lengths)
+        width = weights.shape[1]
+        mask = length_mask(lengths, width).unsqueeze(-1)
+        ranked = features[:, :width].masked_fill(~mask, -10000).sort(dim=1, descending=True)[0]
+        return (ranked.masked_fill(~mask, 0) * weights).sum(1), weights
+
+
+class MLP(nn.Module):
+    """VSE∞'s ``MLP``: ``num_layers`` Linear layers, BatchNorm and ReLU between them (the last BatchNorm exists but is
+    not used, as theirs); over ``(n, R, d)`` rows, the BatchNorm taking every row of the batch."""
+
+    def __init__(self, input_dim: int, hidden_dim: int, output_dim: int, num_layers: int):
+        super().__init__()
+        self.output_dim, self.num_layers = output_dim, num_layers
+        hidden = [hidden_dim] * (num_layers - 1)
+        self.layers = nn.ModuleList(nn.Linear(n, k) for n, k in zip([input_dim, *hidden], [*hidden, output_dim]))
+        self.bns = nn.ModuleList(nn.BatchNorm1d(k) for k in [*hidden, output_dim])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, r, d = x.shape
+        x = x.reshape(n * r, d)
+        for i, (bn, layer) in enumerate(zip(self.bns, self.layers)):
+            x = torch.relu(bn(layer(x))) if i < self.num_layers - 1 else layer(x)
+        return x.view(n, r, self.output_dim)
+
+
+class EncoderImageAggr(nn.Module):
+    """Region (``basic``: fc + MLP residual) or grid (``backbone``: fc) features -> GPO -> l2norm."""
+
+    def __init__(self, img_dim: int, embed_size: int, precomp_enc_type: str = "basic"):
+        super().__init__()
+        self.precomp_enc_type = precomp_enc_type
+        self.fc = nn.Linear(img_dim, embed_size)
+        if precomp_enc_type == "basic":
+            self.mlp = MLP(img_dim, embed_size // 2, embed_size, 2)
+        self.gpool = GPO(GPO_DIM, GPO_DIM)
+        if not self.fc.weight.is_meta:
+            xavier_linear_(self.fc)
+
+    def forward(self, images: torch.Tensor, image_lengths: torch.Tensor) -> torch.Tensor:
+        features = self.fc(images)
+        if self.precomp_enc_type == "basic":
+            features = self.mlp(images) + features
+        return l2norm(self.gpool(features, image_lengths)[0])
+
+
+def bert_model(config: dict):
+    """An untrained ``transformers.BertModel`` of ``config`` (a ``config.json`` as a dict); one line if transformers
+    is missing or the config is not a BERT's."""
+    try:
+        from transformers import BertConfig, BertModel
+    except ImportError:
+        raise CocosError(BERT_INSTALL) from None
+    try:
+        return BertModel(BertConfig(**{k: v for k, v in config.items() if not k.startswith("_")}))
+    except (TypeError, ValueError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise CocosError(f"the BERT's config.json does not describe a BERT ({first})") from None
+
+
+class EncoderText(nn.Module):
+    """BERT -> Linear(hidden, E) -> GPO over the tokens -> l2norm (module docstring)."""
+
+    def __init__(self, bert_config: dict, embed_size: int):
+        super().__init__()
+        self.bert = bert_model(bert_config)
+        self.linear = nn.Linear(int(bert_config["hidden_size"]), embed_size)
+        self.gpool = GPO(GPO_DIM, GPO_DIM)
+
+    def forward(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        hidden = self.bert(input_ids=tokens, attention_mask=(tokens != 0).float())[0]
+        return l2norm(self.gpool(self.linear(hidden), lengths.to(tokens.device))[0])
+
+
+def drop_regions(features: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kept rows of each image moved to the front (in order), the rest zeros, cut to the longest:
+    ``(features (n, L, d), lengths (n,))``."""
+    lengths = keep.sum(1)
+    order = torch.sort((~keep).to(torch.int8), dim=1, stable=True)[1]  # kept first, each group in order
+    width = int(lengths.max())
+    moved = torch.gather(features, 1, order[:, :width, None].expand(-1, -1, features.shape[-1]))
+    return moved * length_mask(lengths, width).unsqueeze(-1).to(moved.dtype), lengths
+
+
+def region_dropout(features: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """VSE∞'s size augmentation of region features: each dropped with probability ``p``, at least one kept."""
+    keep = torch.rand(features.shape[:2], device=features.device) > p
+    none = ~keep.any(1)
+    if none.any():  # deviation: theirs could keep no region
+        keep[none, 0] = True
+    return drop_regions(features, keep)
+
+
+def grid_dropout(features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """VSE∞'s size augmentation of grid features (``EncoderImageFull``): with probability 0.8 an image keeps the
+    cells whose uniform draw exceeds ``0.2 * u`` (``u`` uniform per image), else all of them."""
+    n, cells = features.shape[:2]
+    cell = torch.rand(n, cells, device=features.device)
+    image = torch.rand(n, device=features.device)
+    keep = (cell > 0.2 * image.unsqueeze(1)) | (image <= 0.2).unsqueeze(1)
+    none = ~keep.any(1)
+    if none.any():
+        keep[none, 0] = True
+    return drop_regions(features, keep)
+
+
+def check_regions(features: torch.Tensor, dim: int) -> torch.Tensor:
+    """Region features ``(n, R, dim)`` (global ``(n, dim)`` ones as one region each); one line otherwise."""
+    if features.dim() == 2:
+        features = features.unsqueeze(1)
+    if features.dim() != 3 or features.shape[-1] != dim:
+        raise CocosError(f"image features must be (n, R, {dim}) or (n, {dim}), got {tuple(features.shape)}")
+    return features
+
+
+class VSEInfty(nn.Module):
+    """VSE∞ on precomputed region features (BUTD), a BERT caption encoder (module docstring).
+
+    ``vocab_size`` is the BERT's (its word-piece vocabulary, recorded with the checkpoint); ``bert_config`` its
+    ``config.json``; the pre-trained weights come from the BERT folder (:meth:`load_text_encoder`) or the
+    checkpoint. ``region_drop`` is the size augmentation's probability (0: none)."""
+
+    kind = "vse_infty"
+
+    def __init__(self, vocab_size: int, img_dim: int, bert_config: dict, embed_size: int = 1024,
+                 region_drop: float = REGION_DROP):
+        super().__init__()
+        if int(bert_config.get("vocab_size", vocab_size)) != int(vocab_size):
+            raise CocosError(f"the BERT's config has a vocabulary of {bert_config.get('vocab_size')} word pieces "
+                             f"but its vocab.txt {vocab_size}")
+        self.hparams = {"vocab_size": int(vocab_size), "img_dim": int(img_dim), "bert_config": dict(bert_config),
+                        "embed_size": int(embed_size), "region_drop": float(region_drop)}
+        self.region_drop = float(region_drop)
+        self.img_enc = EncoderImageAggr(img_dim, embed_size, "basic")
+        self.txt_enc = EncoderText(bert_config, embed_size)
+
+    def load_text_encoder(self, path: str | os.PathLike) -> VSEInfty:
+        """Load the pre-trained BERT of a Hugging Face folder into the caption encoder."""
+        load_bert_weights(self.txt_enc.bert, path)
+        return self
+
+    def encode_images(self, features: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        features = check_regions(features, self.img_enc.fc.in_features)
+        if lengths is None:
+            if self.training and self.region_drop > 0:
+                features, lengths = region_dropout(features, self.region_drop)
+            else:
+                lengths = torch.full((features.shape[0],), features.shape[1], device=features.device)
+        return self.img_enc(features, lengths)
+
+    def encode_captions(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        return self.txt_enc(tokens, lengths)
+
+    def forward(self, features, tokens, lengths) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.encode_images(features), self.encode_captions(tokens, lengths)
+
+
+class GridEncoder(nn.Module):
+    """vse_infty's ``EncoderImageFull``: ``backbone`` (a CNN trunk, torchvision's names) -> its grid ``(n, H*W, C)``
+    -> size augmentation while training -> ``image_encoder`` (:class:`EncoderImageAggr`, ``backbone``)."""
+
+    def __init__(self, cnn_type: str, embed_size: int):
+        super().__init__()
+        self.backbone = strip_classifier(build_cnn(cnn_type))
+        self.image_encoder = EncoderImageAggr(self.backbone.out_dim, embed_size, "backbone")
+
+    def forward(self, grid: torch.Tensor, augment: bool) -> torch.Tensor:
+        if augment:
+            grid, lengths = grid_dropout(grid)
+        else:
+            lengths = torch.full((grid.shape[0],), grid.shape[1], device=grid.device)
+        return self.image_encoder(grid, lengths)
+
+
+class VSEInftyFull(nn.Module):
+    """VSE∞ on raw images (WSL): a ResNeXt (or ResNet) backbone's grid, GPO; a BERT caption encoder.
+
+    ``finetune`` trains the backbone (VSE∞'s warm-up: :class:`cocos.training.hooks.BackboneWarmup` opens it block
+    by block); without it the backbone is frozen and stays in eval mode, as is VSE∞'s backbone BatchNorm always.
+    ``pooled(pixels)`` is the grid (what ``cocos data features`` caches), ``encode_pooled(grid)`` the rest."""
+
+    kind = "vse_infty_full"
+
+    def __init__(self, vocab_size: int, bert_config: dict, cnn_type: str = "resnext101_32x8d",
+                 embed_size: int = 1024, finetune: bool = False):
+        super().__init__()
+        if cnn_type not in CNN_TYPES or cnn_type.startswith("vgg"):
+            raise CocosError(f"unknown backbone '{cnn_type}' (choose from "
+                             f"{', '.join(c for c in CNN_TYPES if not c.startswith('vgg'))})")
+        self.hparams = {"vocab_size": int(vocab_size), "bert_config": dict(bert_config), "cnn_type": cnn_type,
+                        "embed_size": int(embed_size), "finetune": bool(finetune)}
+        self.finetune = bool(finetune)
+        self.img_enc = GridEncoder(cnn_type, embed_size)
+        self.txt_enc = EncoderText(bert_config, embed_size)
+        self.img_dim = self.img_enc.backbone.out_dim
+        for p in self.img_enc.backbone.parameters():
+            p.requires_grad_(self.finetune)
+        self.train()
+
+    @property
+    def cnn(self) -> nn.Module:
+        return self.img_enc.backbone
+
+    def train(self, mode: bool = True) -> VSEInftyFull:
+        """As ``nn.Module.train``; the backbone's BatchNorm layers always in eval mode (VSE∞ fixes them), the whole
+        backbone when it is frozen."""
+        super().train(mode)
+        for m in self.img_enc.backbone.modules():
+            if isinstance(m, nn.BatchNorm2d) or not self.finetune:
+                m.eval()
+        return self
+
+    def load_cnn_weights(self, path: str | os.PathLike) -> VSEInftyFull:
+        load_cnn_weights(self.img_enc.backbone, path, self.hparams["cnn_type"])
+        return self
+
+    def load_text_encoder(self, path: str | os.PathLike) -> VSEInftyFull:
+        load_bert_weights(self.txt_enc.bert, path)
+        return self
+
+    def pooled(self, pixels: torch.Tensor) -> torch.Tensor:
+        """``(n, 3, H, W)`` normalised pixels -> the backbone's grid ``(n, H*W, C)``."""
+        if pixels.dim() != 4 or pixels.shape[1] != 3:
+            raise CocosError(f"images must be pixels (n, 3, H, W), got {tuple(pixels.shape)}")
+        return self.img_enc.backbone.grid(pixels)
+
+    def encode_pooled(self, grid: torch.Tensor) -> torch.Tensor:
+        grid = check_regions(grid, self.img_dim)
+        return self.img_enc(grid, augment=self.training)
+
+    def encode_images(self, pixels: torch.Tensor) -> torch.Tensor:
+        return self.encode_pooled(self.pooled(pixels))
+
+    def encode_captions(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        return self.txt_enc(tokens, lengths)
+
+    def forward(self, pixels, tokens, lengths) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.encode_images(pixels), self.encode_captions(tokens, lengths)
+
+
+def load_bert_weights(bert: nn.Module, path: str | os.PathLike) -> nn.Module:
+    """The pre-trained weights of a Hugging Face BERT folder (``config.json`` and ``model.safetensors`` or
+    ``pytorch_model.bin``, read with ``local_files_only``: nothing is fetched, no code in the file runs) into
+    ``bert``; a folder of another architecture or sizes is one line naming it."""
+    try:
+        from transformers import BertModel
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        raise CocosError(BERT_INSTALL) from None
+    hf_logging.disable_progress_bar()  # cocos prints its own progress, not transformers'
+    hf_logging.set_verbosity_error()
+    try:
+        pretrained = BertModel.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError, RuntimeError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise CocosError(f"{path}: cannot load its BERT weights ({first})") from None
+    state = {k: v for k, v in pretrained.state_dict().items() if k in bert.state_dict()}
+    missing = [k for k in bert.state_dict() if k not in state]
+    if missing:
+        raise CocosError(f"{path}: its BERT lacks {missing[0]} ({len(missing)} tensors missing)")
+    try:
+        bert.load_state_dict(state)
+    except RuntimeError as exc:
+        raise CocosError(f"{path}: its BERT does not fit the config ({str(exc).splitlines()[-1].strip()})") from None
+    return bert
+
+
+__all__ = ["GPO", "MLP", "EncoderImageAggr", "EncoderText", "GridEncoder", "VSEInfty", "VSEInftyFull",
+           "drop_regions", "grid_dropout", "load_bert_weights", "positional_encoding", "region_dropout"]
