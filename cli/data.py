@@ -140,7 +140,8 @@ def _image_info(path: Path, use_restval: bool, decode: bool, progress: bool) -> 
 def features(
     image_data: Path = typer.Argument(..., help="A raw-image dataset (images/ + dataset_*.json, {split}_set.p, or a "
                                       "CSV file list)."),
-    cnn: str = typer.Option(..., "--cnn", help="CNN type: resnet18, resnet34, resnet50, resnet101, resnet152, vgg19."),
+    cnn: str = typer.Option(..., "--cnn", help="CNN type: resnet18, resnet34, resnet50, resnet101, resnet152, "
+                                                    "resnext50_32x4d, resnext101_32x8d, vgg19."),
     cnn_weights: Path = typer.Option(..., "--cnn-weights", metavar="FILE",
                                      help="Its torchvision ImageNet weights file (e.g. resnet50-0676ba61.pth), or a "
                                           "raw-image checkpoint (cocos, or the original code's model_best.pth.tar) "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from cocos.errors import CocosError
@@ -17,9 +18,12 @@ from cocos.models.cnn import build_cnn, load_cnn_weights, strip_classifier
 
 # torchvision's published parameter totals (torchvision.models documentation, "Params")
 TOTALS = {"resnet18": 11_689_512, "resnet34": 21_797_672, "resnet50": 25_557_032, "resnet101": 44_549_160,
-          "resnet152": 60_192_808, "vgg19": 143_667_240}
+          "resnet152": 60_192_808, "vgg19": 143_667_240, "resnext50_32x4d": 25_028_904,
+          "resnext101_32x8d": 88_791_336}
 BLOCKS = {"resnet18": (2, 2, 2, 2), "resnet34": (3, 4, 6, 3), "resnet50": (3, 4, 6, 3),
-          "resnet101": (3, 4, 23, 3), "resnet152": (3, 8, 36, 3)}
+          "resnet101": (3, 4, 23, 3), "resnet152": (3, 8, 36, 3), "resnext50_32x4d": (3, 4, 6, 3),
+          "resnext101_32x8d": (3, 4, 23, 3)}
+BOTTLENECK = ("resnet50", "resnet101", "resnet152", "resnext50_32x4d", "resnext101_32x8d")
 VOCAB = ["<pad>", "<start>", "<end>", "<unk>", "a", "dog", "cat"]
 
 
@@ -33,7 +37,7 @@ def expected_resnet_keys(name: str) -> int:
     num_batches_tracked), fc 2; BasicBlock = 2 conv + 2 BN, Bottleneck = 3 + 3; a downsample (conv + BN) on the
     first block of every stage whose stride or width changes (all four for Bottleneck, stages 2-4 for Basic)."""
     blocks = BLOCKS[name]
-    bottleneck = name in ("resnet50", "resnet101", "resnet152")
+    bottleneck = name in BOTTLENECK
     per_block = 3 * 6 if bottleneck else 2 * 6
     downsamples = 4 if bottleneck else 3
     return 1 + 5 + sum(blocks) * per_block + downsamples * 6 + 2
@@ -336,3 +340,215 @@ def test_resnet_initialisation_is_torchvisions():
         assert abs(kurt - 1.8) < 0.1  # uniform, not normal
         assert float(model.fc.bias.abs().max()) <= bound and float(model.fc.bias.abs().max()) > bound / 2  # not zeroed
     assert told_apart >= 4
+
+
+# -- ResNeXt (torchvision's ResNet with groups and width_per_group) ------------------------------------------
+
+def _shapes(name: str) -> dict[str, tuple]:
+    return {k: tuple(v.shape) for k, v in meta(name).state_dict().items()}
+
+
+def test_resnext_names_and_grouped_shapes_are_torchvisions():
+    """torchvision's Bottleneck: ``width = int(planes * (width_per_group / 64)) * groups``; conv1 1x1 in -> width,
+    conv2 3x3 width -> width with ``groups`` (its weight: (width, width / groups, 3, 3)), conv3 1x1 width -> 4 planes.
+    ResNeXt-50 32x4d, planes 64/128/256/512: widths 128/256/512/1024 (ResNet-50's: 64/128/256/512);
+    ResNeXt-101 32x8d: widths 256/512/1024/2048. The stage outputs (256 ... 2048) are ResNet's."""
+    x50 = _shapes("resnext50_32x4d")
+    assert x50["conv1.weight"] == (64, 3, 7, 7) and x50["bn1.weight"] == (64,)
+    assert x50["layer1.0.conv1.weight"] == (128, 64, 1, 1)
+    assert x50["layer1.0.bn1.running_mean"] == (128,)
+    assert x50["layer1.0.conv2.weight"] == (128, 4, 3, 3)  # 128 / 32 groups = 4 input channels per group
+    assert x50["layer1.0.conv3.weight"] == (256, 128, 1, 1)
+    assert x50["layer1.0.downsample.0.weight"] == (256, 64, 1, 1)
+    assert x50["layer1.1.conv1.weight"] == (128, 256, 1, 1)
+    assert x50["layer2.0.conv2.weight"] == (256, 8, 3, 3)
+    assert x50["layer3.5.conv2.weight"] == (512, 16, 3, 3)
+    assert x50["layer4.0.conv1.weight"] == (1024, 1024, 1, 1)
+    assert x50["layer4.0.conv2.weight"] == (1024, 32, 3, 3)
+    assert x50["layer4.2.conv3.weight"] == (2048, 1024, 1, 1)
+    assert x50["layer4.0.downsample.1.num_batches_tracked"] == ()
+    assert x50["fc.weight"] == (1000, 2048) and "layer3.6.conv1.weight" not in x50
+    assert _shapes("resnet50")["layer1.0.conv2.weight"] == (64, 64, 3, 3)  # the plain ResNet is unchanged
+
+    x101 = _shapes("resnext101_32x8d")
+    assert x101["layer1.0.conv1.weight"] == (256, 64, 1, 1)
+    assert x101["layer1.0.conv2.weight"] == (256, 8, 3, 3)
+    assert x101["layer1.0.conv3.weight"] == (256, 256, 1, 1)
+    assert x101["layer2.0.conv2.weight"] == (512, 16, 3, 3)
+    assert x101["layer3.22.conv1.weight"] == (1024, 1024, 1, 1)  # 23 blocks in layer3
+    assert x101["layer3.22.conv2.weight"] == (1024, 32, 3, 3)
+    assert "layer3.23.conv1.weight" not in x101
+    assert x101["layer4.0.conv2.weight"] == (2048, 64, 3, 3)
+    assert x101["layer4.2.conv3.weight"] == (2048, 2048, 1, 1)
+    assert x101["fc.weight"] == (1000, 2048)
+
+    net = meta("resnext50_32x4d")
+    for stage in (net.layer1, net.layer2, net.layer3, net.layer4):
+        for block in stage:
+            assert block.conv2.groups == 32 and block.conv1.groups == block.conv3.groups == 1
+    # v1.5 as the ResNets: the stride sits on the grouped 3x3
+    assert net.layer3[0].conv1.stride == (1, 1) and net.layer3[0].conv2.stride == (2, 2)
+    assert net.layer3[0].downsample[0].stride == (2, 2)
+
+
+def test_resnext_is_in_the_cnn_tables_and_told_apart_from_resnet():
+    from cocos.models import CNN_TYPES
+    from cocos.models.cnn import cnn_family, guess_architecture
+
+    assert {"resnext50_32x4d", "resnext101_32x8d"} <= set(CNN_TYPES)
+    assert cnn_family("resnext101_32x8d") == "resnet"  # its classifier is fc, as a ResNet's
+    for name in ("resnext50_32x4d", "resnext101_32x8d", "resnet50", "resnet101"):
+        shapes = _shapes(name)
+        assert guess_architecture(shapes) == name
+        assert guess_architecture({k: v for k, v in shapes.items() if not k.startswith("fc.")}) == name
+    with torch.device("meta"):
+        model = build_model("vsepp_full", vocab_size=len(VOCAB), cnn_type="resnext101_32x8d", embed_size=8,
+                            word_dim=4)
+    assert model.img_dim == 2048 and model.fc.weight.shape == (8, 2048)
+    assert model.state_dict()["cnn.layer1.0.conv2.weight"].shape == (256, 8, 3, 3)
+    assert "cnn.fc.weight" not in model.state_dict()
+    with pytest.raises(CocosError, match="unknown CNN 'resnext50'"):
+        build_cnn("resnext50")
+
+
+def _bn_eval(x, sd, p):
+    return F.batch_norm(x, sd[p + "running_mean"], sd[p + "running_var"], sd[p + "weight"], sd[p + "bias"],
+                        training=False, eps=1e-5)
+
+
+def _grouped_conv(x, weight, groups, stride=1, padding=0):
+    """A grouped convolution restated: the input and output channels cut into ``groups`` equal slices, slice g of
+    the output the ungrouped convolution of slice g of the input (F.conv2d's ``groups`` is not used)."""
+    cin, cout = x.shape[1] // groups, weight.shape[0] // groups
+    assert weight.shape[1] == cin
+    return torch.cat([F.conv2d(x[:, g * cin:(g + 1) * cin], weight[g * cout:(g + 1) * cout], stride=stride,
+                               padding=padding) for g in range(groups)], dim=1)
+
+
+def _resnext_layer4(x, sd, groups):
+    """torchvision's ResNeXt up to layer4 (v1.5: stride on the grouped 3x3 of each stage's first block,
+    downsample on each stage's first block), restated with functional calls on the state dict."""
+    x = F.relu(_bn_eval(F.conv2d(x, sd["conv1.weight"], stride=2, padding=3), sd, "bn1."))
+    x = F.max_pool2d(x, kernel_size=3, stride=2, padding=1)
+    for stage in range(1, 5):
+        i = 0
+        while f"layer{stage}.{i}.conv1.weight" in sd:
+            b = f"layer{stage}.{i}."
+            stride = 2 if stage > 1 and i == 0 else 1
+            out = F.relu(_bn_eval(F.conv2d(x, sd[b + "conv1.weight"]), sd, b + "bn1."))
+            out = F.relu(_bn_eval(_grouped_conv(out, sd[b + "conv2.weight"], groups, stride, 1), sd, b + "bn2."))
+            out = _bn_eval(F.conv2d(out, sd[b + "conv3.weight"]), sd, b + "bn3.")
+            if b + "downsample.0.weight" in sd:
+                x = _bn_eval(F.conv2d(x, sd[b + "downsample.0.weight"], stride=stride), sd, b + "downsample.1.")
+            x = F.relu(out + x)
+            i += 1
+    return x
+
+
+def test_grid_is_layer4_flattened_over_space():
+    """``grid(x)`` = layer4's (B, C, h, w) map as (B, h*w, C), position i*w + j = row i, column j (vse_infty's
+    ``top_feat.view(b, c, -1).permute(0, 2, 1)``): against the trunk's own stem and stages called by hand, and
+    against a functional restatement with the grouped convolutions cut into slices. A one-block-per-stage
+    ResNeXt 32x4d with BatchNorm statistics away from their initial values, on 64 x 96 pixels (a 2 x 3 grid)."""
+    from cocos.models.cnn import Bottleneck, ResNet
+    from tests.test_legacy_images import randomised_state
+
+    torch.manual_seed(6)
+    net = ResNet(Bottleneck, (1, 1, 1, 1), groups=32, width_per_group=4)
+    net.load_state_dict(randomised_state(net, torch.Generator().manual_seed(6)))
+    net.eval()
+    x = torch.randn(2, 3, 64, 96)
+    with torch.no_grad():
+        grid = net.grid(x)
+        stem = net.maxpool(net.relu(net.bn1(net.conv1(x))))
+        fmap = net.layer4(net.layer3(net.layer2(net.layer1(stem))))
+        assert fmap.shape == (2, 2048, 2, 3) and grid.shape == (2, 6, 2048)
+        for i in range(2):
+            for j in range(3):
+                assert torch.equal(grid[:, i * 3 + j], fmap[:, :, i, j])
+        want = _resnext_layer4(x, net.state_dict(), groups=32)
+        torch.testing.assert_close(fmap, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+        # the pooled feature (forward without the classifier) is the mean over the grid
+        torch.testing.assert_close(strip_classifier(net)(x), grid.mean(dim=1), rtol=1e-5, atol=1e-6)
+
+
+def test_grid_shape_on_the_meta_device():
+    net = meta("resnext50_32x4d")
+    assert net.grid(torch.empty(2, 3, 224, 224, device="meta")).shape == (2, 49, 2048)  # 224 / 32 = 7
+    assert net.grid(torch.empty(1, 3, 256, 320, device="meta")).shape == (1, 80, 2048)  # 8 x 10
+    assert meta("resnet18").grid(torch.empty(3, 3, 224, 224, device="meta")).shape == (3, 49, 512)
+
+
+def test_a_wsl_like_resnext101_state_dict_loads_by_name(tmp_path):
+    """Facebook's WSL ``ig_resnext101_32x8-c38310e5.pth`` is a torchvision-format resnext101_32x8d state dict
+    (its ImageNet ``fc`` included): a file of random tensors of those names and shapes loads into the CNN, every
+    tensor under its own name (each checked by its float64 sum, a few exactly), and into the stripped trunk."""
+    with torch.device("meta"):
+        names = {k: (tuple(v.shape), v.dtype) for k, v in build_cnn("resnext101_32x8d").state_dict().items()}
+    gen = torch.Generator().manual_seed(7)
+    state = {k: torch.randn(shape, generator=gen) if dtype.is_floating_point else torch.tensor(11)
+             for k, (shape, dtype) in names.items()}
+    path = tmp_path / "ig_resnext101_32x8-c38310e5.pth"
+    torch.save(state, path)
+    sums = {k: v.double().sum() for k, v in state.items()}
+    exact = {k: state[k] for k in ("conv1.weight", "layer1.0.conv2.weight", "layer3.22.conv2.weight",
+                                   "layer4.2.bn3.running_var", "fc.bias")}
+    del state
+    with torch.device("meta"):
+        net = build_cnn("resnext101_32x8d")
+    net = net.to_empty(device="cpu")  # no initialisation: every value comes from the file
+    load_cnn_weights(net, path)
+    loaded = net.state_dict()
+    assert set(loaded) == set(sums)
+    for key, total in sums.items():
+        assert torch.equal(loaded[key].double().sum(), total), key
+    for key, value in exact.items():
+        assert torch.equal(loaded[key], value), key
+    assert int(loaded["layer2.3.bn2.num_batches_tracked"]) == 11
+    del loaded
+    trunk = strip_classifier(net)  # the headless trunk takes the same file: its fc.* is not used
+    for p in trunk.parameters():
+        p.data.zero_()
+    load_cnn_weights(trunk, path, "resnext101_32x8d")
+    assert "fc.weight" not in trunk.state_dict()
+    assert torch.equal(trunk.layer3[22].conv2.weight, exact["layer3.22.conv2.weight"])
+
+
+def test_a_resnext_file_is_refused_by_a_resnet_and_the_other_way(tmp_path):
+    torch.manual_seed(8)
+    path = tmp_path / "resnext50_32x4d-7cdf4587.pth"
+    torch.save(build_cnn("resnext50_32x4d").state_dict(), path)
+    with pytest.raises(CocosError) as excinfo:
+        load_cnn_weights(meta("resnet50"), path)
+    _one_line(excinfo, "resnext50_32x4d-7cdf4587.pth", "holds resnext50_32x4d weights, not resnet50")
+    with pytest.raises(CocosError) as excinfo:
+        load_cnn_weights(meta("resnext101_32x8d"), path)
+    _one_line(excinfo, "holds resnext50_32x4d weights, not resnext101_32x8d")
+    path50 = tmp_path / "resnet50.pth"
+    torch.save(meta("resnet50").to_empty(device="cpu").state_dict(), path50)
+    with pytest.raises(CocosError) as excinfo:
+        load_cnn_weights(meta("resnext50_32x4d"), path50)
+    _one_line(excinfo, "resnet50.pth", "holds resnet50 weights, not resnext50_32x4d")
+
+
+def test_a_file_without_batch_counters_gets_zero_ones(r18_file, tmp_path):
+    """torch < 0.4.1 saved BatchNorm without ``num_batches_tracked`` (torchvision's 2017 files): every counter
+    missing loads with zero counters, as torch's load_state_dict does; one counter missing is a damaged file."""
+    _, state = r18_file
+    legacy = {k: v for k, v in state.items() if not k.endswith("num_batches_tracked")}
+    assert len(state) - len(legacy) == 20  # stem + 8 blocks x 2 + 3 downsamples
+    torch.save(legacy, tmp_path / "resnet18-5c106cde.pth")
+    torch.manual_seed(9)
+    net = build_cnn("resnet18")
+    net.layer1[0].bn1.num_batches_tracked.fill_(5)
+    load_cnn_weights(net, tmp_path / "resnet18-5c106cde.pth")
+    for key, value in net.state_dict().items():
+        want = torch.tensor(0) if key.endswith("num_batches_tracked") else state[key]
+        assert torch.equal(value, want), key
+    with pytest.raises(CocosError) as excinfo:  # the legacy file of another architecture is still named
+        load_cnn_weights(meta("resnet34"), tmp_path / "resnet18-5c106cde.pth")
+    _one_line(excinfo, "holds resnet18 weights, not resnet34")
+    torch.save({k: v for k, v in state.items() if k != "layer2.1.bn1.num_batches_tracked"}, tmp_path / "one.pth")
+    with pytest.raises(CocosError) as excinfo:
+        load_cnn_weights(net, tmp_path / "one.pth")
+    _one_line(excinfo, "one.pth", "layer2.1.bn1.num_batches_tracked")

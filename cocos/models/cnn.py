@@ -1,17 +1,24 @@
 """ImageNet CNNs in plain torch, with torchvision's module and parameter names.
 
-``build_cnn(name)`` makes ResNet-18/34/50/101/152 or VGG-19 exactly as
-``torchvision.models.<name>()`` does (same modules, same names, same shapes), so a
-torchvision state dict (``resnet50-0676ba61.pth``, ``vgg19-dcbb9e9d.pth``) loads by name
-with :func:`load_cnn_weights`; cocos has no torchvision dependency (there is no CPU build of
-it for the pinned torch) and downloads nothing. The definitions file, section 17, says how
-the VSE++ full-image encoder uses them.
+``build_cnn(name)`` makes ResNet-18/34/50/101/152, ResNeXt-50 (32x4d), ResNeXt-101 (32x8d)
+or VGG-19 exactly as ``torchvision.models.<name>()`` does (same modules, same names, same
+shapes), so a torchvision state dict (``resnet50-0676ba61.pth``, ``vgg19-dcbb9e9d.pth``,
+``resnext101_32x8d-8ba56ff5.pth``, or Facebook's WSL ``ig_resnext101_32x8-c38310e5.pth``, a
+torchvision-format ``resnext101_32x8d``) loads by name with :func:`load_cnn_weights`; cocos
+has no torchvision dependency (there is no CPU build of it for the pinned torch) and
+downloads nothing. The definitions file, section 17, says how the VSE++ full-image encoder
+uses them.
 
 * ResNet: torchvision's v1.5 layout (the stride of a Bottleneck sits on its 3x3 ``conv2``,
   not on ``conv1`` as in the original paper's v1); ``downsample = Sequential(conv1x1, BN)``
-  where the stride or the width changes. Initialisation as torchvision: Kaiming-normal
-  (``fan_out``) convolutions, BatchNorm weight 1 and bias 0, the classifier ``fc`` torch's
-  default ``Linear`` init.
+  where the stride or the width changes. ResNeXt is the same ResNet with grouped 3x3 convolutions
+  (torchvision's ``groups`` and ``width_per_group``): a Bottleneck of ``planes`` is
+  ``width = int(planes * width_per_group / 64) * groups`` wide (``conv1`` 1x1 in -> width,
+  ``conv2`` 3x3 width -> width with the stride and ``groups``, ``conv3`` 1x1 width -> planes x 4),
+  so ResNeXt-50 32x4d's first block is 128 wide where ResNet-50's is 64. Initialisation as
+  torchvision: Kaiming-normal (``fan_out``) convolutions, BatchNorm weight 1 and bias 0, the
+  classifier ``fc`` torch's default ``Linear`` init. ``ResNet.grid`` gives ``layer4``'s map as
+  one feature per grid cell (VSE infinity's backbone features).
 * VGG-19 (configuration "E", no BatchNorm): ``features`` (16 convolutions with ReLU, 5 max
   pools), ``avgpool`` (adaptive, 7x7), ``classifier`` = Linear(25088, 4096), ReLU, Dropout,
   Linear(4096, 4096), ReLU, Dropout, Linear(4096, 1000). Init as torchvision: Kaiming-normal
@@ -36,15 +43,17 @@ from cocos.safeload import load_torch_file
 RESNETS = {"resnet18": ("basic", (2, 2, 2, 2)), "resnet34": ("basic", (3, 4, 6, 3)),
            "resnet50": ("bottleneck", (3, 4, 6, 3)), "resnet101": ("bottleneck", (3, 4, 23, 3)),
            "resnet152": ("bottleneck", (3, 8, 36, 3))}
+# name -> (Bottleneck blocks per stage, groups, width_per_group): torchvision's ResNeXt
+RESNEXTS = {"resnext50_32x4d": ((3, 4, 6, 3), 32, 4), "resnext101_32x8d": ((3, 4, 23, 3), 32, 8)}
 VGG19_CFG = (64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M", 512, 512, 512, 512, "M",
              512, 512, 512, 512, "M")
-CNN_TYPES = (*RESNETS, "vgg19")
+CNN_TYPES = (*RESNETS, *RESNEXTS, "vgg19")
 # where the ImageNet classifier sits: the part of a torchvision state dict a headless trunk does not use
 _CLASSIFIER = {"resnet": ("fc.weight", "fc.bias"), "vgg": ("classifier.6.weight", "classifier.6.bias")}
 
 
-def _conv3x3(inp: int, out: int, stride: int = 1) -> nn.Conv2d:
-    return nn.Conv2d(inp, out, kernel_size=3, stride=stride, padding=1, bias=False)
+def _conv3x3(inp: int, out: int, stride: int = 1, groups: int = 1) -> nn.Conv2d:
+    return nn.Conv2d(inp, out, kernel_size=3, stride=stride, padding=1, groups=groups, bias=False)
 
 
 def _conv1x1(inp: int, out: int, stride: int = 1) -> nn.Conv2d:
@@ -56,8 +65,11 @@ class BasicBlock(nn.Module):
 
     expansion = 1
 
-    def __init__(self, inplanes: int, planes: int, stride: int = 1, downsample: nn.Module | None = None):
+    def __init__(self, inplanes: int, planes: int, stride: int = 1, downsample: nn.Module | None = None,
+                 groups: int = 1, base_width: int = 64):
         super().__init__()
+        if groups != 1 or base_width != 64:  # as torchvision's BasicBlock
+            raise CocosError("BasicBlock only supports groups=1 and base_width=64")
         self.conv1 = _conv3x3(inplanes, planes, stride)
         self.bn1 = nn.BatchNorm2d(planes)
         self.relu = nn.ReLU(inplace=True)
@@ -73,17 +85,20 @@ class BasicBlock(nn.Module):
 
 
 class Bottleneck(nn.Module):
-    """1x1, 3x3 (carrying the stride: torchvision's v1.5), 1x1 x4 with a residual connection."""
+    """1x1, 3x3 (carrying the stride: torchvision's v1.5; grouped for ResNeXt), 1x1 x4 with a residual
+    connection. The inner width is ``int(planes * base_width / 64) * groups`` (``planes`` for a ResNet)."""
 
     expansion = 4
 
-    def __init__(self, inplanes: int, planes: int, stride: int = 1, downsample: nn.Module | None = None):
+    def __init__(self, inplanes: int, planes: int, stride: int = 1, downsample: nn.Module | None = None,
+                 groups: int = 1, base_width: int = 64):
         super().__init__()
-        self.conv1 = _conv1x1(inplanes, planes)
-        self.bn1 = nn.BatchNorm2d(planes)
-        self.conv2 = _conv3x3(planes, planes, stride)
-        self.bn2 = nn.BatchNorm2d(planes)
-        self.conv3 = _conv1x1(planes, planes * self.expansion)
+        width = int(planes * (base_width / 64.0)) * groups
+        self.conv1 = _conv1x1(inplanes, width)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.conv2 = _conv3x3(width, width, stride, groups)
+        self.bn2 = nn.BatchNorm2d(width)
+        self.conv3 = _conv1x1(width, planes * self.expansion)
         self.bn3 = nn.BatchNorm2d(planes * self.expansion)
         self.relu = nn.ReLU(inplace=True)
         self.downsample = downsample
@@ -97,11 +112,14 @@ class Bottleneck(nn.Module):
 
 
 class ResNet(nn.Module):
-    """torchvision's ``ResNet``: stem, four stages, global average pool, ``fc`` classifier."""
+    """torchvision's ``ResNet``: stem, four stages, global average pool, ``fc`` classifier; ``groups`` and
+    ``width_per_group`` (Bottleneck only) make it a ResNeXt."""
 
-    def __init__(self, block: type[nn.Module], layers: tuple[int, ...], num_classes: int = 1000):
+    def __init__(self, block: type[nn.Module], layers: tuple[int, ...], num_classes: int = 1000,
+                 groups: int = 1, width_per_group: int = 64):
         super().__init__()
         self.inplanes = 64
+        self.groups, self.base_width = int(groups), int(width_per_group)
         self.conv1 = nn.Conv2d(3, 64, kernel_size=7, stride=2, padding=3, bias=False)
         self.bn1 = nn.BatchNorm2d(64)
         self.relu = nn.ReLU(inplace=True)
@@ -122,15 +140,28 @@ class ResNet(nn.Module):
         if stride != 1 or self.inplanes != planes * block.expansion:
             downsample = nn.Sequential(_conv1x1(self.inplanes, planes * block.expansion, stride),
                                        nn.BatchNorm2d(planes * block.expansion))
-        layers = [block(self.inplanes, planes, stride, downsample)]
+        layers = [block(self.inplanes, planes, stride, downsample, self.groups, self.base_width)]
         self.inplanes = planes * block.expansion
-        layers += [block(self.inplanes, planes) for _ in range(1, blocks)]
+        layers += [block(self.inplanes, planes, groups=self.groups, base_width=self.base_width)
+                   for _ in range(1, blocks)]
         return nn.Sequential(*layers)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def feature_map(self, x: torch.Tensor) -> torch.Tensor:
+        """``(B, 3, H, W)`` pixels -> ``layer4``'s ``(B, C, h, w)`` map (before the average pool; ``h = H / 32``
+        rounded up, for the stem's stride 2 convolution and max pool and three stride 2 stages)."""
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
-        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-        return self.fc(torch.flatten(self.avgpool(x), 1))
+        return self.layer4(self.layer3(self.layer2(self.layer1(x))))
+
+    def grid(self, x: torch.Tensor) -> torch.Tensor:
+        """``(B, 3, H, W)`` pixels -> ``(B, h * w, C)``: ``layer4``'s map flattened over space, row-major
+        (position ``i * w + j`` is row ``i``, column ``j``), one ``C``-d feature per grid cell (2048 for a
+        Bottleneck net; 7 x 7 = 49 cells for 224 x 224 pixels). VSE infinity's backbone features
+        (``ResnetFeatureExtractor.forward``)."""
+        fmap = self.feature_map(x)
+        return fmap.flatten(2).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(self.avgpool(self.feature_map(x)), 1))
 
 
 class VGG(nn.Module):
@@ -182,13 +213,16 @@ def build_cnn(name: str, num_classes: int = 1000) -> nn.Module:
     if name in RESNETS:
         block, layers = RESNETS[name]
         return ResNet(BasicBlock if block == "basic" else Bottleneck, layers, num_classes)
+    if name in RESNEXTS:
+        layers, groups, width = RESNEXTS[name]
+        return ResNet(Bottleneck, layers, num_classes, groups=groups, width_per_group=width)
     if name == "vgg19":
         return VGG(VGG19_CFG, num_classes)
     raise CocosError(f"unknown CNN '{name}' (choose from {', '.join(CNN_TYPES)})")
 
 
 def cnn_family(name: str) -> str:
-    """``resnet`` or ``vgg``."""
+    """``resnet`` (ResNeXt included: the same classifier ``fc``) or ``vgg``."""
     if name not in CNN_TYPES:
         raise CocosError(f"unknown CNN '{name}' (choose from {', '.join(CNN_TYPES)})")
     return "vgg" if name.startswith("vgg") else "resnet"
@@ -277,16 +311,31 @@ def read_cnn_state(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     return {k.removeprefix("module."): v for k, v in obj.items()}
 
 
+def _add_batch_counters(state: dict) -> dict:
+    """A state dict with no ``num_batches_tracked`` at all (torch < 0.4.1): a zero counter beside every
+    ``running_mean`` (what BatchNorm's ``_load_from_state_dict`` adds to a state dict of that age); else as it is."""
+    if any(k.endswith(".num_batches_tracked") for k in state):
+        return state
+    out = {}
+    for key, value in state.items():
+        out[key] = value
+        if key.endswith(".running_mean"):
+            out[key.removesuffix("running_mean") + "num_batches_tracked"] = torch.tensor(0, dtype=torch.long)
+    return out
+
+
 def load_cnn_weights(cnn: nn.Module, path: str | os.PathLike, name: str | None = None) -> nn.Module:
     """Load a torchvision-format weights file into ``cnn`` (by name; in place) and return it.
 
     ``name`` is the architecture for messages (default: the one the module's shapes match).
     A file with the ImageNet classifier loads into a trunk whose classifier was stripped
-    (:func:`strip_classifier`): the classifier's weights are not used. Another architecture,
+    (:func:`strip_classifier`): the classifier's weights are not used. A file saved by torch < 0.4.1
+    (torchvision's 2017 files, such as ``resnet50-19c8e357.pth``) has no BatchNorm ``num_batches_tracked``
+    at all: each gets a zero counter, as torch's own ``load_state_dict`` gives it. Another architecture,
     a missing or unexpected tensor, a wrong shape, a non-floating or non-finite value: one
     :class:`CocosError` line naming the file; ``cnn`` is left as it was.
     """
-    state = read_cnn_state(path)
+    state = _add_batch_counters(read_cnn_state(path))
     expected = {k: tuple(v.shape) for k, v in cnn.state_dict().items()}
     name = name or guess_architecture(expected) or type(cnn).__name__
     for key in _CLASSIFIER["vgg" if isinstance(cnn, VGG) else "resnet"]:
@@ -302,5 +351,6 @@ def load_cnn_weights(cnn: nn.Module, path: str | os.PathLike, name: str | None =
     return cnn
 
 
-__all__ = ["CNN_TYPES", "RESNETS", "BasicBlock", "Bottleneck", "ResNet", "VGG", "build_cnn", "check_cnn_state",
-           "cnn_family", "guess_architecture", "load_cnn_weights", "read_cnn_state", "strip_classifier"]
+__all__ = ["CNN_TYPES", "RESNETS", "RESNEXTS", "BasicBlock", "Bottleneck", "ResNet", "VGG", "build_cnn",
+           "check_cnn_state", "cnn_family", "guess_architecture", "load_cnn_weights", "read_cnn_state",
+           "strip_classifier"]

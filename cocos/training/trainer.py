@@ -116,6 +116,8 @@ TORCHVISION_WEIGHTS = {"resnet18": ("resnet18-f37072fd.pth", "resnet18-5c106cde.
                        "resnet50": ("resnet50-0676ba61.pth", "resnet50-19c8e357.pth"),
                        "resnet101": ("resnet101-63fe2227.pth", "resnet101-5d3b4d8f.pth"),
                        "resnet152": ("resnet152-394f9c45.pth", "resnet152-b121ed2d.pth"),
+                       "resnext50_32x4d": ("resnext50_32x4d-7cdf4587.pth",),
+                       "resnext101_32x8d": ("resnext101_32x8d-8ba56ff5.pth", "WSL's ig_resnext101_32x8-c38310e5.pth"),
                        "vgg19": ("vgg19-dcbb9e9d.pth",)}
 
 
