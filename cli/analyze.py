@@ -36,9 +36,11 @@ def _check_checkpoint_args(checkpoints: list, label) -> None:
 
 
 def _check_input_paths(args: dict) -> None:
-    """--vocab a file, --data a folder or file list, every --features a folder, where given."""
+    """--vocab a file, --bert a folder, --data a folder or file list, every --features a folder, where given."""
     if args.get("vocab") is not None:
         check_input_file(args["vocab"], "vocabulary file")
+    if args.get("bert") is not None:
+        check_input_dir(args["bert"], "BERT folder")
     if args.get("data") is not None:
         check_input_path(args["data"], "data folder or file list")
     for folder in args.get("features") or []:
@@ -50,7 +52,7 @@ def _check_output_paths(args: dict, checkpoints: list) -> None:
     and none of the inputs."""
     from cocos.io import check_output_dir, check_output_file
 
-    inputs = [p for p in (*checkpoints, args.get("data"), args.get("vocab")) if p is not None]
+    inputs = [p for p in (*checkpoints, args.get("data"), args.get("vocab"), args.get("bert")) if p is not None]
     overwrite = bool(args.get("overwrite"))
     if args.get("out") is not None and len(checkpoints) == 1:
         check_output_dir(args["out"], inputs, overwrite)
@@ -113,6 +115,9 @@ def analyze(
     vocab: Path = typer.Option(None, "--vocab", metavar="PATH",
                                help="Vocabulary of a checkpoint of the original VSE++/VSRN code (model_best.pth.tar): "
                                     "its *_vocab.pkl (read without running code) or a vocabulary JSON; needs --data."),
+    bert: Path = typer.Option(None, "--bert", metavar="DIR",
+                              help="VSE∞ checkpoint of the original code: the BERT folder it was trained with "
+                                   "(config.json, vocab.txt)"),
     features: list[Path] = typer.Option(None, "--features", metavar="DIR",
                                         help="Raw-image models: a feature cache of `cocos data features` to use "
                                              "when it matches (same images and captions, CNN weights and transform "
@@ -134,13 +139,13 @@ def analyze(
     targets = _targets(checkpoints, out, save_embeddings)
     check_latex_width(latex_width)
     losses = None if loss == ["paper"] else parse_names(loss)  # default: the paper's four and the model's own
-    inputs = _check_inputs(checkpoints, data, vocab)
+    inputs = _check_inputs(checkpoints, data, vocab, bert)
     _check_outputs(checkpoints, targets, inputs, save_embeddings, overwrite)  # all before minutes of encoding
     if trust_checkpoint:
         typer.echo("warning: --trust-checkpoint: checkpoints are loaded with full pickle, code in them may run",
                    err=True)
     options = {"losses": losses, "batch_size": batch_size, "seed": seed, "compat": compat, "split": split,
-               "device": device, "eps": eps, "label": label, "progress": progress, "vocab": vocab,
+               "device": device, "eps": eps, "label": label, "progress": progress, "vocab": vocab, "bert": bert,
                "trust": trust_checkpoint, "image_options": _image_options(features, resize, crop_size, workers)}
     outputs = {"inputs": inputs, "save_embeddings": save_embeddings, "overwrite": overwrite, "per_query": per_query,
                "latex_width": latex_width}
@@ -163,20 +168,23 @@ def _targets(checkpoints: list[Path], out: Path | None, save_embeddings: Path | 
     return targets
 
 
-def _check_inputs(checkpoints: list[Path], data: Path | None, vocab: Path | None) -> list[Path]:
-    """Every path the analyses read (:func:`_inputs` of each checkpoint), after checking --vocab and that each
-    checkpoint exists and is not an embeddings file."""
+def _check_inputs(checkpoints: list[Path], data: Path | None, vocab: Path | None,
+                  bert: Path | None = None) -> list[Path]:
+    """Every path the analyses read (:func:`_inputs` of each checkpoint), after checking --vocab, --bert and that
+    each checkpoint exists and is not an embeddings file."""
     from cocos.errors import CocosError
     from cocos.pipelines.analyze import refuse_embeddings
 
     if vocab is not None and not vocab.is_file():
         raise CocosError(f"{vocab}: no such vocabulary file")
+    if bert is not None and not bert.is_dir():
+        raise CocosError(f"{bert}: no such BERT folder")
     found = []
     for checkpoint in checkpoints:
         if not checkpoint.exists():
             raise CocosError(f"{checkpoint}: no such checkpoint")
         refuse_embeddings(checkpoint)
-        found.append(_inputs(checkpoint, data, vocab))
+        found.append(_inputs(checkpoint, data, vocab, bert))
     return [p for paths in found for p in paths]
 
 
@@ -235,9 +243,10 @@ def _write(analysis, target, inputs, save_embeddings, overwrite, per_query, late
                + (f"; embeddings {save_embeddings}" if save_embeddings is not None else ""))
 
 
-def _inputs(checkpoint: Path, data: Path | None, vocab: Path | None = None) -> list[Path]:
-    """What an analysis reads: the checkpoint, its vocabulary, and the data folder (given, or recorded in it)."""
-    found = [checkpoint] + ([data] if data else []) + ([vocab] if vocab else [])
+def _inputs(checkpoint: Path, data: Path | None, vocab: Path | None = None, bert: Path | None = None) -> list[Path]:
+    """What an analysis reads: the checkpoint, its vocabulary (or BERT folder), and the data folder (given, or
+    recorded in it)."""
+    found = [checkpoint] + ([data] if data else []) + ([vocab] if vocab else []) + ([bert] if bert else [])
     if data is None:
         recorded = _recorded_data(checkpoint)
         if recorded is not None:

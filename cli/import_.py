@@ -1,4 +1,5 @@
-"""``cocos import CHECKPOINT --vocab VOCAB --data DIR --out model.pt``: an original checkpoint into cocos's format."""
+"""``cocos import CHECKPOINT --vocab VOCAB --data DIR --out model.pt``: an original checkpoint into cocos's format
+(VSE∞'s: ``--bert DIR`` instead of ``--vocab``)."""
 
 from __future__ import annotations
 
@@ -11,17 +12,20 @@ from .main import app
 
 
 def _check_paths(args: dict) -> None:
-    """The paths, before the heavy imports: the checkpoint and --vocab are files, --data a folder, --out allowed."""
+    """The paths, before the heavy imports: the checkpoint and --vocab are files, --bert and --data folders, --out
+    allowed."""
     from cocos.io import check_output_file
 
-    checkpoint, vocab, data, out = (args.get(k) for k in ("checkpoint", "vocab", "data", "out"))
+    checkpoint, vocab, bert, data, out = (args.get(k) for k in ("checkpoint", "vocab", "bert", "data", "out"))
     check_input_file(checkpoint, "checkpoint")
     if vocab is not None:
         check_input_file(vocab, "vocabulary file")
+    if bert is not None:
+        check_input_dir(bert, "BERT folder")
     if data is not None:
         check_input_dir(data, "data folder")
     if out is not None:
-        check_output_file(out, [p for p in (checkpoint, vocab, data) if p is not None],
+        check_output_file(out, [p for p in (checkpoint, vocab, bert, data) if p is not None],
                           overwrite=bool(args.get("overwrite")), runs=[checkpoint])
 
 
@@ -29,10 +33,14 @@ def _check_paths(args: dict) -> None:
 @handle_errors(check=_check_paths)
 def import_checkpoint(
     checkpoint: Path = typer.Argument(..., help="model_best.pth.tar of the original VSE++ (fartashf/vsepp), VSRN "
-                                                "(KunpengLi1994/VSRN) or COCOS reproducibility code."),
+                                                "(KunpengLi1994/VSRN) or COCOS reproducibility code; model_best.pth "
+                                                "of VSE∞ (woodfrog/vse_infty, microsoft/VSE_Gradient)."),
     vocab: Path = typer.Option(None, "--vocab", metavar="PATH",
                                help="The run's vocabulary: its *_vocab.pkl (read without running code) or a "
-                                    "vocabulary JSON (SCAN/VSRN). Required."),
+                                    "vocabulary JSON (SCAN/VSRN). Required, except for VSE∞ (--bert)."),
+    bert: Path = typer.Option(None, "--bert", metavar="DIR",
+                              help="VSE∞ checkpoint of the original code: the BERT folder it was trained with "
+                                   "(config.json, vocab.txt)"),
     data: Path = typer.Option(None, "--data", metavar="DIR",
                               help="The data folder the model is counted on (recorded in the new checkpoint): "
                                    "precomputed features, or for a raw-image checkpoint (data_name f30k/coco, "
@@ -52,22 +60,14 @@ def import_checkpoint(
     from cocos.training.checkpoint import save_checkpoint
     from cocos.training.trainer import build_from_checkpoint
 
-    for name, value in (("--vocab", vocab), ("--data", data), ("--out", out)):
-        if value is None:
-            raise CocosError(f"{name} is required (cocos import CHECKPOINT --vocab VOCAB --data DIR --out model.pt)")
-    if not checkpoint.exists():
-        raise CocosError(f"{checkpoint}: no such checkpoint")
-    if not vocab.is_file():
-        raise CocosError(f"{vocab}: no such vocabulary file")
-    if not data.is_dir():
-        raise CocosError(f"{data}: no such data folder")
+    inputs = _check_inputs(checkpoint, vocab, bert, data, out)
     with output_lock(out):  # one writer of --out: a second import into it is refused in one line
-        check_output_file(out, [checkpoint, vocab, data], overwrite=overwrite, runs=[checkpoint])
+        check_output_file(out, inputs, overwrite=overwrite, runs=[checkpoint])
         if trust_checkpoint:
             typer.echo("warning: --trust-checkpoint: the checkpoint is loaded with full pickle, code in it may run",
                        err=True)
-        ckpt, converted = load_any_checkpoint(checkpoint, vocab=vocab, data=data, trust=trust_checkpoint)
-        if not converted:  # not reached: a cocos checkpoint refuses --vocab
+        ckpt, converted = load_any_checkpoint(checkpoint, vocab=vocab, data=data, trust=trust_checkpoint, bert=bert)
+        if not converted:  # a cocos checkpoint refuses --vocab and --bert
             raise CocosError(f"{checkpoint}: already a cocos checkpoint")
         if ckpt["data"].get("input") == "images":
             from cocos.data.images import is_image_dataset
@@ -79,5 +79,30 @@ def import_checkpoint(
         save_checkpoint(out, ckpt)
     hp = ckpt["model"]["hparams"]
     params = ", ".join(f"{k}={v:g}" for k, v in ckpt["loss"]["params"].items())
-    typer.echo(f"wrote {out}: {ckpt['model']['kind']} (embed {hp['embed_size']}, {hp['vocab_size']} words), "
+    typer.echo(f"wrote {out}: {ckpt['model']['kind']} (embed {hp['embed_size']}, {hp['vocab_size']} {_words(ckpt)}), "
                f"trained with {ckpt['loss']['name']} ({params}), epoch {ckpt['epoch']}, data {data}")
+
+
+def _check_inputs(checkpoint: Path, vocab: Path | None, bert: Path | None, data: Path | None,
+                  out: Path | None) -> list[Path]:
+    """--data and --out given, every input there: the paths the import reads (the file decides between --vocab and
+    --bert, and says which it needs)."""
+    from cocos.errors import CocosError
+
+    for name, value in (("--data", data), ("--out", out)):
+        if value is None:
+            raise CocosError(f"{name} is required (cocos import CHECKPOINT --vocab VOCAB --data DIR --out model.pt; "
+                             "VSE∞: --bert DIR instead of --vocab)")
+    if not checkpoint.exists():
+        raise CocosError(f"{checkpoint}: no such checkpoint")
+    if vocab is not None and not vocab.is_file():
+        raise CocosError(f"{vocab}: no such vocabulary file")
+    if bert is not None and not bert.is_dir():
+        raise CocosError(f"{bert}: no such BERT folder")
+    if not data.is_dir():
+        raise CocosError(f"{data}: no such data folder")
+    return [p for p in (checkpoint, vocab, bert, data) if p is not None]
+
+
+def _words(ckpt: dict) -> str:
+    return "word pieces" if (ckpt.get("text") or {}).get("kind") == "wordpiece" else "words"

@@ -15,8 +15,9 @@ def models() -> None:
     from cocos.losses.spec import format_value
     from cocos.models.registry import families
 
+    width = max(len(f.name) for f in families())
     for family in families():
         params = ", ".join(f"{k}={format_value(v)}" for k, v in family.defaults.items()) or "none"
         imports = f"imports {family.original.encoder}" if family.original is not None else "no original imports"
-        typer.echo(f"{family.name:<11} {family.label}: {family.description}")
-        typer.echo(f"{'':<11} input {family.input}, captions {family.text}; parameters {params}; {imports}")
+        typer.echo(f"{family.name:<{width}} {family.label}: {family.description}")
+        typer.echo(f"{'':<{width}} input {family.input}, captions {family.text}; parameters {params}; {imports}")

@@ -51,7 +51,9 @@ def train(
     save_every: int = typer.Option(None, metavar="K", help="Keep a checkpoint epoch_NNN.pt every K epochs."),
     k: int = typer.Option(default(DataConfig, "k"), help="Captions per image."),
     vocab: Path = typer.Option(None, help="A SCAN-style vocab JSON (default: built from the training captions)."),
-    cnn: str = typer.Option(None, help="Raw images: the CNN (resnet18/34/50/101/152, vgg19; default resnet50)."),
+    cnn: str = typer.Option(None, help="Raw images: the CNN (resnet18/34/50/101/152, resnext50_32x4d, "
+                                       "resnext101_32x8d, vgg19; default: the family's, resnet50 for VSE++, "
+                                       "resnext101_32x8d for VSE∞)."),
     cnn_weights: Path = typer.Option(None, metavar="FILE", help="Raw images: the CNN's ImageNet weights "
                                                                 "(torchvision's resnet50-0676ba61.pth, ...)."),
     bert: Path = typer.Option(None, metavar="DIR", help="VSE∞: the Hugging Face BERT folder (config.json, weights, "
@@ -139,7 +141,9 @@ def _model_flags(model: str, args: list[str]) -> tuple[dict, list[str]]:
     family's own hyper-parameters (typed later by the family's spec) and the rest (the loss's flags)."""
     from cocos.models.registry import get_family
 
-    own = set(get_family(model).defaults) - {"embed_size", "word_dim", "cnn_type", "finetune"}  # options of their own
+    family = get_family(model)
+    own = set(family.defaults) | (set(get_family(family.images_family).defaults) if family.images_family else set())
+    own -= {"embed_size", "word_dim", "cnn_type", "finetune"}  # options of their own
     params, rest = {}, []
     for flag, item in lossflags.as_params(args):
         name, _, value = item.partition("=")
@@ -155,29 +159,15 @@ FLAG_OF = {"lr_groups": "lr_group"}  # a flat setting whose flag has another nam
 
 def _with_recipe(ctx: typer.Context, flat: dict, resume: bool) -> dict:
     """The model family's training recipe (VSE∞'s AdamW, rates, schedule and warm-up) for every setting not given on
-    the command line (:func:`cocos.training.config.with_recipe`); a resumed run keeps its recorded settings."""
-    from cocos.models.registry import get_family
-    from cocos.objectives import get_objective
-
-    if resume:
-        return flat
-    family = get_family(flat["model"])
-    if family.images_family and TrainConfig.of(data=flat["data"]).images():
-        family = get_family(family.images_family)
-    recipe = dict(family.recipe)
-    if get_objective(flat["loss"]).warmup_loss is None:  # a loss without a warm-up trains without one
-        recipe.pop("warmup_epochs", None)
+    the command line (:func:`cocos.training.trainer.with_recipe`); a resumed run is given the same flags, so the
+    same recipe."""
+    from cocos.training.trainer import with_recipe
 
     def given(name: str) -> bool:
         source = ctx.get_parameter_source(FLAG_OF.get(name, name))  # typer's click or click's own enum: by name
         return source is not None and getattr(source, "name", str(source)) not in ("DEFAULT", "DEFAULT_MAP")
 
-    from cocos.training.config import with_recipe
-
-    out = with_recipe(flat, given, recipe)
-    if out.get("warmup_epochs", 0) >= out["epochs"] and not given("warmup_epochs"):
-        out["warmup_epochs"] = flat["warmup_epochs"]  # a run shorter than the recipe's warm-up
-    return out
+    return with_recipe(flat, given)
 
 
 def _lr_groups(items: list[str]) -> dict[str, float]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -184,7 +185,7 @@ def test_a_plugin_taking_a_built_in_name_is_refused_in_one_line_naming_its_packa
              "[cocos.models]\nvsepp = cocos_clash:clash\n")
     res = cocos(["models"], tmp_path, path=tmp_path / "p")
     assert res.returncode == 0, res.stderr
-    assert "vsepp       VSE++:" in res.stdout and "Not VSE++" not in res.stdout
+    assert re.search(r"^vsepp +VSE\+\+:", res.stdout, re.M) and "Not VSE++" not in res.stdout
     warning = [line for line in res.stderr.splitlines() if line.strip()]
     assert len(warning) == 1 and warning[0].startswith("warning: model plugin vsepp (cocos_clash:clash) of package "
                                                        "cocos-clash: refused"), res.stderr

@@ -127,7 +127,7 @@ class WordPieceCoder:
             return list(coded)
         draws = torch.rand(len(words), generator=generator).tolist()
         out, pos = [self.cls_id], 1
-        for n, u in zip(words, draws):
+        for n, u in zip(words, draws, strict=True):
             piece = coded[pos:pos + n]
             pos += n
             if u >= AUGMENT_P:

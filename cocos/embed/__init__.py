@@ -56,18 +56,20 @@ class FrozenModel:
     @classmethod
     def load(cls, checkpoint: str | os.PathLike, data: str | os.PathLike | None = None,
              device: str = "auto", vocab: str | os.PathLike | None = None, trust: bool = False,
-             image_options: dict | None = None) -> FrozenModel:
-        """A cocos checkpoint, or a ``model_best.pth.tar`` of the original VSE++/VSRN code.
+             image_options: dict | None = None, bert: str | os.PathLike | None = None) -> FrozenModel:
+        """A cocos checkpoint, or a ``model_best.pth.tar`` of the original VSE++/VSRN code (a
+        ``model_best.pth`` of the original VSE∞ code).
 
         The original's checkpoint is converted in memory (:mod:`cocos.legacy`) and
-        needs ``vocab`` (its ``*_vocab.pkl`` or vocabulary JSON) and ``data`` (it records no
+        needs ``vocab`` (its ``*_vocab.pkl`` or vocabulary JSON; VSE∞: ``bert``, the BERT folder
+        it was trained with) and ``data`` (it records no
         data folder). Loading never runs code from the file unless ``trust`` (then
         ``torch.load(weights_only=False)``: only for files the user trusts). A raw-image
         model (``vsepp_full``) reads its ``data`` as an image dataset; ``image_options``
         (``resize``, ``crop_size``, ``features``, ``workers``, ``log``) go to
         :func:`cocos.embed.images.image_source_of`.
         """
-        if vocab is None and not trust:
+        if vocab is None and bert is None and not trust:
             try:  # the common case: a cocos checkpoint, read and checked as everywhere else
                 ckpt = load_checkpoint(checkpoint)
             except CocosError as exc:  # perhaps the original code's: read it again with Namespace allowed
@@ -75,7 +77,7 @@ class FrozenModel:
             else:
                 converted = False
         else:
-            ckpt, converted = load_any_checkpoint(checkpoint, vocab=vocab, data=data, trust=trust)
+            ckpt, converted = load_any_checkpoint(checkpoint, vocab=vocab, data=data, trust=trust, bert=bert)
         images = get_family(ckpt["model"]["kind"]).input == "images"
         if images:
             folder = _image_data(ckpt, data, checkpoint)

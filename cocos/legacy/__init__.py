@@ -1,5 +1,7 @@
 """Checkpoints of the original code: VSE++ (fartashf/vsepp), VSRN (KunpengLi1994/VSRN) and the
-COCOS reproducibility repository (MauritsBleeker/ecir-2022-reproducibility-bleeker).
+COCOS reproducibility repository (MauritsBleeker/ecir-2022-reproducibility-bleeker); VSE∞
+(woodfrog/vse_infty, microsoft/VSE_Gradient: the same layout, a BERT caption encoder) in
+:mod:`cocos.legacy.vse_infty`.
 
 Their ``model_best.pth.tar`` is a dict: ``model`` = ``[image encoder state dict, text encoder
 state dict, ...]`` (VSRN may add more, e.g. its caption decoder; ignored), ``opt`` = the
@@ -80,28 +82,41 @@ def is_legacy_checkpoint(obj: object) -> bool:
 
 
 def load_any_checkpoint(path: str | os.PathLike, *, vocab: str | os.PathLike | None = None,
-                        data: str | os.PathLike | None = None, trust: bool = False) -> tuple[dict, bool]:
+                        data: str | os.PathLike | None = None, trust: bool = False,
+                        bert: str | os.PathLike | None = None) -> tuple[dict, bool]:
     """A cocos checkpoint as it is, or one of the original code converted: ``(checkpoint, converted)``.
 
-    A checkpoint of the original code needs ``vocab`` (its ``*_vocab.pkl`` or vocabulary JSON)
-    and ``data`` (it records no data folder); a cocos checkpoint carries both and refuses
-    ``vocab``.
+    A checkpoint of the original VSE++/VSRN code needs ``vocab`` (its ``*_vocab.pkl`` or vocabulary
+    JSON) and ``data`` (it records no data folder); one of the original VSE∞ code
+    (:mod:`cocos.legacy.vse_infty`) ``bert`` (the BERT folder it was trained with) and ``data``; a
+    cocos checkpoint carries all of them and refuses ``vocab`` and ``bert``.
     """
-    return checkpoint_from_raw(read_checkpoint_file(path, trust=trust), path, vocab=vocab, data=data)
+    return checkpoint_from_raw(read_checkpoint_file(path, trust=trust), path, vocab=vocab, data=data, bert=bert)
 
 
 def checkpoint_from_raw(raw: object, path: str | os.PathLike, *, vocab: str | os.PathLike | None = None,
-                        data: str | os.PathLike | None = None) -> tuple[dict, bool]:
+                        data: str | os.PathLike | None = None,
+                        bert: str | os.PathLike | None = None) -> tuple[dict, bool]:
     """:func:`load_any_checkpoint` on what :func:`read_checkpoint_file` returned."""
     if is_cocos_checkpoint(raw):
         if vocab is not None:
             raise CocosError(f"{path}: a cocos checkpoint carries its vocabulary; --vocab is for checkpoints "
                              "of the original VSE++/VSRN code")
+        if bert is not None:
+            raise CocosError(f"{path}: a cocos checkpoint carries its BERT; --bert is for checkpoints of the "
+                             "original VSE∞ code")
 
         return load_checkpoint(path), False  # read again the way every cocos checkpoint is: safe and checked
     if not is_legacy_checkpoint(raw):
-        raise CocosError(f"{path}: not a cocos checkpoint, nor one of the original VSE++/VSRN code "
+        raise CocosError(f"{path}: not a cocos checkpoint, nor one of the original VSE++/VSRN/VSE∞ code "
                          "(a dict with 'model' = [image encoder, text encoder state dicts] and 'opt')")
+    from cocos.legacy import vse_infty  # imports from this module
+
+    if vse_infty.is_vse_infty_checkpoint(raw):
+        return vse_infty.checkpoint_from_raw(raw, path, vocab=vocab, data=data, bert=bert), True
+    if bert is not None:
+        raise CocosError(f"{path}: a checkpoint of the original VSE++/VSRN code (a GRU caption encoder, no BERT); "
+                         "--bert is for checkpoints of the original VSE∞ code; pass --vocab")
     if vocab is None:
         raise CocosError(f"{path}: a checkpoint of the original VSE++/VSRN code; pass --vocab (its "
                          "*_vocab.pkl or vocabulary JSON)")

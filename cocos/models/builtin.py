@@ -16,8 +16,8 @@ from cocos.models.cnn import CNN_TYPES
 from cocos.models.family import ModelFamily, OriginalImage
 from cocos.models.image import VSEPPFull
 from cocos.models.registry import register
-from cocos.models.vsepp import VSEPP
 from cocos.models.vse_infty import REGION_DROP, VSEInfty, VSEInftyFull
+from cocos.models.vsepp import VSEPP
 from cocos.models.vsrn import VSRN
 from cocos.results import model_label
 
@@ -103,7 +103,8 @@ VSE_INFTY_FAMILY = ModelFamily(
     description="VSE∞ (Chen et al. 2021): region features + MLP residual and a BERT (--bert DIR), each pooled by GPO")
 VSE_INFTY_FULL_FAMILY = ModelFamily(
     name="vse_infty_full", label="VSE∞", module=VSEInftyFull, input="images", text="wordpiece",
-    defaults={"cnn_type": "resnext101_32x8d", "finetune": False, "embed_size": DEFAULT_EMBED_SIZE},
+    defaults={"cnn_type": "resnext101_32x8d", "finetune": False, "embed_size": DEFAULT_EMBED_SIZE,
+              "embedding_warmup_epochs": 2, "backbone_warmup_epochs": 5},
     check=check_vse_infty_full, describe=describe_vse_infty_full,
     recipe={**VSE_INFTY_RECIPE, "lr_groups": {"txt_enc.bert": 0.1, "img_enc.backbone": 0.01}},
     description="VSE∞ on raw images: a ResNeXt backbone's grid (WSL, --cnn-weights) and a BERT, each pooled by GPO")

@@ -4,7 +4,8 @@ A :class:`ModelFamily` is to a model what :class:`cocos.losses.spec.Objective` i
 name and label, the input it reads (``features``: precomputed ``(n, d)`` or region ``(n, R, d)``
 features; ``images``: raw pixels through a CNN), the caption input it takes (``vocab``: word ids of a
 cocos :class:`~cocos.data.text.Vocabulary`, padded; ``wordpiece``: a BERT's word pieces,
-:class:`~cocos.data.wordpiece.WordPieceCoder`, the BERT's ``config.json`` passed as ``bert_config``), its training hyper-parameters with their
+:class:`~cocos.data.wordpiece.WordPieceCoder`, the BERT's ``config.json`` passed as ``bert_config``), its
+training hyper-parameters with their
 defaults and checks, how its module is built (``module(**hparams)``; the module records ``kind`` and
 ``hparams``, enough to rebuild it), and how the original code's checkpoints map onto it
 (:class:`OriginalImage`). The trainer, the checkpoint validator, the importer, the analysis and the

@@ -112,13 +112,14 @@ class MLP(nn.Module):
         super().__init__()
         self.output_dim, self.num_layers = output_dim, num_layers
         hidden = [hidden_dim] * (num_layers - 1)
-        self.layers = nn.ModuleList(nn.Linear(n, k) for n, k in zip([input_dim, *hidden], [*hidden, output_dim]))
+        sizes = zip([input_dim, *hidden], [*hidden, output_dim], strict=True)
+        self.layers = nn.ModuleList(nn.Linear(n, k) for n, k in sizes)
         self.bns = nn.ModuleList(nn.BatchNorm1d(k) for k in [*hidden, output_dim])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n, r, d = x.shape
         x = x.reshape(n * r, d)
-        for i, (bn, layer) in enumerate(zip(self.bns, self.layers)):
+        for i, (bn, layer) in enumerate(zip(self.bns, self.layers, strict=True)):
             x = torch.relu(bn(layer(x))) if i < self.num_layers - 1 else layer(x)
         return x.view(n, r, self.output_dim)
 
@@ -281,13 +282,17 @@ class VSEInftyFull(nn.Module):
     kind = "vse_infty_full"
 
     def __init__(self, vocab_size: int, bert_config: dict, cnn_type: str = "resnext101_32x8d",
-                 embed_size: int = 1024, finetune: bool = False):
+                 embed_size: int = 1024, finetune: bool = False, embedding_warmup_epochs: int = 2,
+                 backbone_warmup_epochs: int = 5):
         super().__init__()
+        self.warmup = (int(embedding_warmup_epochs), int(backbone_warmup_epochs))
         if cnn_type not in CNN_TYPES or cnn_type.startswith("vgg"):
             raise CocosError(f"unknown backbone '{cnn_type}' (choose from "
                              f"{', '.join(c for c in CNN_TYPES if not c.startswith('vgg'))})")
         self.hparams = {"vocab_size": int(vocab_size), "bert_config": dict(bert_config), "cnn_type": cnn_type,
                         "embed_size": int(embed_size), "finetune": bool(finetune)}
+        if finetune:
+            self.hparams.update(embedding_warmup_epochs=self.warmup[0], backbone_warmup_epochs=self.warmup[1])
         self.finetune = bool(finetune)
         self.img_enc = GridEncoder(cnn_type, embed_size)
         self.txt_enc = EncoderText(bert_config, embed_size)
@@ -295,6 +300,37 @@ class VSEInftyFull(nn.Module):
         for p in self.img_enc.backbone.parameters():
             p.requires_grad_(self.finetune)
         self.train()
+
+    def fixed_blocks(self, epoch: int) -> int:
+        """VSE∞'s backbone warm-up (``train.py``; ``epoch`` 1-based): the backbone frozen for the
+        ``embedding_warmup_epochs`` first epochs (4: all blocks fixed), then its last stage trained (3 fixed), then
+        one more stage every ``backbone_warmup_epochs``, down to the whole backbone (0)."""
+        embedding, step = self.warmup
+        e = epoch - 1
+        if e < embedding:
+            return 4
+        return max(3 - (e - embedding) // max(step, 1), 0)
+
+    def start_epoch(self, epoch: int) -> None:
+        """Before training epoch ``epoch`` (1-based): with ``finetune``, open the backbone as VSE∞'s warm-up does
+        (:meth:`fixed_blocks`: stages ``layer{fixed+1}..layer4`` train, the stem with them only when none is
+        fixed); without it the backbone stays frozen."""
+        if not self.finetune:
+            return
+        fixed = self.fixed_blocks(epoch)
+        cnn = self.img_enc.backbone
+        parts = [("stem", [cnn.conv1, cnn.bn1]), *((f"layer{i}", [getattr(cnn, f"layer{i}")]) for i in range(1, 5))]
+        for rank, (_, modules) in enumerate(parts):  # rank 0 the stem, 1..4 the stages
+            trained = fixed < 4 and (rank > fixed or fixed == 0)
+            for module in modules:
+                for p in module.parameters():
+                    p.requires_grad_(trained)
+
+    def loss_scale(self, epoch: int, step: int, steps: int) -> float:
+        """VSE∞ ramps the loss up linearly (``step / steps``) over the first epoch that trains the backbone."""
+        if self.finetune and epoch - 1 == self.warmup[0]:
+            return step / max(steps, 1)
+        return 1.0
 
     @property
     def cnn(self) -> nn.Module:

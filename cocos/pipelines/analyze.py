@@ -137,13 +137,15 @@ def analyze_checkpoint(
     vocab: str | os.PathLike | None = None,
     trust: bool = False,
     image_options: dict | None = None,
+    bert: str | os.PathLike | None = None,
 ) -> Analysis:
     """Encode the training split once, count every loss both ways (in both modes), evaluate.
 
     ``batch_size=None`` counts at the batch size the checkpoint was trained with (the paper's
     practice). ``label`` (e.g. ``"last"``, ``"epoch 5"``) keeps checkpoints of one run apart in
     reports: the model is shown as ``VSE++ (last)``. ``vocab`` (and ``data``) import a checkpoint of
-    the original VSE++/VSRN code (:mod:`cocos.legacy`); ``trust`` loads a checkpoint with
+    the original VSE++/VSRN code (:mod:`cocos.legacy`), ``bert`` (and ``data``) one of the original
+    VSE∞ code (:mod:`cocos.legacy.vse_infty`); ``trust`` loads a checkpoint with
     ``weights_only=False`` (code in it may run: only for files the user trusts).
 
     A raw-image model (``vsepp_full``: a cocos checkpoint, or an original ``model_best.pth.tar`` with
@@ -156,7 +158,8 @@ def analyze_checkpoint(
     clock = time.perf_counter()
     timings = {}
     refuse_embeddings(checkpoint)
-    frozen = FrozenModel.load(checkpoint, data, device, vocab=vocab, trust=trust, image_options=image_options)
+    frozen = FrozenModel.load(checkpoint, data, device, vocab=vocab, trust=trust, image_options=image_options,
+                              bert=bert)
     ckpt = frozen.checkpoint
     if losses is None:  # the paper's four counters and the checkpoint's own training loss
         own = ckpt["loss"]["name"]

@@ -70,7 +70,7 @@ from cocos.report.merge import build_report, write_report
 from cocos.results import Results
 from cocos.training.checkpoint import load_checkpoint
 from cocos.training.config import LOSS_FLAT, OptimConfig, TrainConfig, default, record_type
-from cocos.training.trainer import Trainer
+from cocos.training.trainer import Trainer, with_recipe
 
 try:
     import tomllib
@@ -395,6 +395,8 @@ def _expand(where: str, name: str, data: str, models: list, losses: list, seeds:
                 cfg = {**shared, **overrides, **loss, "data": data, "model": model, "seed": seed,
                        "out": str(checkpoints / name / run_name)}
                 try:
+                    set_here = {**shared, **overrides, **loss}
+                    cfg = with_recipe(cfg, lambda key, _s=set_here: key in _s)  # the family's recipe, where unset
                     TrainConfig.of(**cfg).validate()  # bad settings: one line, before anything is written
                 except (CocosError, TypeError) as exc:
                     raise CocosError(f"{where}: run {run_name}: {exc}") from None
@@ -629,6 +631,8 @@ def check_inputs(grid: Grid, executor: str = "local") -> None:
         for key in PATH_KEYS:
             if run.train.get(key) and not Path(run.train[key]).is_file():
                 raise CocosError(f"{where}: run {run.name}: {key}: {run.train[key]}: no such file")
+        if run.train.get("bert") and not Path(run.train["bert"]).is_dir():
+            raise CocosError(f"{where}: run {run.name}: bert: {run.train['bert']}: no such BERT folder")
         devices.add(run.train.get("device", default(TrainConfig, "device")))
     for device in sorted(devices):
         if executor == "local":  # the name itself: TrainConfig.validate (check_device_name)

@@ -59,6 +59,7 @@ from cocos.models.registry import names as model_names
 from cocos.objectives import OBJECTIVES
 from cocos.presentation import Presentation
 from cocos.safeload import first_line, load_torch_file
+from cocos.training.config import lr_group_names
 
 FORMAT = "cocos-checkpoint"
 FORMAT_VERSION = 1
@@ -766,10 +767,17 @@ def _check_resume_state(check: _Checker, ckpt: dict, meta: torch.nn.Module, hpar
     """What resuming reads, where present: ``ltd`` (its decoder's parameters follow the model's in the optimizer),
     ``optimizer`` against those parameters' shapes, ``scheduler`` against the optimizer's parameter groups (one
     group without an optimizer), ``rng``."""
-    shapes = [tuple(p.shape) for p in meta.parameters()]
+    groups = (ckpt.get("train") or {}).get("lr_groups") if isinstance(ckpt.get("train"), dict) else None
+    if groups and isinstance(groups, dict):  # the trained parameters, the rest first, then each group's
+        shape = {n: tuple(p.shape) for n, p in meta.named_parameters() if p.requires_grad}
+        parts = [[shape[n] for n in names] for _, names in lr_group_names(list(shape), groups)]
+    else:
+        parts = [[tuple(p.shape) for p in meta.parameters()]]
+    shapes = parts[0]
     if ckpt.get("ltd") is not None:
         decoder = _check_ltd(check, ckpt["ltd"], hparams.get("embed_size"))
         shapes += [tuple(p.shape) for p in decoder.parameters()]
+    shapes += [s for part in parts[1:] for s in part]
     if "optimizer" in ckpt:
         _check_optimizer(check, ckpt["optimizer"], shapes, "optimizer")
     if "scheduler" in ckpt:

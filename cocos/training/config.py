@@ -274,6 +274,18 @@ def with_recipe(flat: dict, given, recipe: dict) -> dict:
     return {**flat, **{k: v for k, v in recipe.items() if not given(k)}}
 
 
+def lr_group_names(names: list[str], groups: dict | None) -> list[tuple[str | None, list[str]]]:
+    """The optimiser's parameter groups by parameter name, in the order it holds them: ``(None, the rest)`` first,
+    then ``(prefix, names)`` for each prefix of ``groups`` (longest first; the longest matching prefix wins) that
+    names any. The trainer builds its groups with it and the checkpoint validator reads a saved optimizer's
+    state in this order."""
+    prefixes = sorted(groups or {}, key=len, reverse=True)
+    named: dict[str | None, list[str]] = {None: [], **{p: [] for p in prefixes}}
+    for name in names:
+        named[next((p for p in prefixes if name.startswith(p)), None)].append(name)
+    return [(None, named[None])] + [(p, named[p]) for p in prefixes if named[p]]
+
+
 def _finite(value, least: float = 0.0) -> bool:
     """A finite number (not a bool) of at least ``least``."""
     return not isinstance(value, bool) and isinstance(value, (int, float)) and least <= value < math.inf

@@ -57,8 +57,8 @@ from cocos.data.precomp import PrecompSplit, data_fingerprint
 from cocos.data.samplers import pair_batches, ranking_batches
 from cocos.data.targets import read_targets, sentence_targets
 from cocos.data.text import Vocabulary, pad_batch
-from cocos.data.wordpiece import BertFolder, coder_of
 from cocos.data.transforms import check_image_sizes
+from cocos.data.wordpiece import BertFolder, coder_of
 from cocos.defaults import DEFAULT_CROP_SIZE
 from cocos.device import check_device_name, resolve_device
 from cocos.distributed import all_gather_with_grad, average_gradients, barrier, block, broadcast_buffers, current
@@ -87,7 +87,17 @@ from cocos.training.checkpoint import (
     save_checkpoint,
     validate_model,
 )
-from cocos.training.config import ADDED_DEFAULTS, TrainConfig, check_optim, loss_params_of
+from cocos.training.config import (
+    ADDED_DEFAULTS,
+    LossConfig,
+    ModelConfig,
+    OptimConfig,
+    TrainConfig,
+    check_optim,
+    loss_params_of,
+    lr_group_names,
+)
+from cocos.training.config import with_recipe as recipe_flat
 from cocos.training.evaluate import evaluate_model, tokenize_split
 from cocos.training.hooks import Hook, LTDHook, StepBatch, TrackHook, WarmUp
 from cocos.training.logs import check_resumable, read_logs
@@ -119,6 +129,24 @@ TORCHVISION_WEIGHTS = {"resnet18": ("resnet18-f37072fd.pth", "resnet18-5c106cde.
                        "resnext50_32x4d": ("resnext50_32x4d-7cdf4587.pth",),
                        "resnext101_32x8d": ("resnext101_32x8d-8ba56ff5.pth", "WSL's ig_resnext101_32x8-c38310e5.pth"),
                        "vgg19": ("vgg19-dcbb9e9d.pth",)}
+
+
+def with_recipe(flat: dict, given) -> dict:
+    """A run's flat settings with its model family's recipe (:attr:`~cocos.models.family.ModelFamily.recipe`,
+    VSE∞'s AdamW, rates, schedule and warm-up) for every setting ``given(name)`` says the user did not set
+    (:func:`cocos.training.config.with_recipe`). On raw images the images family's recipe; a loss without a
+    warm-up loss, or a run no longer than the recipe's warm-up, trains without one."""
+    family = get_family(flat.get("model") or ModelConfig().name)
+    if family.images_family and flat.get("data") and TrainConfig.of(data=flat["data"]).images():
+        family = get_family(family.images_family)
+    recipe = dict(family.recipe)
+    if get_objective(flat.get("loss") or LossConfig().name).warmup_loss is None:
+        recipe.pop("warmup_epochs", None)
+    out = recipe_flat(flat, given, recipe)
+    epochs = out.get("epochs", OptimConfig().epochs)
+    if out.get("warmup_epochs", 0) >= epochs and not given("warmup_epochs"):
+        out["warmup_epochs"] = flat.get("warmup_epochs", 0)
+    return out
 
 
 def validate(cfg: TrainConfig) -> None:
@@ -408,20 +436,17 @@ class Trainer:
         groups = self.cfg.optim.lr_groups
         if not groups:
             return self.trained_parameters()
-        prefixes = sorted(groups, key=len, reverse=True)
-        named: dict[str, list] = {p: [] for p in prefixes}
-        rest = []
-        for name, param in self.model.named_parameters():
-            if param.requires_grad:
-                match = next((p for p in prefixes if name.startswith(p)), None)
-                (named[match] if match is not None else rest).append(param)
-        rest += [p for h in self.hooks for p in h.parameters()]
-        unused = [p for p in prefixes if not named[p]]
+        names = [name for name, _ in self.model.named_parameters()]
+        unused = [p for p in groups if not any(name.startswith(p) for name in names)]  # a frozen part is a match
         if unused:
-            raise CocosError(f"--lr-group {unused[0]}: no trained parameter of the {self.cfg.model.name} model has a "
-                             "name starting with it")
+            raise CocosError(f"--lr-group {unused[0]}: no parameter of the {self.cfg.model.name} model has a name "
+                             "starting with it")
+        trained = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
+        parts = lr_group_names(list(trained), groups)
         lr = self.cfg.optim.lr
-        return [{"params": rest}] + [{"params": named[p], "lr": lr * groups[p]} for p in prefixes]
+        rest = [trained[n] for n in parts[0][1]] + [p for h in self.hooks for p in h.parameters()]
+        return [{"params": rest}] + [{"params": [trained[n] for n in names], "lr": lr * groups[prefix]}
+                                     for prefix, names in parts[1:]]
 
     def _hooks(self) -> list[Hook]:
         """The run's extensions of the loop (:mod:`cocos.training.hooks`), in the order they are called."""
@@ -654,6 +679,8 @@ class Trainer:
         for hook in self.hooks:
             term, more = hook.extra_loss(batch, img_emb, cap_emb)
             loss, record = (loss if term is None else loss + term), {**record, **more}
+        if getattr(self, "loss_weight", 1.0) != 1.0:  # a family's ramp (VSE∞'s first backbone epoch)
+            loss = loss * self.loss_weight
         self.optimize(loss, split)
         for hook in self.hooks:
             hook.after_step()
@@ -724,8 +751,12 @@ class Trainer:
 
     def train_epoch(self, epoch: int) -> tuple[float, float]:
 
+        start_epoch = getattr(self.model, "start_epoch", None)  # a family's schedule (VSE∞'s backbone warm-up)
+        if start_epoch is not None:
+            start_epoch(epoch)
         self.model.train()
         batches = list(self.batches(epoch))
+        scale = getattr(self.model, "loss_scale", None)
         loss_fn = self.loss_fn
         for hook in self.hooks:
             loss_fn = hook.loss_for(epoch, loss_fn)
@@ -735,6 +766,7 @@ class Trainer:
                           fields=True) as advance:
             for done, (img, cap, caption_image) in enumerate(batches, start=1):
                 pixels = next(inputs) if inputs is not None else None
+                self.loss_weight = scale(epoch, done - 1, len(batches)) if scale is not None else 1.0
                 total_loss += self.step(img, cap, caption_image, loss_fn, epoch=epoch, pixels=pixels)
                 n_caps += len(cap)
                 rate = n_caps / max(time.perf_counter() - start, 1e-9)
