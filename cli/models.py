@@ -18,6 +18,7 @@ def models() -> None:
     width = max(len(f.name) for f in families())
     for family in families():
         params = ", ".join(f"{k}={format_value(v)}" for k, v in family.defaults.items()) or "none"
-        imports = f"imports {family.original.encoder}" if family.original is not None else "no original imports"
+        imports = (f"imports {family.original.encoder}" if family.original is not None
+                   else f"imports {family.imports}" if family.imports else "no original imports")
         typer.echo(f"{family.name:<{width}} {family.label}: {family.description}")
         typer.echo(f"{'':<{width}} input {family.input}, captions {family.text}; parameters {params}; {imports}")

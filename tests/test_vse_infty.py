@@ -36,12 +36,15 @@ def tiny_bert(folder, words, **config):
 
 
 def synth_words(data) -> list[str]:
+    """The words of the world's captions as a BERT splits them (its normaliser and pre-tokeniser)."""
+    from tokenizers import normalizers, pre_tokenizers
+
+    norm, split = normalizers.BertNormalizer(lowercase=True), pre_tokenizers.BertPreTokenizer()
     words = set()
-    for split in ("train", "dev", "test"):
-        coder = WordPieceCoder(SPECIAL + ["x"])
-        for line in (data / f"{split}_caps.txt").read_text().splitlines():
-            words.update(coder.pieces(line))  # the basic split (every word is [UNK] in this vocabulary)
-    return sorted(w for w in words if w not in SPECIAL)
+    for name in ("train", "dev", "test"):
+        for line in (data / f"{name}_caps.txt").read_text().splitlines():
+            words.update(w for w, _ in split.pre_tokenize_str(norm.normalize_str(line)))
+    return sorted(words)
 
 
 def cocos(*args, check=True):
@@ -59,7 +62,9 @@ def world(tmp_path_factory):
     data = root / "data"
     cocos("data", "synth", data, "--regions", "--n-regions", 6, "--feature-dim", 16, "--n-train", 40, "--n-dev", 12,
           "--n-test", 12)
-    bert = tiny_bert(root / "bert", synth_words(data) + ["##s"])
+    words = synth_words(data)
+    assert len(words) > 20 and "the" in words
+    bert = tiny_bert(root / "bert", words + ["##s"])
     return root, data, bert
 
 
@@ -160,6 +165,9 @@ def test_backbone_warmup_schedule_by_hand():
         model = VSEInftyFull(7, {"vocab_size": 7, **TINY}, cnn_type="resnet18", embed_size=8, finetune=True)
     expected = {1: 4, 2: 4, 3: 3, 7: 3, 8: 2, 12: 2, 13: 1, 17: 1, 18: 0, 30: 0}  # VSE∞'s 2 + 5 x 3 epochs
     assert {e: model.fixed_blocks(e) for e in expected} == expected
+    model.warmup = (1, 0)  # train_grid.sh: no stage-by-stage warm-up, the whole backbone after one epoch
+    assert [model.fixed_blocks(e) for e in (1, 2, 3)] == [4, 0, 0]
+    model.warmup = (2, 5)
     trained = {}
     for epoch in (1, 3, 8, 13, 18):
         model.start_epoch(epoch)
@@ -183,6 +191,8 @@ def test_recipe_fills_what_the_user_did_not_set():
     assert with_recipe(flat, lambda k: True) == flat
     assert "warmup_epochs" not in with_recipe({**flat, "loss": "ntxent"}, lambda k: False)  # no warm-up loss
     assert with_recipe({**flat, "model": "vsepp"}, lambda k: False) == {**flat, "model": "vsepp"}
+    adam = with_recipe({**flat, "optimizer": "adam"}, lambda k: k == "optimizer")  # no AdamW decay with Adam
+    assert adam["optimizer"] == "adam" and "weight_decay" not in adam
 
 
 # -- end to end ----------------------------------------------------------------------------------------------------
@@ -236,3 +246,34 @@ def test_a_checkpoint_whose_text_is_not_its_familys_is_refused(world, tmp_path):
     bad = {**ckpt, "vocab": ["[UNK]", "[PAD]", *ckpt["vocab"][2:]]}
     with pytest.raises(CocosError, match=r"vocab is not a vocabulary .*\[PAD\] at id 0"):
         validate_model(bad)
+
+
+def test_grid_family_trains_on_images_and_analyze_encodes_its_grid(world, tmp_path):
+    """VSE∞ on raw images (a ResNet-18 grid, fine-tuned with the warm-up): the analysis encodes each image's grid
+    through GPO, so its test evaluation is the one cocos evaluate gives."""
+    root, _, bert = world
+    images = tmp_path / "images"
+    cocos("data", "synth", images, "--images", "--n-train", 24, "--n-dev", 10, "--n-test", 10, "--image-size", 64,
+          "--no-progress")
+    run = tmp_path / "grid"
+    cocos("train", "--data", images, "--model", "vse_infty", "--bert", bert, "--out", run, "--epochs", 2,
+          "--embed-size", 8, "--batch-size", 12, "--cnn", "resnet18", "--finetune", "--crop-size", 64,
+          "--embedding-warmup-epochs", 1, "--backbone-warmup-epochs", 0, "--no-progress", "--device", "cpu")
+    ckpt = load_checkpoint(run / "model_best.pt")
+    assert ckpt["model"]["kind"] == "vse_infty_full"
+    assert ckpt["model"]["hparams"]["backbone_warmup_epochs"] == 0
+    assert ckpt["train"]["lr_groups"] == {"txt_enc.bert": 0.1, "img_enc.backbone": 0.01}
+    # the analysis's image embeddings (cocos.embed, what cocos analyze counts on) against the model's own
+    # encode_images of the evaluation pixels (what cocos evaluate and the trainer's validation use)
+    from cocos.embed import FrozenModel
+    from cocos.training.evaluate import encode_split, tokenize_split
+    from cocos.training.trainer import open_split
+
+    frozen = FrozenModel.load(run / "model_best.pt", device="cpu")
+    analysed = frozen.encode(frozen.open_split("test"))
+    split = open_split(ckpt, images, "test")
+    img, cap = encode_split(frozen.model, split, tokenize_split(split, frozen.vocab), crop_size=64)  # a 2 x 2 grid
+    assert analysed.images.shape == img.shape == (10, 8)
+    assert torch.allclose(analysed.images.cpu(), img, atol=1e-5)
+    cocos("analyze", run / "model_best.pt", "--out", tmp_path / "report", "--no-progress", "--device", "cpu")
+    assert (tmp_path / "report" / "results.json").is_file()

@@ -5,7 +5,7 @@ A caption is split as a BERT tokenizer splits it (the ``tokenizers`` library's `
 WordPiece over each word), and coded ``[CLS] pieces [SEP]`` (ids of the BERT's ``vocab.txt``; ``[PAD]`` must be
 id 0, which VSE∞'s attention mask ``tokens != 0`` assumes).
 
-**Augmentation** (training only; VSE∞'s ``process_caption``, definitions file section 19): each *word* is, with
+**Augmentation** (training only; VSE∞'s ``process_caption``, definitions file section 20): each *word* is, with
 probability 0.2, changed: with probability 0.5 of that every piece becomes ``[MASK]``, with 0.1 every piece a
 random word piece of the vocabulary, with 0.4 the word is dropped. The draws use torch's RNG (seeded with the
 run; theirs used Python's ``random`` in the data loader workers).

@@ -61,16 +61,34 @@ class PooledModel(torch.nn.Module):
     def __init__(self, model: torch.nn.Module):
         super().__init__()
         self.inner = model
-        self.hparams = {**model.hparams, "img_dim": int(model.img_dim)}
+        self.embedded = is_grid(model)  # a grid model's split holds its image embeddings (ImageSource.open)
+        dim = model.hparams["embed_size"] if self.embedded else model.img_dim
+        self.hparams = {**model.hparams, "img_dim": int(dim)}
 
     def encode_images(self, features: torch.Tensor) -> torch.Tensor:
-        return self.inner.encode_pooled(features)
+        return features if self.embedded else self.inner.encode_pooled(features)
 
     def encode_captions(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         return self.inner.encode_captions(tokens, lengths)
 
     def forward(self, features, tokens, lengths):
         return self.encode_images(features), self.encode_captions(tokens, lengths)
+
+
+def is_grid(model: torch.nn.Module) -> bool:
+    """Whether a raw-image model's ``pooled`` features are a grid ``(n, cells, d)`` (VSE∞), not one vector."""
+    return bool(getattr(model, "pooled_is_grid", False))
+
+
+class _Embedder(torch.nn.Module):
+    """A grid model as a "CNN" whose output is its image embedding (``encode_pooled . pooled``, eval mode)."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        return self.model.encode_pooled(self.model.pooled(pixels).float())
 
 
 @dataclass
@@ -101,6 +119,11 @@ class ImageSource:
         :class:`~cocos.embed.features.FeatureCacheWarning` line names it (``cocos analyze`` prints it as a
         ``warning:``) and the images are encoded instead, so the analysis is the uncached one."""
         images = load_image_split(self.data, split, use_restval=self.use_restval)
+        if is_grid(model):  # a grid is too large to keep for a whole split: the image embeddings, batch by batch
+            feats = pooled_features(_Embedder(model), images, resize=self.resize, crop_size=self.crop_size,
+                                    batch_size=self.batch_size, workers=self.workers, device=device,
+                                    progress=progress)
+            return PooledSplit(images, feats, images.source)
         cnn = model.cnn
         folders = candidate_caches(self.data, self.features)
         found = None

@@ -86,6 +86,9 @@ def check_vse_infty_full(params: dict) -> None:
         raise CocosError(f"unknown backbone '{params['cnn_type']}' (choose from {', '.join(backbones)})")
     if params["embed_size"] < 1:
         raise CocosError(f"--embed-size must be an integer of at least 1, got {params['embed_size']!r}")
+    for name in ("embedding_warmup_epochs", "backbone_warmup_epochs"):
+        if params[name] < 0:
+            raise CocosError(f"--{name.replace('_', '-')} must be an integer of at least 0, got {params[name]!r}")
 
 
 def describe_vse_infty_full(hparams: dict) -> str:
@@ -99,13 +102,13 @@ VSE_INFTY_RECIPE = {"optimizer": "adamw", "weight_decay": 1e-4, "lr": 5e-4, "lr_
 VSE_INFTY_FAMILY = ModelFamily(
     name="vse_infty", label="VSE∞", module=VSEInfty, input="features", text="wordpiece",
     defaults={"embed_size": DEFAULT_EMBED_SIZE, "region_drop": REGION_DROP}, check=check_vse_infty, min_batch=2,
-    images_family="vse_infty_full", recipe=VSE_INFTY_RECIPE,
+    images_family="vse_infty_full", recipe=VSE_INFTY_RECIPE, imports="vse_infty's model_best.pth (--bert)",
     description="VSE∞ (Chen et al. 2021): region features + MLP residual and a BERT (--bert DIR), each pooled by GPO")
 VSE_INFTY_FULL_FAMILY = ModelFamily(
     name="vse_infty_full", label="VSE∞", module=VSEInftyFull, input="images", text="wordpiece",
     defaults={"cnn_type": "resnext101_32x8d", "finetune": False, "embed_size": DEFAULT_EMBED_SIZE,
               "embedding_warmup_epochs": 2, "backbone_warmup_epochs": 5},
-    check=check_vse_infty_full, describe=describe_vse_infty_full,
+    check=check_vse_infty_full, describe=describe_vse_infty_full, imports="vse_infty's model_best.pth (--bert)",
     recipe={**VSE_INFTY_RECIPE, "lr_groups": {"txt_enc.bert": 0.1, "img_enc.backbone": 0.01}},
     description="VSE∞ on raw images: a ResNeXt backbone's grid (WSL, --cnn-weights) and a BERT, each pooled by GPO")
 

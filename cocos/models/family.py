@@ -62,6 +62,7 @@ class ModelFamily:
     original: OriginalImage | None = None  # original-code checkpoints it imports (cocos import / analyze)
     describe: Callable[[dict], str] | None = None  # a checkpoint's model in words (the CNN: "VSE++ (ResNet-152)")
     description: str = ""  # one line for `cocos models`
+    imports: str = ""  # the original checkpoints a whole-model importer of cocos.legacy reads (for `cocos models`)
     recipe: Mapping[str, Any] = field(default_factory=dict)  # the paper's training settings (flat names of cocos
     # train: {"optimizer": "adamw", "lr": 5e-4, ...}), used where the run does not set them (config.with_recipe)
 

@@ -1,6 +1,6 @@
 """VSE∞ (Chen et al., CVPR 2021): region or grid features and BERT tokens, each pooled by GPO.
 
-The model of the GOAL paper's main tables (definitions file, section 19). As ``woodfrog/vse_infty``
+The model of the GOAL paper's main tables (definitions file, section 20). As ``woodfrog/vse_infty``
 (``lib/encoders.py``, ``lib/modules/aggr/gpo.py``, ``lib/modules/mlp.py``):
 
 * **Image, regions** (:class:`EncoderImageAggr`, ``precomp_enc_type="basic"``): the ``(n, R, d)`` features
@@ -275,11 +275,13 @@ class GridEncoder(nn.Module):
 class VSEInftyFull(nn.Module):
     """VSE∞ on raw images (WSL): a ResNeXt (or ResNet) backbone's grid, GPO; a BERT caption encoder.
 
-    ``finetune`` trains the backbone (VSE∞'s warm-up: :class:`cocos.training.hooks.BackboneWarmup` opens it block
-    by block); without it the backbone is frozen and stays in eval mode, as is VSE∞'s backbone BatchNorm always.
+    ``finetune`` trains the backbone (VSE∞'s warm-up: :meth:`start_epoch`, called by the trainer before each epoch,
+    opens it stage by stage; :meth:`loss_scale` ramps the loss over the first epoch that trains it); without it
+    the backbone is frozen and stays in eval mode, as VSE∞'s backbone BatchNorm always is.
     ``pooled(pixels)`` is the grid (what ``cocos data features`` caches), ``encode_pooled(grid)`` the rest."""
 
     kind = "vse_infty_full"
+    pooled_is_grid = True  # pooled() gives (n, H*W, C): the analysis keeps image embeddings, not grids
 
     def __init__(self, vocab_size: int, bert_config: dict, cnn_type: str = "resnext101_32x8d",
                  embed_size: int = 1024, finetune: bool = False, embedding_warmup_epochs: int = 2,
@@ -309,7 +311,9 @@ class VSEInftyFull(nn.Module):
         e = epoch - 1
         if e < embedding:
             return 4
-        return max(3 - (e - embedding) // max(step, 1), 0)
+        if step == 0:  # no stage-by-stage warm-up: the whole backbone at once (vse_infty's train_grid.sh)
+            return 0
+        return max(3 - (e - embedding) // step, 0)
 
     def start_epoch(self, epoch: int) -> None:
         """Before training epoch ``epoch`` (1-based): with ``finetune``, open the backbone as VSE∞'s warm-up does

@@ -693,6 +693,8 @@ def train_command(run: SweepRun) -> str:
     for key, value in run.train.items():
         if key == "params":
             parts += [f"-p {k}={v}" for k, v in (value or {}).items()]
+        elif key == "lr_groups":
+            parts += [f"--lr-group {k}={v}" for k, v in (value or {}).items()]
         elif value != defaults.get(key) or key in ("data", "out", "model", "loss", "seed"):
             if isinstance(value, bool):
                 parts.append(f"--{key.replace('_', '-')}")

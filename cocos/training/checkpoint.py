@@ -384,7 +384,7 @@ def _check_hparam_value(check: _Checker, value, param: inspect.Parameter, field:
     """One constructor argument, typed by its default: a switch, a name (``cnn_type``, ``head`` of the
     raw-image model: the model itself refuses unknown names), a finite number (a float default: VSE∞'s
     ``region_drop``), a record (an argument annotated ``dict``: VSE∞'s ``bert_config``), or an integer >= 1
-    (``n_*`` >= 0)."""
+    (``n_*`` and ``*_epochs`` >= 0)."""
     default = param.default
     if "dict" in str(param.annotation):
         check.dict(value, field)
@@ -396,7 +396,8 @@ def _check_hparam_value(check: _Checker, value, param: inspect.Parameter, field:
     elif isinstance(default, str):
         check.str(value, field, nonempty=True)
     else:
-        check.int(value, field, minimum=0 if field.rsplit(".", 1)[-1].startswith("n_") else 1)
+        name = field.rsplit(".", 1)[-1]
+        check.int(value, field, minimum=0 if name.startswith("n_") or name.endswith("_epochs") else 1)
 
 
 @contextlib.contextmanager

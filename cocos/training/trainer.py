@@ -142,6 +142,8 @@ def with_recipe(flat: dict, given) -> dict:
     recipe = dict(family.recipe)
     if get_objective(flat.get("loss") or LossConfig().name).warmup_loss is None:
         recipe.pop("warmup_epochs", None)
+    if given("optimizer") and flat.get("optimizer") != recipe.get("optimizer"):  # the user's optimiser, not AdamW:
+        recipe.pop("weight_decay", None)  # no AdamW weight decay with it
     out = recipe_flat(flat, given, recipe)
     epochs = out.get("epochs", OptimConfig().epochs)
     if out.get("warmup_epochs", 0) >= epochs and not given("warmup_epochs"):
