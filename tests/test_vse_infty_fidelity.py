@@ -267,6 +267,23 @@ def test_caption_embeddings_equal_reference(txt_pair, lengths):
     torch.testing.assert_close(seen["w"], theirs.pool_weights, **TOL)
 
 
+def test_caption_embeddings_equal_reference_on_a_batch_run_in_chunks(txt_pair):
+    """A batch large enough that cocos runs BERT in chunks of similar lengths (each padded to its own longest):
+    the embeddings and their gradients with respect to the linear layer are the reference's, whole-batch ones."""
+    model, ours, theirs = txt_pair
+    from cocos.models.vse_infty import BERT_CHUNK_ROWS, BERT_CHUNKS
+
+    gen = torch.Generator().manual_seed(5)
+    lengths = torch.randint(3, 30, (BERT_CHUNK_ROWS * BERT_CHUNKS + 7,), generator=gen).tolist()
+    tokens, cap_lengths = _captions(lengths, seed=6)
+    want = theirs(tokens, torch.Tensor(cap_lengths))
+    got = ours(tokens, torch.tensor(cap_lengths))
+    torch.testing.assert_close(got, want, **TOL)
+    (g_want,) = torch.autograd.grad(want.pow(3).sum(), theirs.linear.weight)
+    (g_got,) = torch.autograd.grad(got.pow(3).sum(), ours.linear.weight)
+    torch.testing.assert_close(g_got, g_want, atol=1e-4, rtol=1e-4)
+
+
 def test_caption_embedding_ignores_padding(txt_pair):
     """A caption's embedding does not depend on how far the batch pads it (attention mask and GPO's lengths)."""
     model, _, theirs = txt_pair
