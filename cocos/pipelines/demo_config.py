@@ -25,7 +25,8 @@ class DemoConfig:
     data: str = "data/synth"
     checkpoints: str = "checkpoints/demo"
     losses: list[str] = field(default_factory=lambda: _paper_losses())
-    model: str = "vsepp"
+    model: str = "vsepp"  # a BERT family (vse_infty) trains beside VSE++ (cocos.pipelines.demo.demo_runs)
+    bert: str | None = None  # its BERT folder (None: the bundled all-MiniLM-L6-v2)
     epochs: int = 8
     lr: float = 1e-3
     lr_update: int = 6
@@ -52,3 +53,6 @@ class DemoConfig:
 # cocos demo --images: where its folders go and its schedule, where it differs from the feature demo's
 IMAGE_DEFAULTS = {"out": "reports/demo_images", "data": "data/synth_images", "checkpoints": "checkpoints/demo_images",
                   "n_train": 1000, "n_dev": 200, "n_test": 200, "epochs": 4, "lr_update": 3}
+
+# cocos demo --model vse_infty: its own report folder (the VSE++ models and the data are the plain demo's, reused)
+BERT_DEFAULTS = {"out": "reports/demo_vse_infty"}

@@ -423,10 +423,12 @@ class Trainer:
         return prepare_model(model, self.device)
 
     def _optimizer(self) -> torch.optim.Optimizer:
-        """Adam (or AdamW with ``weight_decay``) over :meth:`parameter_groups`. Raw images: fused into one kernel per
-        step (a CNN's millions of weights make the per-tensor loop as slow as the step itself on the CPU)."""
+        """Adam (or AdamW with ``weight_decay``) over :meth:`parameter_groups`. Raw images and BERT families: fused
+        into one kernel per step (a CNN's or a BERT's millions of weights make the per-tensor loop as slow as the
+        step itself on the CPU, and a GPU step of their size is bound by kernel launches)."""
         optim = self.cfg.optim
-        fused = {"fused": True} if self.images else {}
+        big = self.images or get_family(self.cfg.model.name).text == "wordpiece"
+        fused = {"fused": True} if big else {}
         if optim.optimizer == "adamw":
             return torch.optim.AdamW(self.parameter_groups(), lr=optim.lr, weight_decay=optim.weight_decay, **fused)
         return torch.optim.Adam(self.parameter_groups(), lr=optim.lr, **fused)
