@@ -48,3 +48,35 @@ def test_demo_with_one_epoch_skips_the_warm_up(tmp_path):
     assert _train_config(DemoConfig(epochs=8), "triplet_sh").loss.warmup_epochs == 1
     assert _train_config(DemoConfig(epochs=8), "ntxent").loss.warmup_epochs == 0
     _train_config(cfg, "triplet_sh").validate()  # `cocos demo --epochs 1` passes validation
+
+
+@pytest.mark.slow
+def test_demo_of_a_bert_family_trains_it_beside_vsepp(tmp_path):
+    """cocos demo --model vse_infty: VSE++ and VSE∞ with the same loss, one report with both models; the VSE∞ run
+    takes the family's recipe on the demo's short schedule, and a VSE++ checkpoint of the plain demo is reused."""
+    from tests.test_vse_infty import SPECIAL, synth_words, tiny_bert
+
+    common = ["--data", str(tmp_path / "syn"), "--checkpoints", str(tmp_path / "ck"), "--loss", "triplet_sh",
+              "--epochs", "2", "--n-train", "64", "--embed-size", "16", "--word-dim", "8", "--batch-size", "16",
+              "--no-progress", "--device", "cpu"]
+    plain = runner.invoke(app, ["demo", "--out", str(tmp_path / "plain"), *common])
+    assert plain.exit_code == 0, plain.output
+    bert = tiny_bert(tmp_path / "bert", [w for w in synth_words(tmp_path / "syn") if w not in SPECIAL])
+    res = runner.invoke(app, ["demo", "--model", "vse_infty", "--bert", str(bert), "--out", str(tmp_path / "rep"),
+                              *common])
+    assert res.exit_code == 0, res.output
+    assert "[triplet_sh] reusing" in res.output and "training vse_infty for 2 epochs" in res.output
+    readme = (tmp_path / "rep" / "README.md").read_text()
+    assert readme.startswith("# cocos demo --model vse_infty:") and "| VSE∞ | 2 |" in readme
+    infty = json.loads((tmp_path / "rep" / "vse_infty_triplet_sh" / "results.json").read_text())
+    assert infty["model"]["kind"] == "vse_infty" and infty["training"]["loss"] == "triplet_sh"
+    from cocos.training.checkpoint import load_checkpoint
+
+    train = load_checkpoint(tmp_path / "ck" / "vse_infty_triplet_sh" / "model_best.pt")["train"]
+    assert (train["optimizer"], train["lr"], train["warmup_epochs"], train["bert"]) == ("adamw", 5e-4, 1, str(bert))
+
+
+def test_demo_bert_flag_needs_a_bert_family(tmp_path):
+    res = runner.invoke(app, ["demo", "--out", str(tmp_path / "r"), "--bert", str(tmp_path)])
+    assert res.exit_code == 2 and "--bert applies to cocos demo --model vse_infty" in res.output
+    assert not (tmp_path / "r").exists()
