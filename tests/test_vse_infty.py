@@ -277,3 +277,46 @@ def test_grid_family_trains_on_images_and_analyze_encodes_its_grid(world, tmp_pa
     assert torch.allclose(analysed.images.cpu(), img, atol=1e-5)
     cocos("analyze", run / "model_best.pt", "--out", tmp_path / "report", "--no-progress", "--device", "cpu")
     assert (tmp_path / "report" / "results.json").is_file()
+
+
+@pytest.mark.parametrize("loss, params", [("triplet", None), ("ntxent", None), ("smoothap", None), ("imc", None),
+                                          ("goal", {"triplet_weight": "cir", "pair_weight": "sig_ms"})])
+def test_every_loss_family_trains_vse_infty(world, tmp_path, loss, params):
+    """The paper's losses, IMC and GOAL train VSE∞ (one short epoch each): the loss falls from its first steps."""
+    from cocos.training.config import TrainConfig
+    from cocos.training.trainer import Trainer
+
+    root, data, bert = world
+    flat = {"data": str(data), "model": "vse_infty", "bert": str(bert), "loss": loss, "params": params,
+            "out": str(tmp_path / loss), "epochs": 1, "embed_size": 8, "batch_size": 20, "device": "cpu"}
+    trainer = Trainer(TrainConfig.of(**with_recipe(flat, lambda k: k in flat)), progress=False, log=lambda *a: None)
+    trainer.fit()
+    losses = [row["loss"] for row in trainer.step_log]
+    assert len(losses) >= 2 and all(torch.isfinite(torch.tensor(losses)))
+    assert load_checkpoint(tmp_path / loss / "model_best.pt")["loss"]["name"] == loss
+
+
+def test_ltd_trains_vse_infty(world, tmp_path):
+    """LTD on VSE∞'s caption embeddings, with a user's targets (one row per training caption)."""
+    import numpy as np
+
+    from cocos.training.config import TrainConfig
+    from cocos.training.trainer import Trainer
+
+    root, data, bert = world
+    n = len((data / "train_caps.txt").read_text().splitlines())
+    targets = tmp_path / "targets.npy"
+    np.save(targets, np.random.default_rng(0).standard_normal((n, 6)).astype(np.float32))
+    flat = {"data": str(data), "model": "vse_infty", "bert": str(bert), "loss": "triplet_sh", "out": str(tmp_path / "r"),
+            "epochs": 1, "embed_size": 8, "batch_size": 20, "device": "cpu", "ltd": True, "ltd_targets": str(targets)}
+    trainer = Trainer(TrainConfig.of(**with_recipe(flat, lambda k: k in flat)), progress=False, log=lambda *a: None)
+    trainer.fit()
+    assert "ltd" in load_checkpoint(tmp_path / "r" / "last.pt")
+
+
+def test_a_missing_transformers_is_one_line_naming_the_extra(monkeypatch):
+    from cocos.models.vse_infty import bert_model
+
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers now raises ImportError
+    with pytest.raises(CocosError, match=r"pip install 'cocos\[bert\]'"):
+        bert_model({"vocab_size": 7, **TINY})
