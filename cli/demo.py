@@ -34,6 +34,26 @@ def _check_paths(args: dict) -> None:
     check_output_dir(paths["out"], [paths["data"], paths["checkpoints"]], bool(args.get("overwrite")))
 
 
+def _losses(loss: list[str], bert_model: bool) -> list[str]:
+    """--loss as loss names: none given, the COCOS paper's four (Triplet SH alone for a BERT family, whose steps are
+    slow); ``paper``; or names."""
+    from cocos.objectives import parse_names
+    from cocos.pipelines.demo import BERT_LOSSES, paper_losses
+
+    if not loss:
+        return list(BERT_LOSSES) if bert_model else paper_losses()
+    return paper_losses() if loss == ["paper"] else parse_names(loss)
+
+
+def _no_image_flags(**values) -> None:
+    """Without --images, the image demo's flags at their defaults; one line naming those that are not."""
+    from cocos.errors import CocosError
+
+    named = [f"--{n.replace('_', '-')}" for n, v in values.items() if v != default(DemoConfig, n)]
+    if named:
+        raise CocosError(f"{', '.join(named)} only apply to cocos demo --images")
+
+
 @app.command("demo")
 @handle_errors(check=_check_paths)
 def demo(
@@ -87,26 +107,13 @@ def demo(
 
     With --images: the rendered image world -> VSE++ on a fine-tuned CNN -> reports/demo_images/."""
     from cocos.errors import CocosError
-    from cocos.objectives import parse_names
-    from cocos.pipelines.demo import (
-        ALL_LOSSES_EXTRA,
-        BERT_LOSSES,
-        IMAGE_DEFAULTS,
-        DemoConfig,
-        bert_family,
-        paper_losses,
-        run_demo,
-    )
+    from cocos.pipelines.demo import ALL_LOSSES_EXTRA, IMAGE_DEFAULTS, DemoConfig, bert_family, run_demo
     from cocos.pipelines.demo_config import BERT_DEFAULTS
 
     given = {"out": out, "data": data, "checkpoints": checkpoints, "epochs": epochs, "lr_update": lr_update,
              "n_train": n_train, "n_dev": n_test, "n_test": n_test}
     if not images:
-        named = [f"--{n.replace('_', '-')}" for n, v, d in (("cnn", cnn, "resnet18"), ("image_size", image_size, 64),
-                                                             ("crop_size", crop_size, 32), ("workers", workers, 0))
-                 if v != d]
-        if named:
-            raise CocosError(f"{', '.join(named)} only apply to cocos demo --images")
+        _no_image_flags(cnn=cnn, image_size=image_size, crop_size=crop_size, workers=workers)
     bert_model = bert_family(model)
     if bert is not None and not bert_model:
         raise CocosError(f"--bert applies to cocos demo --model vse_infty, not --model {model}")
@@ -115,8 +122,7 @@ def demo(
     sizes.update({k: (str(v) if isinstance(v, Path) else v) for k, v in given.items() if v is not None})
     cfg = DemoConfig(
         **sizes,
-        losses=(list(BERT_LOSSES) if not loss and bert_model else paper_losses() if loss in ([], ["paper"])
-                else parse_names(loss)) + (list(ALL_LOSSES_EXTRA) if all_losses else []),
+        losses=_losses(loss, bert_model) + (list(ALL_LOSSES_EXTRA) if all_losses else []),
         model=model,
         bert=str(bert) if bert else None,
         lr=lr,

@@ -405,6 +405,21 @@ def _bert_lines(cfg: DemoConfig) -> list[str]:
             f"`{cfg.model}_<loss>`.", ""]
 
 
+def _schedule_sentence(cfg: DemoConfig, timings: dict, total: float, reused=()) -> str:
+    """The README's line on the demo's schedule and its wall time."""
+    warmup = "triplet_sh" in timings and _train_config(cfg, Run("triplet_sh", "triplet_sh", model="vsepp")) \
+        .loss.warmup_epochs
+    return (f"Demo schedule: {cfg.epochs} epochs, Adam lr {cfg.lr:g} dropped x0.1 after {cfg.lr_update}, "
+            f"batch {cfg.batch_size}, embed {cfg.embed_size}, word {cfg.word_dim}, seed {cfg.seed}"
+            + (f", {cnn_name(cfg.cnn)} on {cfg.crop_size}-px crops of {cfg.image_size}-px images" if cfg.images else "")
+            + (f", Triplet SH warm-up {cfg.warmup_epochs} epoch(s) of summed violations" if warmup else "")
+            + f". Wall time {total:.0f} s"
+            + (f" (reusing the trained checkpoints of {', '.join(reused)})" if reused else
+               f": training {sum(t for t, _ in timings.values()):.0f} s, "
+               f"analysis {sum(a for _, a in timings.values()):.0f} s")
+            + ".")
+
+
 def demo_readme(cfg: DemoConfig, report, timings: dict, total: float, reused=()) -> str:
     """The demo's README.md: the settings, Tables 1-4 and the figures."""
 
@@ -417,17 +432,7 @@ def demo_readme(cfg: DemoConfig, report, timings: dict, total: float, reused=())
         "then analysed with `cocos analyze` (frozen model, the whole training split in random batches of "
         f"{cfg.batch_size}, both counting modes, the corrected one shown) and merged with `cocos report`.",
         "",
-        f"Demo schedule: {cfg.epochs} epochs, Adam lr {cfg.lr:g} dropped x0.1 after {cfg.lr_update}, "
-        f"batch {cfg.batch_size}, embed {cfg.embed_size}, word {cfg.word_dim}, seed {cfg.seed}"
-        + (f", {cnn_name(cfg.cnn)} on {cfg.crop_size}-px crops of {cfg.image_size}-px images" if cfg.images else "")
-        + (f", Triplet SH warm-up {cfg.warmup_epochs} epoch(s) of summed violations"
-           if "triplet_sh" in timings and _train_config(cfg, Run("triplet_sh", "triplet_sh", model="vsepp"))
-           .loss.warmup_epochs else "")
-        + f". Wall time {total:.0f} s"
-        + (f" (reusing the trained checkpoints of {', '.join(reused)})" if reused else
-           f": training {sum(t for t, _ in timings.values()):.0f} s, "
-           f"analysis {sum(a for _, a in timings.values()):.0f} s")
-        + ".",
+        _schedule_sentence(cfg, timings, total, reused),
         "",
         *(_bert_lines(cfg) if bert_family(cfg.model) else []),
         "Per-loss folders hold each checkpoint's full analysis (`results.json`, `batches.csv` with every batch's "

@@ -628,11 +628,7 @@ def check_inputs(grid: Grid, executor: str = "local") -> None:
                 "[train] batch_size (the analysis counts at the training batch size unless [analyze] sets one)"
             raise CocosError(f"{where}: run {run.name}: {key}: {batch} is larger than the training split "
                              f"({n_images} images)")
-        for key in PATH_KEYS:
-            if run.train.get(key) and not Path(run.train[key]).is_file():
-                raise CocosError(f"{where}: run {run.name}: {key}: {run.train[key]}: no such file")
-        if run.train.get("bert") and not Path(run.train["bert"]).is_dir():
-            raise CocosError(f"{where}: run {run.name}: bert: {run.train['bert']}: no such BERT folder")
+        _check_run_files(where, run)
         devices.add(run.train.get("device", default(TrainConfig, "device")))
     for device in sorted(devices):
         if executor == "local":  # the name itself: TrainConfig.validate (check_device_name)
@@ -640,6 +636,15 @@ def check_inputs(grid: Grid, executor: str = "local") -> None:
                 resolve_device(device)
             except CocosError as exc:
                 raise CocosError(f"{where}: [train] device: {exc}") from None
+
+
+def _check_run_files(where: str, run: SweepRun) -> None:
+    """A run's [train] files exist (vocab, ltd_targets, cnn_weights), and its BERT folder (bert)."""
+    for key in PATH_KEYS:
+        if run.train.get(key) and not Path(run.train[key]).is_file():
+            raise CocosError(f"{where}: run {run.name}: {key}: {run.train[key]}: no such file")
+    if run.train.get("bert") and not Path(run.train["bert"]).is_dir():
+        raise CocosError(f"{where}: run {run.name}: bert: {run.train['bert']}: no such BERT folder")
 
 
 def _split_rows(data: Path, split: str, where: str) -> int:

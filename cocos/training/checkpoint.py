@@ -764,16 +764,22 @@ def _check_header(check: _Checker, ckpt, path) -> None:
         raise CocosError(f"{path}: checkpoint lacks {', '.join(missing)}")
 
 
+def _optimizer_order(ckpt: dict, meta: torch.nn.Module) -> list[list[tuple]]:
+    """The shapes of the model's parameters in the optimizer's order, by parameter group: one group of them all, or
+    with ``train.lr_groups`` the trained ones, the rest first, then each group's (as the trainer builds them,
+    :func:`cocos.training.config.lr_group_names`); a hook's parameters (LTD's decoder) follow the first group."""
+    groups = (ckpt.get("train") or {}).get("lr_groups") if isinstance(ckpt.get("train"), dict) else None
+    if not groups or not isinstance(groups, dict):
+        return [[tuple(p.shape) for p in meta.parameters()]]
+    shape = {n: tuple(p.shape) for n, p in meta.named_parameters() if p.requires_grad}
+    return [[shape[n] for n in names] for _, names in lr_group_names(list(shape), groups)]
+
+
 def _check_resume_state(check: _Checker, ckpt: dict, meta: torch.nn.Module, hparams: dict) -> None:
     """What resuming reads, where present: ``ltd`` (its decoder's parameters follow the model's in the optimizer),
     ``optimizer`` against those parameters' shapes, ``scheduler`` against the optimizer's parameter groups (one
     group without an optimizer), ``rng``."""
-    groups = (ckpt.get("train") or {}).get("lr_groups") if isinstance(ckpt.get("train"), dict) else None
-    if groups and isinstance(groups, dict):  # the trained parameters, the rest first, then each group's
-        shape = {n: tuple(p.shape) for n, p in meta.named_parameters() if p.requires_grad}
-        parts = [[shape[n] for n in names] for _, names in lr_group_names(list(shape), groups)]
-    else:
-        parts = [[tuple(p.shape) for p in meta.parameters()]]
+    parts = _optimizer_order(ckpt, meta)
     shapes = parts[0]
     if ckpt.get("ltd") is not None:
         decoder = _check_ltd(check, ckpt["ltd"], hparams.get("embed_size"))
