@@ -68,8 +68,10 @@ def demo(
     all_losses: bool = typer.Option(False, "--all-losses",
                                     help="Also train GOAL (cir x sig_ms and con x con) and IMC models."),
     model: str = typer.Option(default(DemoConfig, "model"), help="A registered model family (see `cocos models`); "
-                                                                 "vse_infty trains beside VSE++, its report in "
-                                                                 "reports/demo_vse_infty."),
+                                                                 "vse_infty trains beside VSE++ on its own schedule "
+                                                                 "(2 epochs, VSE∞'s recipe; --epochs, --lr, "
+                                                                 "--lr-update and --warmup-epochs set VSE++'s), its "
+                                                                 "report in reports/demo_vse_infty."),
     bert: Path = typer.Option(None, metavar="DIR", help="With --model vse_infty: its BERT folder [default: the "
                                                         "all-MiniLM-L6-v2 of the [ltd] extra]."),
     epochs: int = typer.Option(None, help="Training epochs per model [default: 8; 4 with --images]."),

@@ -159,15 +159,28 @@ FLAG_OF = {"lr_groups": "lr_group"}  # a flat setting whose flag has another nam
 
 def _with_recipe(ctx: typer.Context, flat: dict, resume: bool) -> dict:
     """The model family's training recipe (VSE∞'s AdamW, rates, schedule and warm-up) for every setting not given on
-    the command line (:func:`cocos.training.trainer.with_recipe`); a resumed run is given the same flags, so the
-    same recipe."""
+    the command line (:func:`cocos.training.trainer.with_recipe`); a resumed run takes the settings its ``last.pt``
+    recorded where none is given."""
     from cocos.training.trainer import with_recipe
 
     def given(name: str) -> bool:
         source = ctx.get_parameter_source(FLAG_OF.get(name, name))  # typer's click or click's own enum: by name
         return source is not None and getattr(source, "name", str(source)) not in ("DEFAULT", "DEFAULT_MAP")
 
+    if resume:  # the recipe's settings as the run recorded them (a 1-epoch run recorded no warm-up, say)
+        recorded = _recorded_train(Path(flat["out"]) / "last.pt")
+        flat = {**flat, **{k: recorded[k] for k in recorded if k in flat and not given(k)}}
+        return with_recipe(flat, lambda k: given(k) or k in recorded)
     return with_recipe(flat, given)
+
+
+def _recorded_train(last: Path) -> dict:
+    """The flat ``train`` record of a run's ``last.pt`` (cheaply read; ``{}`` if there is none: resuming then
+    fails with its own line)."""
+    from cocos.training.checkpoint import peek
+
+    train = peek(last).get("train") if last.is_file() else None
+    return dict(train) if isinstance(train, dict) else {}
 
 
 def _lr_groups(items: list[str]) -> dict[str, float]:

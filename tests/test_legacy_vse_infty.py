@@ -332,10 +332,13 @@ def test_a_backbone_run_maps_onto_vse_infty_full_without_the_duplicate_views(run
     img.update(("image_encoder." + k, v) for k, v in grid_enc.state_dict().items())
     raw = {"epoch": 3, "model": [OrderedDict(("module." + k, v) for k, v in img.items()),
                                  run["txt_enc"].state_dict()], "best_rsum": 300.0, "Eiters": 5,
-           "opt": vars(opt_namespace(precomp_enc_type="backbone", backbone_source="wsl", img_dim=2048))}
+           "opt": vars(opt_namespace(precomp_enc_type="backbone", backbone_source="wsl", img_dim=2048,
+                                     embedding_warmup_epochs=1, backbone_warmup_epochs=0))}  # train_grid.sh's
     ckpt = convert_checkpoint(raw, tmp_path / "wsl.pth", run["bert"], run["data"])
     assert ckpt["model"]["kind"] == "vse_infty_full" and ckpt["data"]["input"] == "images"
     assert ckpt["model"]["hparams"]["cnn_type"] == "resnext101_32x8d" and ckpt["model"]["hparams"]["finetune"]
+    assert (ckpt["model"]["hparams"]["embedding_warmup_epochs"], ckpt["model"]["hparams"]["backbone_warmup_epochs"]) \
+        == (1, 0)
     assert ckpt["train"]["lr_groups"] == {"txt_enc.bert": 0.1, "img_enc.backbone": 0.01}
     state = ckpt["state_dict"]
     for i, key in enumerate(shapes):

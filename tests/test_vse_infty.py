@@ -282,7 +282,7 @@ def test_grid_family_trains_on_images_and_analyze_encodes_its_grid(world, tmp_pa
 @pytest.mark.parametrize("loss, params", [("triplet", None), ("ntxent", None), ("smoothap", None), ("imc", None),
                                           ("goal", {"triplet_weight": "cir", "pair_weight": "sig_ms"})])
 def test_every_loss_family_trains_vse_infty(world, tmp_path, loss, params):
-    """The paper's losses, IMC and GOAL train VSE∞ (one short epoch each): the loss falls from its first steps."""
+    """The paper's losses, IMC and GOAL train VSE∞ (one short epoch each): finite losses, the loss recorded."""
     from cocos.training.config import TrainConfig
     from cocos.training.trainer import Trainer
 
@@ -312,6 +312,7 @@ def test_ltd_trains_vse_infty(world, tmp_path):
     trainer = Trainer(TrainConfig.of(**with_recipe(flat, lambda k: k in flat)), progress=False, log=lambda *a: None)
     trainer.fit()
     assert "ltd" in load_checkpoint(tmp_path / "r" / "last.pt")
+    assert all(row["loss"] > row["L_con"] for row in trainer.step_log)  # the reconstruction term is added
 
 
 def test_a_missing_transformers_is_one_line_naming_the_extra(monkeypatch):
@@ -320,3 +321,61 @@ def test_a_missing_transformers_is_one_line_naming_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers now raises ImportError
     with pytest.raises(CocosError, match=r"pip install 'cocos\[bert\]'"):
         bert_model({"vocab_size": 7, **TINY})
+
+
+def test_training_steps_see_augmented_captions_and_regions(world, tmp_path):
+    """The augmentations are wired in: a training batch's captions are VSE∞-augmented (the same draws for a
+    rank's rows as for the whole batch), and a model in training mode pools fewer regions than it is given."""
+    import numpy as np
+
+    from cocos.training.config import TrainConfig
+    from cocos.training.trainer import Trainer
+
+    root, data, bert = world
+    flat = {"data": str(data), "model": "vse_infty", "bert": str(bert), "out": str(tmp_path / "r"), "epochs": 1,
+            "embed_size": 8, "batch_size": 20, "device": "cpu"}
+    trainer = Trainer(TrainConfig.of(**with_recipe(flat, lambda k: k in flat)), progress=False, log=lambda *a: None)
+    captions = np.arange(60)
+    torch.manual_seed(3)
+    whole = trainer._captions(captions, captions)
+    torch.manual_seed(3)
+    half = trainer._captions(captions, captions[30:])
+    assert half == whole[30:]
+    changed = sum(list(a) != list(trainer.train_ids[c]) for a, c in zip(whole, captions, strict=True))
+    assert 10 < changed < 60  # a word changes with probability 0.2: most 6-word captions, not all
+    seen = []
+    hook = trainer.model.img_enc.gpool.register_forward_hook(lambda m, args, out: seen.append(args[1].tolist()))
+    feats = torch.randn(50, 6, 16)
+    trainer.model.train()
+    trainer.model.encode_images(feats)
+    trainer.model.eval()
+    trainer.model.encode_images(feats)
+    hook.remove()
+    assert min(seen[0]) >= 1 and 4.0 < sum(seen[0]) / 50 < 5.6 and seen[1] == [6] * 50  # 6 x 0.8 = 4.8 kept
+
+
+def test_resume_with_more_epochs_keeps_the_recorded_recipe(world, tmp_path):
+    """A 1-epoch run recorded no warm-up (the recipe's needs two epochs); resuming it to 2 epochs keeps that."""
+    root, data, bert = world
+    args = ["train", "--data", data, "--model", "vse_infty", "--bert", bert, "--out", tmp_path / "r",
+            "--embed-size", 8, "--batch-size", 20, "--no-progress", "--device", "cpu"]
+    cocos(*args, "--epochs", 1)
+    cocos(*args, "--epochs", 2, "--resume")
+    train = load_checkpoint(tmp_path / "r" / "last.pt")["train"]
+    assert (train["epochs"], train["warmup_epochs"], train["optimizer"]) == (2, 0, "adamw")
+
+
+def test_a_bad_config_or_nan_weights_are_one_line(tmp_path):
+    from transformers import BertConfig, BertModel
+
+    from cocos.models.vse_infty import bert_model, load_bert_weights
+
+    with pytest.raises(CocosError, match="does not describe a BERT"):
+        bert_model({"vocab_size": 7, **TINY, "hidden_act": "nosuch"})  # transformers raises a KeyError
+    folder = tmp_path / "nan"
+    model = BertModel(BertConfig(vocab_size=7, **TINY))
+    with torch.no_grad():
+        model.embeddings.word_embeddings.weight[3, 0] = float("nan")
+    model.save_pretrained(folder)
+    with pytest.raises(CocosError, match="word_embeddings.weight holds NaN or Inf"):
+        load_bert_weights(bert_model({"vocab_size": 7, **TINY}), folder)

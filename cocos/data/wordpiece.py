@@ -59,7 +59,7 @@ class WordPieceCoder:
         for i, tok in enumerate(tokens):
             if not isinstance(tok, str) or not tok:
                 raise CocosError(f"word piece {i} is not a non-empty string: {tok!r}")
-            index.setdefault(tok, i)
+            index[tok] = i  # a piece listed twice takes its last id, as Hugging Face's tokenizers do
         missing = [s for s in SPECIAL if s not in index]
         if missing:
             raise CocosError(f"a BERT vocabulary needs {', '.join(SPECIAL)}; it lacks {', '.join(missing)}")
@@ -67,6 +67,7 @@ class WordPieceCoder:
             raise CocosError(f"a BERT vocabulary must have [PAD] at id 0 (VSE∞ masks id 0), not {index['[PAD]']}")
         self._tokens, self.lowercase = tokens, bool(lowercase)
         self.cls_id, self.sep_id, self.mask_id = index["[CLS]"], index["[SEP]"], index["[MASK]"]
+        self.unk_id = index["[UNK]"]
         self._tokenizer = _tokenizer(index, self.lowercase)
 
     @classmethod

@@ -88,7 +88,9 @@ class _Embedder(torch.nn.Module):
         self.model = model
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        return self.model.encode_pooled(self.model.pooled(pixels).float())
+        grid = self.model.pooled(pixels).float()
+        with torch.autocast(pixels.device.type, enabled=False):  # the head in float32, as training's encode_pixels
+            return self.model.encode_pooled(grid)
 
 
 @dataclass

@@ -332,8 +332,10 @@ def _fit(kind: str, hparams: dict, state: dict, path: Path) -> tuple[dict, dict]
         with torch.device("meta"):
             model = build_model(kind, **hparams)
         expected = model.state_dict()
-    except (TypeError, ValueError, RuntimeError) as exc:
-        raise CocosError(f"{path}: cannot build a {kind} model with {hparams} ({first_line(exc)})") from None
+    except CocosError as exc:
+        raise CocosError(f"{path}: cannot build a {kind} model ({exc})") from None
+    except Exception as exc:  # noqa: BLE001 - whatever a nonsense size or config makes torch or transformers raise
+        raise CocosError(f"{path}: cannot build a {kind} model ({first_line(exc)})") from None
     missing = [k for k in expected if k not in state]
     extra = [k for k in state if k not in expected]
     if missing or extra:

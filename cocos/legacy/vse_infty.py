@@ -125,6 +125,8 @@ def convert_checkpoint(raw: dict, path: str | os.PathLike, bert: str | os.PathLi
     else:
         factor = _float(opt, "backbone_lr_factor", path)
         hparams.update(cnn_type=cnn_type, finetune=factor is None or factor > 0)
+        for name, default in (("embedding_warmup_epochs", 2), ("backbone_warmup_epochs", 5)):  # arguments.py's
+            hparams[name] = _int(opt, name, default, path, minimum=0)
     state, hparams = _fit(kind, hparams, state, path)
 
     data = Path(data)

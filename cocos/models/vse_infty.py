@@ -76,12 +76,13 @@ class GPO(nn.Module):
         self.d_pe, self.d_hidden = d_pe, d_hidden
         self.gru = nn.GRU(d_pe, d_hidden, 1, batch_first=True, bidirectional=True)
         self.linear = nn.Linear(d_hidden, 1, bias=False)
-        self._pe: dict[int, torch.Tensor] = {}
+        self._pe: dict[tuple, torch.Tensor] = {}  # (length, device) -> encodings
 
     def encodings(self, length: int, device) -> torch.Tensor:
-        if length not in self._pe:
-            self._pe[length] = positional_encoding(self.d_pe, length)
-        return self._pe[length].to(device)
+        key = (length, str(device))
+        if key not in self._pe:
+            self._pe[key] = positional_encoding(self.d_pe, length).to(device)
+        return self._pe[key]
 
     def pool_weights(self, lengths: torch.Tensor) -> torch.Tensor:
         """``(n, max(lengths), 1)``: the softmax pooling weights of each row, 0 beyond its length."""
@@ -159,7 +160,7 @@ def bert_model(config: dict):
         raise CocosError(BERT_INSTALL) from None
     try:
         return BertModel(BertConfig(**{k: v for k, v in config.items() if not k.startswith("_")}))
-    except (TypeError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever a nonsense config.json makes transformers raise
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise CocosError(f"the BERT's config.json does not describe a BERT ({first})") from None
 
@@ -212,7 +213,7 @@ def drop_regions(features: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tens
 
 def region_dropout(features: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.Tensor]:
     """VSE∞'s size augmentation of region features: each dropped with probability ``p``, at least one kept."""
-    keep = torch.rand(features.shape[:2], device=features.device) > p
+    keep = (torch.rand(features.shape[:2]) > p).to(features.device)  # CPU draws: the same on any device
     none = ~keep.any(1)
     if none.any():  # deviation: theirs could keep no region
         keep[none, 0] = True
@@ -223,8 +224,8 @@ def grid_dropout(features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """VSE∞'s size augmentation of grid features (``EncoderImageFull``): with probability 0.8 an image keeps the
     cells whose uniform draw exceeds ``0.2 * u`` (``u`` uniform per image), else all of them."""
     n, cells = features.shape[:2]
-    cell = torch.rand(n, cells, device=features.device)
-    image = torch.rand(n, device=features.device)
+    cell = torch.rand(n, cells).to(features.device)  # CPU draws: the same on any device
+    image = torch.rand(n).to(features.device)
     keep = (cell > 0.2 * image.unsqueeze(1)) | (image <= 0.2).unsqueeze(1)
     none = ~keep.any(1)
     if none.any():
@@ -425,6 +426,12 @@ def load_bert_weights(bert: nn.Module, path: str | os.PathLike) -> nn.Module:
     missing = [k for k in bert.state_dict() if k not in state]
     if missing:
         raise CocosError(f"{path}: its BERT lacks {missing[0]} ({len(missing)} tensors missing)")
+    for key, value in state.items():
+        if value.dtype.is_floating_point and not bool(torch.isfinite(value).all()):
+            raise CocosError(f"{path}: its BERT's {key} holds NaN or Inf")
+        if value.shape != bert.state_dict()[key].shape:
+            raise CocosError(f"{path}: its BERT's {key} has shape {tuple(value.shape)}, the config says "
+                             f"{tuple(bert.state_dict()[key].shape)}")
     try:
         bert.load_state_dict(state)
     except RuntimeError as exc:

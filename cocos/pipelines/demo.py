@@ -27,6 +27,7 @@ from cocos.data.images import is_image_dataset, load_image_split
 from cocos.data.precomp import data_fingerprint
 from cocos.data.synth import make_synthetic
 from cocos.data.synth_images import make_synthetic_images
+from cocos.data.wordpiece import BertFolder
 from cocos.errors import CocosError
 from cocos.io import MARKER, atomic_dir, check_interrupt, check_output_dir, check_writable_dir, is_own_temporary
 from cocos.models import CNN_TYPES
@@ -279,6 +280,8 @@ def _check_flags(cfg: DemoConfig, runs: dict, generate: bool) -> None:
     to be generated, a batch size that fits its training split."""
     if bert_family(cfg.model) and cfg.images:
         raise CocosError(f"cocos demo --model {cfg.model} runs on the feature world; --images trains VSE++ only")
+    if bert_family(cfg.model):
+        BertFolder.read(bert_folder(cfg))  # a bad --bert before any data is generated or model trained
     for run in runs.values():
         _validate(_train_config(cfg, run), generate)  # bad flags fail here, before data or folders are made
     if cfg.images:

@@ -63,6 +63,7 @@ from cocos.defaults import DEFAULT_EPS
 from cocos.device import resolve_device
 from cocos.errors import CocosError
 from cocos.io import MARKER, check_output_dir, output_lock, sha256_file
+from cocos.models.registry import get_family
 from cocos.objectives import get_objective
 from cocos.pipelines.analyze import analyze_checkpoint
 from cocos.pipelines.folder import write_results_folder
@@ -395,6 +396,8 @@ def _expand(where: str, name: str, data: str, models: list, losses: list, seeds:
                 cfg = {**shared, **overrides, **loss, "data": data, "model": model, "seed": seed,
                        "out": str(checkpoints / name / run_name)}
                 try:
+                    if cfg.get("bert") and get_family(model).text != "wordpiece":
+                        cfg.pop("bert")  # [train] bert is the BERT families' (a grid of VSE∞ and VSE++)
                     set_here = {**shared, **overrides, **loss}
                     cfg = with_recipe(cfg, lambda key, _s=set_here: key in _s)  # the family's recipe, where unset
                     TrainConfig.of(**cfg).validate()  # bad settings: one line, before anything is written

@@ -386,7 +386,7 @@ def _check_hparam_value(check: _Checker, value, param: inspect.Parameter, field:
     ``region_drop``), a record (an argument annotated ``dict``: VSE∞'s ``bert_config``), or an integer >= 1
     (``n_*`` and ``*_epochs`` >= 0)."""
     default = param.default
-    if "dict" in str(param.annotation):
+    if re.fullmatch(r"dict(\[.*\])?( \| None)?", str(param.annotation).replace("typing.", "")):
         check.dict(value, field)
     elif isinstance(default, float):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):

@@ -119,7 +119,7 @@ OUTPUT_PATTERNS = (r"epoch_\d+\.pt",)
 RESUME_FLAGS = ("lr", "lr_update", "batch_size", "embed_size", "word_dim", "seed", "k",
                 "warmup_epochs", "compat", "grad_clip", "ltd", "ltd_mode", "ltd_eta", "ltd_beta", "ltd_targets",
                 "cnn", "finetune", "crop_size", "use_restval", "optimizer", "weight_decay", "lr_groups",
-                "model_params")
+                "model_params", "bert")
 # torchvision's ImageNet weights files, what a frozen CNN needs (--cnn-weights)
 TORCHVISION_WEIGHTS = {"resnet18": ("resnet18-f37072fd.pth", "resnet18-5c106cde.pth"),
                        "resnet34": ("resnet34-b627a593.pth", "resnet34-333f7ec4.pth"),
@@ -352,6 +352,7 @@ class Trainer:
         if resume_ckpt is None and self.bert is None:
             self.bert_config = None
         self.train_ids = tokenize_split(self.train_split, self.vocab)
+        self._warn_unknown()
         self.dev_ids = tokenize_split(self.dev_split, self.vocab)
         self.targets = self._ltd_targets() if cfg.hooks.ltd is not None else None  # before anything is written
 
@@ -365,6 +366,18 @@ class Trainer:
         self.best_metrics: dict = {}  # of this process's run (rank 0 returns the file's, which also covers a resume)
         if resume_ckpt is not None:
             self._resume_from(resume_ckpt)
+
+    def _warn_unknown(self) -> None:
+        """One ``warning:`` line when more than 5 % of the training captions' word pieces are unknown to a BERT's
+        vocabulary (a BERT for another language, or the wrong folder): such a run trains, but hardly on words."""
+        unk = getattr(self.vocab, "unk_id", None)
+        if unk is None:
+            return
+        pieces = sum(len(ids) - 2 for ids in self.train_ids)
+        unknown = sum(ids.count(unk) for ids in self.train_ids)
+        if pieces and unknown > 0.05 * pieces:
+            self.log(f"warning: {unknown / pieces:.0%} of the training captions' word pieces are [UNK] in "
+                     f"{self.cfg.model.bert}'s vocab.txt")
 
     def _check_out_folder(self) -> None:
         """The out folder: a folder (or nothing yet), not the data; a new run's empty or cocos train's own; a resumed
@@ -712,8 +725,7 @@ class Trainer:
         with their gradients (returns whether the batch was split)."""
 
         local_img, local_cap, split = self._local_rows(batch.images, batch.captions)
-        augment = getattr(self.vocab, "augment", None)  # BERT captions: VSE∞'s masking and dropping of words
-        tokens, lengths = pad_batch([augment(self.train_ids[c]) if augment else self.train_ids[c] for c in local_cap])
+        tokens, lengths = pad_batch(self._captions(batch.captions, local_cap))
         if self.images:
 
             if pixels is None:  # a step called on its own (no loader): this rank's rows, decoded here
@@ -726,6 +738,16 @@ class Trainer:
         if split:  # the loss sees the global batch: every rank's rows, in order, with their gradients
             img_emb, cap_emb = all_gather_with_grad(img_emb, self.group), all_gather_with_grad(cap_emb, self.group)
         return img_emb, cap_emb, split
+
+    def _captions(self, captions: np.ndarray, local: np.ndarray) -> list:
+        """The coded captions of this rank's rows (``local``) of a batch. BERT captions get VSE∞'s masking and
+        dropping of words (:meth:`cocos.data.wordpiece.WordPieceCoder.augment`), drawn for the whole batch in its
+        order on every rank, so that a torchrun run draws what one process draws."""
+        augment = getattr(self.vocab, "augment", None)
+        if augment is None:
+            return [self.train_ids[c] for c in local]
+        drawn = {int(c): augment(self.train_ids[c]) for c in captions}
+        return [drawn[int(c)] for c in local]
 
     def optimize(self, loss: torch.Tensor, split: bool) -> None:
         """Backward, gradient clipping at ``grad_clip``, Adam; under torchrun the gradients are averaged first."""
