@@ -159,8 +159,8 @@ FLAG_OF = {"lr_groups": "lr_group"}  # a flat setting whose flag has another nam
 
 def _with_recipe(ctx: typer.Context, flat: dict, resume: bool) -> dict:
     """The model family's training recipe (VSE∞'s AdamW, rates, schedule and warm-up) for every setting not given on
-    the command line (:func:`cocos.training.trainer.with_recipe`); a resumed run takes the settings its ``last.pt``
-    recorded where none is given."""
+    the command line (:func:`cocos.training.trainer.with_recipe`); a resumed run takes the recipe's settings as its
+    ``last.pt`` recorded them where none is given (every other flag must be given as before)."""
     from cocos.training.trainer import with_recipe
 
     def given(name: str) -> bool:
@@ -168,8 +168,12 @@ def _with_recipe(ctx: typer.Context, flat: dict, resume: bool) -> dict:
         return source is not None and getattr(source, "name", str(source)) not in ("DEFAULT", "DEFAULT_MAP")
 
     if resume:  # the recipe's settings as the run recorded them (a 1-epoch run recorded no warm-up, say)
-        recorded = _recorded_train(Path(flat["out"]) / "last.pt")
-        flat = {**flat, **{k: recorded[k] for k in recorded if k in flat and not given(k)}}
+        from cocos.models.registry import get_family
+
+        family = get_family(flat["model"])
+        keys = set(family.recipe) | (set(get_family(family.images_family).recipe) if family.images_family else set())
+        recorded = {k: v for k, v in _recorded_train(Path(flat["out"]) / "last.pt").items() if k in keys}
+        flat = {**flat, **{k: v for k, v in recorded.items() if not given(k)}}
         return with_recipe(flat, lambda k: given(k) or k in recorded)
     return with_recipe(flat, given)
 
