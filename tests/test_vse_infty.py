@@ -127,6 +127,9 @@ def test_augmentation_statistics_and_seed():
     (lambda f: (f / "config.json").write_text('{"model_type": "gpt2"}'), "takes a BERT"),
     (lambda f: (f / "config.json").unlink(), "config.json: no such file"),
     (lambda f: (f / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n"), "vocab_size 7 but vocab.txt 5"),
+    (lambda f: (f / "config.json").write_text(json.dumps({"model_type": "bert", "vocab_size": 7, "hidden_size": 10**6,
+                                                          "num_hidden_layers": 100, "num_attention_heads": 1})),
+     "needs at least .* GB to train"),  # refused before anything is allocated
 ])
 def test_bad_bert_folders_are_one_line(tmp_path, change, message):
     folder = tmp_path / "bert"
@@ -379,3 +382,17 @@ def test_a_bad_config_or_nan_weights_are_one_line(tmp_path):
     model.save_pretrained(folder)
     with pytest.raises(CocosError, match="word_embeddings.weight holds NaN or Inf"):
         load_bert_weights(bert_model({"vocab_size": 7, **TINY}), folder)
+
+
+def test_bert_size_estimate_is_the_models_parameter_count():
+    """The memory check's parameter count against the model's own, for BERT-base and MiniLM's sizes (within 1 %:
+    the estimate leaves out biases, norms and the pooler)."""
+    from transformers import BertConfig, BertModel
+
+    from cocos.data.wordpiece import bert_parameters
+
+    for sizes in ({}, {"hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12, "intermediate_size": 1536}):
+        config = BertConfig(vocab_size=30522, **sizes)
+        with torch.device("meta"):
+            actual = sum(p.numel() for p in BertModel(config).parameters())
+        assert abs(bert_parameters(config.to_dict()) / actual - 1) < 0.01

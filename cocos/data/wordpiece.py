@@ -223,11 +223,34 @@ class BertFolder:
         for key in ("hidden_size", "vocab_size", "num_hidden_layers", "num_attention_heads"):
             if not isinstance(config.get(key), int) or isinstance(config.get(key), bool) or config[key] < 1:
                 raise CocosError(f"{config_path}: {key} must be a positive integer, got {config.get(key)!r}")
+        _check_size(config, config_path)
         coder = WordPieceCoder.from_folder(path)
         if config["vocab_size"] != len(coder):
             raise CocosError(f"{path}: config.json has vocab_size {config['vocab_size']} but vocab.txt "
                              f"{len(coder)} word pieces")
         return cls(path, config, coder)
+
+
+def bert_parameters(config: dict) -> int:
+    """About how many parameters a BERT of ``config`` has: the embeddings (words, positions, types) and, per layer,
+    attention (4 h²) and feed-forward (2 h·i) weights (biases and norms left out)."""
+    h = int(config["hidden_size"])
+    inner = int(config.get("intermediate_size") or 4 * h)
+    embeddings = (int(config["vocab_size"]) + int(config.get("max_position_embeddings") or 512)
+                  + int(config.get("type_vocab_size") or 2)) * h
+    return embeddings + int(config["num_hidden_layers"]) * (4 * h * h + 2 * h * inner)
+
+
+def _check_size(config: dict, where: Path) -> None:
+    """A BERT that fits in memory as it trains (float32 weights, their gradient and AdamW's two moments: 4 copies):
+    one line before it is built, not an allocation failure (or the OOM killer) later."""
+    from cocos.io import available_memory
+
+    need = 16 * bert_parameters(config)
+    if need > available_memory():
+        raise CocosError(f"{where}: a BERT of about {bert_parameters(config) / 1e6:,.0f}M parameters needs at least "
+                         f"{need / 2**30:,.1f} GB to train, more than the {available_memory() / 2**30:,.1f} GB of "
+                         "memory available")
 
 
 def coder_of(tokens: Sequence[str], options: dict | None):
