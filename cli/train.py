@@ -168,10 +168,9 @@ def _with_recipe(ctx: typer.Context, flat: dict, resume: bool) -> dict:
         return source is not None and getattr(source, "name", str(source)) not in ("DEFAULT", "DEFAULT_MAP")
 
     if resume:  # the recipe's settings as the run recorded them (a 1-epoch run recorded no warm-up, say)
-        from cocos.models.registry import get_family
+        from cocos.training.trainer import family_recipe
 
-        family = get_family(flat["model"])
-        keys = set(family.recipe) | (set(get_family(family.images_family).recipe) if family.images_family else set())
+        keys = family_recipe(flat)
         recorded = {k: v for k, v in _recorded_train(Path(flat["out"]) / "last.pt").items() if k in keys}
         flat = {**flat, **{k: v for k, v in recorded.items() if not given(k)}}
         return with_recipe(flat, lambda k: given(k) or k in recorded)

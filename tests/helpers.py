@@ -93,3 +93,19 @@ def memoise_pdf_font_subsets():
         pdfps.get_glyphs_subset, pdfps.font_as_file = original_subset, original_as_file
 
     return undo
+
+
+def empty_figures(monkeypatch) -> None:
+    """Figures written as empty files instead of rendered (about 2 s an analysis), for tests that are not about
+    figures."""
+    from pathlib import Path
+
+    from matplotlib.figure import Figure
+
+    def savefig(self, fname, *args, **kwargs):
+        if hasattr(fname, "write"):
+            fname.write(b"")
+        else:
+            Path(fname).write_bytes(b"")
+
+    monkeypatch.setattr(Figure, "savefig", savefig)

@@ -31,6 +31,7 @@ from cocos.data.text import tokenize
 from cocos.embed import FrozenModel
 from cocos.errors import CocosError
 from cocos.io import load_npz
+from tests.helpers import empty_figures
 
 runner = CliRunner()
 EMBED, WORD, DIM = 12, 6, 10
@@ -225,15 +226,7 @@ def save_original(path: Path, img_enc, txt_enc, opt, extra_states=()) -> Path:
 @pytest.fixture(autouse=True)
 def _figures_not_rendered(monkeypatch):
     """The report's figures are not under test here: write empty files instead of rendering (2 s an analysis)."""
-    from matplotlib.figure import Figure
-
-    def savefig(self, fname, *args, **kwargs):
-        if hasattr(fname, "write"):
-            fname.write(b"")
-        else:
-            Path(fname).write_bytes(b"")
-
-    monkeypatch.setattr(Figure, "savefig", savefig)
+    empty_figures(monkeypatch)
 
 
 @pytest.fixture(scope="module")

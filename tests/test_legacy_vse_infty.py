@@ -24,12 +24,13 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from cli.main import app
 from cocos.data.synth import make_synthetic
 from cocos.embed import FrozenModel
 from cocos.errors import CocosError
 from cocos.io import load_npz
+from cocos_cli.main import app
 from tests import reference_vse_infty as ref
+from tests.helpers import empty_figures
 
 runner = CliRunner()
 DIM, REGIONS, EMBED = 24, 8, 16
@@ -88,15 +89,7 @@ def save_like_train_py(path: Path, img_state: dict, txt_state: dict, opt, prefix
 @pytest.fixture(autouse=True)
 def _figures_not_rendered(monkeypatch):
     """The report's figures are not under test here: empty files instead of rendering."""
-    from matplotlib.figure import Figure
-
-    def savefig(self, fname, *args, **kwargs):
-        if hasattr(fname, "write"):
-            fname.write(b"")
-        else:
-            Path(fname).write_bytes(b"")
-
-    monkeypatch.setattr(Figure, "savefig", savefig)
+    empty_figures(monkeypatch)
 
 
 @pytest.fixture(scope="module")

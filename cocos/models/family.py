@@ -64,7 +64,7 @@ class ModelFamily:
     description: str = ""  # one line for `cocos models`
     imports: str = ""  # the original checkpoints a whole-model importer of cocos.legacy reads (for `cocos models`)
     recipe: Mapping[str, Any] = field(default_factory=dict)  # the paper's training settings (flat names of cocos
-    # train: {"optimizer": "adamw", "lr": 5e-4, ...}), used where the run does not set them (config.with_recipe)
+    # train: {"optimizer": "adamw", "lr": 5e-4, ...}), used where the run does not set them (trainer.with_recipe)
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str) or any(c in self.name for c in " ,/="):

@@ -18,7 +18,27 @@ from cocos.models.text import CaptionEncoder, l2norm, xavier_linear_
 HEADS = ("linear", "mlp")
 
 
-class VSEPPFull(nn.Module):
+class PixelModel(nn.Module):
+    """What the raw-image families share: pixels -> :meth:`pooled` (the CNN's output, what a feature cache stores;
+    a subclass's ``cnn_features``) -> ``encode_pooled``; captions through ``txt_enc``."""
+
+    def pooled(self, pixels: torch.Tensor) -> torch.Tensor:
+        """``(n, 3, H, W)`` normalised pixels -> the CNN's features (before anything the model trains)."""
+        if pixels.dim() != 4 or pixels.shape[1] != 3:
+            raise CocosError(f"images must be pixels (n, 3, H, W), got {tuple(pixels.shape)}")
+        return self.cnn_features(pixels)
+
+    def encode_images(self, pixels: torch.Tensor) -> torch.Tensor:
+        return self.encode_pooled(self.pooled(pixels))
+
+    def encode_captions(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        return self.txt_enc(tokens, lengths)
+
+    def forward(self, pixels, tokens, lengths) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.encode_images(pixels), self.encode_captions(tokens, lengths)
+
+
+class VSEPPFull(PixelModel):
     """Image side: CNN (ImageNet classifier stripped) -> l2norm -> ``fc`` -> l2norm -> ``abs`` (``use_abs``).
 
     As VSE++'s ``EncoderImageFull``: a ResNet's pooled 512/2048-d feature or VGG-19's 4096-d
@@ -90,10 +110,8 @@ class VSEPPFull(nn.Module):
         load_cnn_weights(self.cnn, path, self.hparams["cnn_type"])
         return self
 
-    def pooled(self, pixels: torch.Tensor) -> torch.Tensor:
-        """``(n, 3, H, W)`` normalised pixels -> the CNN's ``(n, d)`` feature (before any l2norm)."""
-        if pixels.dim() != 4 or pixels.shape[1] != 3:
-            raise CocosError(f"images must be pixels (n, 3, H, W), got {tuple(pixels.shape)}")
+    def cnn_features(self, pixels: torch.Tensor) -> torch.Tensor:
+        """The CNN's ``(n, d)`` feature (before any l2norm)."""
         return self.cnn(pixels)
 
     def encode_pooled(self, features: torch.Tensor) -> torch.Tensor:
@@ -105,14 +123,6 @@ class VSEPPFull(nn.Module):
             out = l2norm(out)
         return out.abs() if self.use_abs else out
 
-    def encode_images(self, pixels: torch.Tensor) -> torch.Tensor:
-        return self.encode_pooled(self.pooled(pixels))
-
-    def encode_captions(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        return self.txt_enc(tokens, lengths)
-
-    def forward(self, pixels, tokens, lengths) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.encode_images(pixels), self.encode_captions(tokens, lengths)
 
 
-__all__ = ["HEADS", "VSEPPFull"]
+__all__ = ["HEADS", "PixelModel", "VSEPPFull"]

@@ -37,6 +37,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from cocos.errors import CocosError
 from cocos.models.cnn import CNN_TYPES, build_cnn, load_cnn_weights, strip_classifier
+from cocos.models.image import PixelModel
 from cocos.models.text import l2norm, xavier_linear_
 
 BERT_INSTALL = "VSE∞'s caption encoder is a BERT: pip install 'cocos[bert]' (transformers)"
@@ -301,7 +302,7 @@ class GridEncoder(nn.Module):
         return self.image_encoder(grid, lengths)
 
 
-class VSEInftyFull(nn.Module):
+class VSEInftyFull(PixelModel):
     """VSE∞ on raw images (WSL): a ResNeXt (or ResNet) backbone's grid, GPO; a BERT caption encoder.
 
     ``finetune`` trains the backbone (VSE∞'s warm-up: :meth:`start_epoch`, called by the trainer before each epoch,
@@ -386,24 +387,13 @@ class VSEInftyFull(nn.Module):
         load_bert_weights(self.txt_enc.bert, path)
         return self
 
-    def pooled(self, pixels: torch.Tensor) -> torch.Tensor:
-        """``(n, 3, H, W)`` normalised pixels -> the backbone's grid ``(n, H*W, C)``."""
-        if pixels.dim() != 4 or pixels.shape[1] != 3:
-            raise CocosError(f"images must be pixels (n, 3, H, W), got {tuple(pixels.shape)}")
+    def cnn_features(self, pixels: torch.Tensor) -> torch.Tensor:
+        """The backbone's grid ``(n, H*W, C)``."""
         return self.img_enc.backbone.grid(pixels)
 
     def encode_pooled(self, grid: torch.Tensor) -> torch.Tensor:
         grid = check_regions(grid, self.img_dim)
         return self.img_enc(grid, augment=self.training)
-
-    def encode_images(self, pixels: torch.Tensor) -> torch.Tensor:
-        return self.encode_pooled(self.pooled(pixels))
-
-    def encode_captions(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        return self.txt_enc(tokens, lengths)
-
-    def forward(self, pixels, tokens, lengths) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.encode_images(pixels), self.encode_captions(tokens, lengths)
 
 
 def load_bert_weights(bert: nn.Module, path: str | os.PathLike) -> nn.Module:

@@ -267,13 +267,6 @@ def to_flat(cfg: TrainConfig) -> dict:
     return out
 
 
-def with_recipe(flat: dict, given, recipe: dict) -> dict:
-    """``flat`` with a model family's recipe (:attr:`cocos.models.family.ModelFamily.recipe`) for every setting the
-    user did not give (``given(name)`` is false): ``cocos train --model vse_infty`` trains as VSE∞ did unless told
-    otherwise."""
-    return {**flat, **{k: v for k, v in recipe.items() if not given(k)}}
-
-
 def lr_group_names(names: list[str], groups: dict | None) -> list[tuple[str | None, list[str]]]:
     """The optimiser's parameter groups by parameter name, in the order it holds them: ``(None, the rest)`` first,
     then ``(prefix, names)`` for each prefix of ``groups`` (longest first; the longest matching prefix wins) that

@@ -97,7 +97,6 @@ from cocos.training.config import (
     loss_params_of,
     lr_group_names,
 )
-from cocos.training.config import with_recipe as recipe_flat
 from cocos.training.evaluate import evaluate_model, tokenize_split
 from cocos.training.hooks import Hook, LTDHook, StepBatch, TrackHook, WarmUp
 from cocos.training.logs import check_resumable, read_logs
@@ -131,22 +130,27 @@ TORCHVISION_WEIGHTS = {"resnet18": ("resnet18-f37072fd.pth", "resnet18-5c106cde.
                        "vgg19": ("vgg19-dcbb9e9d.pth",)}
 
 
-def with_recipe(flat: dict, given) -> dict:
-    """A run's flat settings with its model family's recipe (:attr:`~cocos.models.family.ModelFamily.recipe`,
-    VSE∞'s AdamW, rates, schedule and warm-up) for every setting ``given(name)`` says the user did not set
-    (:func:`cocos.training.config.with_recipe`). On raw images the images family's recipe; a loss without a
-    warm-up loss, or a run no longer than the recipe's warm-up, trains without one."""
+def family_recipe(flat: dict) -> dict:
+    """The recipe (:attr:`~cocos.models.family.ModelFamily.recipe`) of the family a run of ``flat`` trains: on raw
+    images its images family's."""
     family = get_family(flat.get("model") or ModelConfig().name)
     if family.images_family and flat.get("data") and TrainConfig.of(data=flat["data"]).images():
         family = get_family(family.images_family)
-    recipe = dict(family.recipe)
+    return dict(family.recipe)
+
+
+def with_recipe(flat: dict, given) -> dict:
+    """A run's flat settings with its family's recipe (:func:`family_recipe`: VSE∞'s AdamW, rates, schedule and
+    warm-up) for every setting ``given(name)`` says the user did not set: ``cocos train --model vse_infty`` trains
+    as VSE∞ did unless told otherwise. A loss without a warm-up loss, or a run no longer than the recipe's warm-up,
+    trains without one; another optimiser than the recipe's takes no weight decay from it."""
+    recipe = family_recipe(flat)
     if get_objective(flat.get("loss") or LossConfig().name).warmup_loss is None:
         recipe.pop("warmup_epochs", None)
-    if given("optimizer") and flat.get("optimizer") != recipe.get("optimizer"):  # the user's optimiser, not AdamW:
-        recipe.pop("weight_decay", None)  # no AdamW weight decay with it
-    out = recipe_flat(flat, given, recipe)
-    epochs = out.get("epochs", OptimConfig().epochs)
-    if out.get("warmup_epochs", 0) >= epochs and not given("warmup_epochs"):
+    if given("optimizer") and flat.get("optimizer") != recipe.get("optimizer"):
+        recipe.pop("weight_decay", None)
+    out = {**flat, **{k: v for k, v in recipe.items() if not given(k)}}
+    if out.get("warmup_epochs", 0) >= out.get("epochs", OptimConfig().epochs) and not given("warmup_epochs"):
         out["warmup_epochs"] = flat.get("warmup_epochs", 0)
     return out
 
@@ -363,6 +367,7 @@ class Trainer:
         self.optimizer = self._optimizer()
         self.scheduler = torch.optim.lr_scheduler.StepLR(self.optimizer, step_size=cfg.optim.lr_update, gamma=0.1)
         self.epoch, self.step_count, self.best_rsum, self.history, self.step_log = 0, 0, -math.inf, [], []
+        self.loss_weight = 1.0  # the step's loss factor: a family's ramp (VSEInftyFull.loss_scale), else 1
         self.best_metrics: dict = {}  # of this process's run (rank 0 returns the file's, which also covers a resume)
         if resume_ckpt is not None:
             self._resume_from(resume_ckpt)
@@ -696,7 +701,7 @@ class Trainer:
         for hook in self.hooks:
             term, more = hook.extra_loss(batch, img_emb, cap_emb)
             loss, record = (loss if term is None else loss + term), {**record, **more}
-        if getattr(self, "loss_weight", 1.0) != 1.0:  # a family's ramp (VSE∞'s first backbone epoch)
+        if self.loss_weight != 1.0:  # a family's ramp (VSE∞'s first backbone epoch)
             loss = loss * self.loss_weight
         self.optimize(loss, split)
         for hook in self.hooks:
