@@ -32,7 +32,15 @@ def _check_checkpoint_args(checkpoints: list, label) -> None:
     if len(set(checkpoints)) < len(checkpoints):
         raise CocosError("a checkpoint is given twice")
     for checkpoint in checkpoints:
-        check_input_file(checkpoint, "checkpoint")
+        if not _is_clip_folder(checkpoint):  # a checkpoint file, or a Hugging Face CLIP folder
+            check_input_file(checkpoint, "checkpoint")
+
+
+def _is_clip_folder(path: Path) -> bool:
+    """A folder whose config.json says model_type clip (imported only for a folder)."""
+    from cocos.hf import is_clip_folder  # torch-free
+
+    return is_clip_folder(path)
 
 
 def _check_input_paths(args: dict) -> None:
@@ -183,7 +191,8 @@ def _check_inputs(checkpoints: list[Path], data: Path | None, vocab: Path | None
     for checkpoint in checkpoints:
         if not checkpoint.exists():
             raise CocosError(f"{checkpoint}: no such checkpoint")
-        refuse_embeddings(checkpoint)
+        if not _is_clip_folder(checkpoint):
+            refuse_embeddings(checkpoint)
         found.append(_inputs(checkpoint, data, vocab, bert))
     return [p for paths in found for p in paths]
 
@@ -247,7 +256,7 @@ def _inputs(checkpoint: Path, data: Path | None, vocab: Path | None = None, bert
     """What an analysis reads: the checkpoint, its vocabulary (or BERT folder), and the data folder (given, or
     recorded in it)."""
     found = [checkpoint] + ([data] if data else []) + ([vocab] if vocab else []) + ([bert] if bert else [])
-    if data is None:
+    if data is None and not checkpoint.is_dir():
         recorded = _recorded_data(checkpoint)
         if recorded is not None:
             found.append(recorded)

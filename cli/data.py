@@ -152,9 +152,10 @@ def features(
     split: str = typer.Option("train,val,test", "--split", help="Splits, comma-separated (val is written as dev)."),
     workers: int = typer.Option(2, "--workers", help="DataLoader processes decoding images."),
     batch_size: int = typer.Option(64, "--batch-size", help="Images per CNN batch (and per resume record)."),
-    resize: int = typer.Option(256, "--resize", help="Evaluation transform: Resize (shorter side)."),
-    crop_size: int = typer.Option(default(DataConfig, "crop_size"), "--crop-size",
-                                  help="Evaluation transform: CenterCrop."),
+    resize: int = typer.Option(None, "--resize", help="Evaluation transform: Resize (shorter side). Default: the "
+                               "weights file's own when cocos knows it (232 for torchvision's V2 ResNets), else 256."),
+    crop_size: int = typer.Option(None, "--crop-size", help="Evaluation transform: CenterCrop. Default: the weights "
+                                  "file's own when cocos knows it, else 224."),
     use_restval: bool = typer.Option(False, "--use-restval", help="Karpathy restval joins train."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an --out folder that cocos did not write."),
@@ -168,14 +169,21 @@ def features(
     from cocos.device import resolve_device
     from cocos.embed.features import cnn_state_hash, default_cache_dir, load_cnn, write_feature_cache
     from cocos.models.cnn import cnn_family
+    from cocos.models.weights import evaluation_transform
 
     cnn_family(cnn)  # an unknown name: one line, before anything is read
-    check_image_sizes(resize, crop_size, batch_size, workers)  # one line, before anything is read or written
+    # the sizes given: one line, before anything is read or written
+    check_image_sizes(resize, default(DataConfig, "crop_size") if crop_size is None else crop_size, batch_size, workers)
     if not cnn_weights.is_file():
         fail(f"{cnn_weights}: no such CNN weights file")
     if not image_data.exists():
         fail(f"{image_data}: no such image dataset")
     start = time.perf_counter()
+    sizes = evaluation_transform(cnn_weights, resize, crop_size, cnn=cnn)  # a known file's own transform
+    resize, crop_size = sizes.resize, sizes.crop_size
+    check_image_sizes(resize, crop_size, batch_size, workers)
+    if sizes.warning:
+        typer.echo(f"warning: {sizes.warning}", err=True)
     trunk = load_cnn(cnn_weights, cnn)
     out = out or default_cache_dir(image_data, cnn, cnn_state_hash(trunk), resize, crop_size)
     manifest = write_feature_cache(image_data, out, trunk, cnn_type=cnn, splits=split.split(","),
@@ -183,10 +191,11 @@ def features(
                                    batch_size=batch_size, workers=workers, device=resolve_device(device),
                                    use_restval=use_restval, overwrite=overwrite, progress=progress)
     seconds = time.perf_counter() - start
-    sizes = ", ".join(f"{name} {entry['n_images']}" for name, entry in manifest["splits"].items())
     n = sum(entry["n_images"] for entry in manifest["splits"].values())
-    typer.echo(f"wrote {out}: {cnn} features ({manifest['dim']}-d, Resize {resize} + CenterCrop {crop_size}) of "
-               f"{sizes} images ({seconds:.1f} s, {n / max(seconds, 1e-9):.1f} images/s)")
+    known = f"{sizes.weights.name}, " if sizes.weights is not None else ""
+    counts = ", ".join(f"{name} {entry['n_images']}" for name, entry in manifest["splits"].items())
+    typer.echo(f"wrote {out}: {cnn} features ({known}{manifest['dim']}-d, Resize {resize} + CenterCrop {crop_size}) "
+               f"of {counts} images ({seconds:.1f} s, {n / max(seconds, 1e-9):.1f} images/s)")
 
 
 app.add_typer(data_app, name="data", help="Make and check data folders (synthetic world, layout).")

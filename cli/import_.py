@@ -14,10 +14,12 @@ from .main import app
 def _check_paths(args: dict) -> None:
     """The paths, before the heavy imports: the checkpoint and --vocab are files, --bert and --data folders, --out
     allowed."""
+    from cocos.hf import is_clip_folder
     from cocos.io import check_output_file
 
     checkpoint, vocab, bert, data, out = (args.get(k) for k in ("checkpoint", "vocab", "bert", "data", "out"))
-    check_input_file(checkpoint, "checkpoint")
+    if not is_clip_folder(checkpoint):  # a checkpoint file, or a Hugging Face CLIP folder
+        check_input_file(checkpoint, "checkpoint")
     if vocab is not None:
         check_input_file(vocab, "vocabulary file")
     if bert is not None:
@@ -26,7 +28,7 @@ def _check_paths(args: dict) -> None:
         check_input_dir(data, "data folder")
     if out is not None:
         check_output_file(out, [p for p in (checkpoint, vocab, bert, data) if p is not None],
-                          overwrite=bool(args.get("overwrite")), runs=[checkpoint])
+                          overwrite=bool(args.get("overwrite")), runs=_runs(checkpoint))
 
 
 @app.command("import")
@@ -34,7 +36,8 @@ def _check_paths(args: dict) -> None:
 def import_checkpoint(
     checkpoint: Path = typer.Argument(..., help="model_best.pth.tar of the original VSE++ (fartashf/vsepp), VSRN "
                                                 "(KunpengLi1994/VSRN) or COCOS reproducibility code; model_best.pth "
-                                                "of VSE∞ (woodfrog/vse_infty, microsoft/VSE_Gradient)."),
+                                                "of VSE∞ (woodfrog/vse_infty, microsoft/VSE_Gradient); a Hugging "
+                                                "Face CLIP folder (with --data only)."),
     vocab: Path = typer.Option(None, "--vocab", metavar="PATH",
                                help="The run's vocabulary: its *_vocab.pkl (read without running code) or a "
                                     "vocabulary JSON (SCAN/VSRN). Required, except for VSE∞ (--bert)."),
@@ -56,17 +59,16 @@ def import_checkpoint(
     """Convert a checkpoint of the original code into a cocos checkpoint (then analyze/evaluate need no --vocab)."""
     from cocos.errors import CocosError
     from cocos.io import check_output_file, output_lock
-    from cocos.legacy import load_any_checkpoint
     from cocos.training.checkpoint import save_checkpoint
     from cocos.training.trainer import build_from_checkpoint
 
     inputs = _check_inputs(checkpoint, vocab, bert, data, out)
     with output_lock(out):  # one writer of --out: a second import into it is refused in one line
-        check_output_file(out, inputs, overwrite=overwrite, runs=[checkpoint])
+        check_output_file(out, inputs, overwrite=overwrite, runs=_runs(checkpoint))
         if trust_checkpoint:
             typer.echo("warning: --trust-checkpoint: the checkpoint is loaded with full pickle, code in it may run",
                        err=True)
-        ckpt, converted = load_any_checkpoint(checkpoint, vocab=vocab, data=data, trust=trust_checkpoint, bert=bert)
+        ckpt, converted = _read(checkpoint, vocab, bert, data, trust_checkpoint)
         if not converted:  # a cocos checkpoint refuses --vocab and --bert
             raise CocosError(f"{checkpoint}: already a cocos checkpoint")
         if ckpt["data"].get("input") == "images":
@@ -81,6 +83,27 @@ def import_checkpoint(
     params = ", ".join(f"{k}={v:g}" for k, v in ckpt["loss"]["params"].items())
     typer.echo(f"wrote {out}: {ckpt['model']['kind']} (embed {hp['embed_size']}, {hp['vocab_size']} {_words(ckpt)}), "
                f"trained with {ckpt['loss']['name']} ({params}), epoch {ckpt['epoch']}, data {data}")
+
+
+def _runs(checkpoint: Path) -> list[Path]:
+    """The run whose folder's files an import never replaces: a checkpoint file's (a CLIP folder is an input
+    itself, not a file of a run folder)."""
+    return [] if Path(checkpoint).is_dir() else [checkpoint]
+
+
+def _read(checkpoint: Path, vocab: Path | None, bert: Path | None, data: Path, trust: bool) -> tuple[dict, bool]:
+    """The checkpoint to write: a CLIP folder's (:mod:`cocos.legacy.clip`), or an original one converted."""
+    from cocos.errors import CocosError
+    from cocos.hf import is_clip_folder
+    from cocos.legacy import load_any_checkpoint
+
+    if not is_clip_folder(checkpoint):
+        return load_any_checkpoint(checkpoint, vocab=vocab, data=data, trust=trust, bert=bert)
+    if vocab is not None or bert is not None:
+        raise CocosError(f"{checkpoint}: a CLIP folder carries its tokenizer; --vocab and --bert do not apply")
+    from cocos.legacy.clip import clip_checkpoint
+
+    return clip_checkpoint(checkpoint, data), True
 
 
 def _check_inputs(checkpoint: Path, vocab: Path | None, bert: Path | None, data: Path | None,
@@ -105,4 +128,4 @@ def _check_inputs(checkpoint: Path, vocab: Path | None, bert: Path | None, data:
 
 
 def _words(ckpt: dict) -> str:
-    return "word pieces" if (ckpt.get("text") or {}).get("kind") == "wordpiece" else "words"
+    return {"wordpiece": "word pieces", "clip": "BPE tokens"}.get((ckpt.get("text") or {}).get("kind"), "words")

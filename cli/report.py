@@ -22,7 +22,8 @@ def _check_paths(args: dict) -> None:
 @handle_errors(check=_check_paths)
 def report(
     results: list[Path] = typer.Argument(..., help="results.json files (of cocos analyze or cocos count) or "
-                                                   "folders holding them."),
+                                                   "folders holding them, or folders of cocos.track.Tracker "
+                                                   "(cocos_track.csv)."),
     out: Path = typer.Option(Path("reports/summary"), "--out", "-o",
                              help="Output folder (replaced whole if cocos wrote it)."),
     counting: str = typer.Option("own", help="Counting mode shown: own (each file's), compat, corrected."),
@@ -51,5 +52,6 @@ def report(
         typer.echo(f"warning: {w}", err=True)
     if report.tables:
         typer.echo(to_markdown(report.tables[0]))
-    typer.echo(f"{len(report.results)} results in {len(report.groups)} groups; "
+    tracked = f", {len(report.tracks)} tracked runs" if report.tracks else ""
+    typer.echo(f"{len(report.results)} results in {len(report.groups)} groups{tracked}; "
                f"wrote {', '.join(str(f) for f in files)}")

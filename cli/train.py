@@ -58,10 +58,17 @@ def train(
                                                                 "(torchvision's resnet50-0676ba61.pth, ...)."),
     bert: Path = typer.Option(None, metavar="DIR", help="VSE∞: the Hugging Face BERT folder (config.json, weights, "
                                                         "vocab.txt; read from disk, never downloaded)."),
+    clip: Path = typer.Option(None, metavar="DIR", help="CLIP: the Hugging Face CLIP folder to fine-tune (config.json, "
+                                                        "weights, tokenizer, preprocessor_config.json; from disk)."),
+    learn_tau: bool = typer.Option(default(LossConfig, "learn_tau"), "--learn-tau/--fixed-tau",
+                                   help="Learn the loss's softmax temperature as the model's logit_scale, as CLIP "
+                                        "trains (NT-Xent; --model clip's default)."),
     finetune: bool = typer.Option(False, "--finetune", help="Raw images: train the CNN too (without "
                                                             "--cnn-weights: from random initialisation)."),
     crop_size: int = typer.Option(default(DataConfig, "crop_size"),
                                   help="Raw images: training crop and evaluation centre crop."),
+    resize: int = typer.Option(None, help="Raw images: the evaluation Resize (default: the --cnn-weights file's own, "
+                                          "232 for torchvision's V2 ResNets; else 256 : 224 of the crop)."),
     use_restval: bool = typer.Option(False, "--use-restval", help="Raw images: Karpathy's restval joins train."),
     workers: int = typer.Option(default(DataConfig, "workers"),
                                 help="Raw images: DataLoader workers decoding images (same result for any)."),
@@ -94,7 +101,8 @@ def train(
                 save_every=save_every, cnn=cnn, cnn_weights=str(cnn_weights) if cnn_weights else None,
                 finetune=finetune, crop_size=crop_size, use_restval=use_restval, workers=workers,
                 optimizer=optimizer, weight_decay=weight_decay, lr_groups=_lr_groups(lr_group) or None,
-                bert=str(bert) if bert else None)
+                bert=str(bert) if bert else None, clip=str(clip) if clip else None, learn_tau=learn_tau,
+                resize=resize)
     cfg = TrainConfig.of(**_with_recipe(ctx, flat, resume))
     cfg.validate()  # nonsense flags first, before any file is looked at
     if json_path is not None:

@@ -21,3 +21,6 @@ DEFAULT_CNN = "resnet50"  # raw images: the COCOS paper's CNN (its job files: --
 
 DEFAULT_GRAD_CLIP = 2.0  # VSE++'s gradient-norm clipping
 DEFAULT_CROP_SIZE = 224  # raw images: VSE++'s training crop and evaluation centre crop
+
+# CLIP clamps its learned logit scale at log(100) (a temperature of at least 0.01)
+MAX_LOGIT_SCALE = 4.605170185988092

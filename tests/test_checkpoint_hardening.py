@@ -70,7 +70,7 @@ STRUCTURE = {
     "model is a string": (_set(["model"], "vsepp"), "model must be a dict"),
     "no model.kind": (_drop(["model", "kind"]), "model.kind is missing"),
     "no model.hparams": (_drop(["model", "hparams"]), "model.hparams is missing"),
-    "unknown model kind": (_set(["model", "kind"], "clip"), "model.kind must be one of vsepp, vsrn"),
+    "unknown model kind": (_set(["model", "kind"], "clipper"), "model.kind must be one of vsepp, vsrn"),
     "hparam of a wrong type": (_set(["model", "hparams", "embed_size"], "16"), "embed_size must be an integer"),
     "unknown hparam": (_set(["model", "hparams", "depth"], 3), "model.hparams.depth is not a parameter"),
     "data.k is a word": (_set(["data", "k"], "five"), "data.k must be an integer, got 'five'"),

@@ -267,9 +267,11 @@ def parse(argv: list[str]) -> None:
     # the commands with loss flags (train, count, ...) take options they do not declare: a loss parameter's
     unknown = [a[2:].split("=")[0].replace("-", "_") for a in ctx.args if a.startswith("--")]
     if unknown:
+        from cocos.models.registry import families
         from cocos.objectives import get_objective, names
 
         known = {k for n in names() for k in get_objective(n).defaults} | {"eps"}
+        known |= {k for f in families() for k in f.defaults}  # a model family's own flags (--freeze, --region-drop)
         flags = {k.removeprefix("no_") for k in unknown} - known
         if flags:
             raise Drift(f"cocos {' '.join(argv)}: no such option or loss parameter {sorted(flags)}")

@@ -258,6 +258,13 @@ def coder_of(tokens: Sequence[str], options: dict | None):
     :class:`cocos.data.text.Vocabulary`)."""
     if options and options.get("kind") == WordPieceCoder.kind:
         return WordPieceCoder(tokens, lowercase=bool(options.get("lowercase", True)))
+    if options and options.get("kind") == "clip":
+        from cocos.data.clip import coder_options
+
+        coder = coder_options(options)
+        if coder.tokens != list(tokens):
+            raise CocosError("the recorded CLIP tokenizer's tokens are not the checkpoint's vocab")
+        return coder
     from cocos.data.text import Vocabulary
 
     return Vocabulary.from_tokens(tokens)

@@ -31,6 +31,7 @@ from cocos.legacy import (
     load_any_checkpoint,
     read_checkpoint_file,
 )
+from cocos.legacy.clip import clip_checkpoint, is_clip_folder
 from cocos.models.registry import get_family
 from cocos.training.checkpoint import load_checkpoint
 from cocos.training.evaluate import encode_split, evaluate_model, tokenize_split
@@ -58,7 +59,8 @@ class FrozenModel:
              device: str = "auto", vocab: str | os.PathLike | None = None, trust: bool = False,
              image_options: dict | None = None, bert: str | os.PathLike | None = None) -> FrozenModel:
         """A cocos checkpoint, or a ``model_best.pth.tar`` of the original VSE++/VSRN code (a
-        ``model_best.pth`` of the original VSE∞ code).
+        ``model_best.pth`` of the original VSE∞ code), or a Hugging Face CLIP folder (:mod:`cocos.legacy.clip`:
+        ``data`` needed).
 
         The original's checkpoint is converted in memory (:mod:`cocos.legacy`) and
         needs ``vocab`` (its ``*_vocab.pkl`` or vocabulary JSON; VSE∞: ``bert``, the BERT folder
@@ -69,7 +71,11 @@ class FrozenModel:
         (``resize``, ``crop_size``, ``features``, ``workers``, ``log``) go to
         :func:`cocos.embed.images.image_source_of`.
         """
-        if vocab is None and bert is None and not trust:
+        if is_clip_folder(checkpoint):  # a Hugging Face CLIP folder: its checkpoint, built in memory
+            if vocab is not None or bert is not None:
+                raise CocosError(f"{checkpoint}: a CLIP folder carries its tokenizer; --vocab and --bert do not apply")
+            ckpt, converted = clip_checkpoint(checkpoint, data, log=(image_options or {}).get("log")), True
+        elif vocab is None and bert is None and not trust:
             try:  # the common case: a cocos checkpoint, read and checked as everywhere else
                 ckpt = load_checkpoint(checkpoint)
             except CocosError as exc:  # perhaps the original code's: read it again with Namespace allowed
@@ -131,7 +137,15 @@ class FrozenModel:
                               progress=progress)
 
     def sha256(self) -> str:
-        return sha256_file(self.path)
+        """The checkpoint file's sha256; a CLIP folder's: of its files' names and sha256s, in name order."""
+        if not self.path.is_dir():
+            return sha256_file(self.path)
+        import hashlib
+
+        digest = hashlib.sha256()
+        for entry in sorted(p for p in self.path.iterdir() if p.is_file()):
+            digest.update(f"{entry.name}\0{sha256_file(entry)}\n".encode())
+        return digest.hexdigest()
 
 
 def _image_data(ckpt: dict, data, checkpoint) -> Path:

@@ -16,7 +16,8 @@ precomputed folders reads it (``cocos train --data DIR`` of a precomputed VSE++ 
 fingerprint (:meth:`cocos.data.images.ImageSplit.fingerprint`: every image's bytes and
 the captions), its sizes and source and the sha256 of its two files (``ims_sha256``,
 ``caps_sha256``); the CNN type, the hash of the CNN's weights (:func:`cnn_state_hash`)
-and, when they came from a file, that file's name and sha256; the transform sizes;
+and, when they came from a file, that file's name and sha256 (and ``known``: the readable name of a
+known weights file, :mod:`cocos.models.weights`, else None); the transform sizes;
 ``use_restval``; the cocos version. Its ``format`` is :data:`FORMAT`
 (``cocos-features/2``); caches of earlier versions (:data:`FORMAT_V1`, no hashes) are
 still read, unchecked.
@@ -96,13 +97,13 @@ from cocos.io import (
     output_lock,
     read_npy_checked,
     sha256_fd,
-    sha256_file,
     swap_into_place,
     write_json,
     write_text,
 )
 from cocos.legacy import is_cocos_checkpoint, is_legacy_checkpoint, map_full_image, opt_dict, read_checkpoint_file
 from cocos.models.cnn import build_cnn, load_cnn_weights, strip_classifier
+from cocos.models.weights import file_sha256, known_by_digest
 from cocos.progress import progress_bar
 from cocos.training.checkpoint import load_checkpoint
 from cocos.training.pixels import batch_loader
@@ -196,11 +197,12 @@ def load_cnn(path: str | os.PathLike, cnn_type: str) -> torch.nn.Module:
 
 def iter_pooled(cnn: torch.nn.Module, split: ImageSplit, *, start: int = 0, resize: int = RESIZE,
                 crop_size: int = CROP_SIZE, batch_size: int = 64, workers: int = 0,
-                device: torch.device | str = "cpu") -> Iterator[tuple[int, np.ndarray]]:
+                device: torch.device | str = "cpu", transform=None) -> Iterator[tuple[int, np.ndarray]]:
     """``(first row, (b, d) float32 features)`` of images ``start..N-1`` of ``split`` in order, batch by batch.
 
     Each image: :func:`cocos.data.images.open_image` (in ``workers`` DataLoader processes), the
-    evaluation transform, then ``cnn`` in eval mode without gradients (the pooled feature; the
+    evaluation transform (``transform``: a model's own, CLIP's; default ``Resize(resize)`` +
+    ``CenterCrop(crop_size)``), then ``cnn`` in eval mode without gradients (the pooled feature; the
     CNN's training mode is restored afterwards). Loading and the CNN pass are training's own
     (:func:`cocos.training.pixels.batch_loader`, :func:`~cocos.training.pixels.pooled_features`:
     bf16 autocast and channels-last on CUDA). Bad images raise one CocosError line naming them.
@@ -211,8 +213,8 @@ def iter_pooled(cnn: torch.nn.Module, split: ImageSplit, *, start: int = 0, resi
         return
     plan = [(rows, rows) for rows in (np.arange(a, min(a + batch_size, split.n_images))
                                       for a in range(start, split.n_images, batch_size))]
-    loader = batch_loader(split, partial(eval_transform, resize=resize, crop_size=crop_size), plan, workers=workers,
-                          device=device)
+    transform = transform or partial(eval_transform, resize=resize, crop_size=crop_size)
+    loader = batch_loader(split, transform, plan, workers=workers, device=device)
     was_training = cnn.training
     cnn.eval()
     row = start
@@ -232,12 +234,12 @@ def iter_pooled(cnn: torch.nn.Module, split: ImageSplit, *, start: int = 0, resi
 
 def pooled_features(cnn: torch.nn.Module, split: ImageSplit, *, resize: int = RESIZE, crop_size: int = CROP_SIZE,
                     batch_size: int = 64, workers: int = 0, device: torch.device | str = "cpu",
-                    progress: bool = False) -> np.ndarray:
+                    progress: bool = False, transform=None, what: str = "CNN features") -> np.ndarray:
     """``(N, d)`` float32 pooled features of every image of ``split`` (:func:`iter_pooled`), in memory."""
     parts = []
-    with progress_bar(split.n_images, f"CNN features {split.split}", enabled=progress) as advance:
+    with progress_bar(split.n_images, f"{what} {split.split}", enabled=progress) as advance:
         for _, feats in iter_pooled(cnn, split, resize=resize, crop_size=crop_size, batch_size=batch_size,
-                                    workers=workers, device=device):
+                                    workers=workers, device=device, transform=transform):
             parts.append(feats)
             advance(len(feats))
     return np.concatenate(parts)
@@ -620,8 +622,10 @@ def _finish(staging: _Staging, plan: dict, opened: list[ImageSplit], captions: d
 
 def _manifest(plan: dict, opened: list[ImageSplit], weights_file, hashes: dict) -> dict:
     weights = None
-    if weights_file is not None:
-        weights = {"name": Path(weights_file).name, "sha256": sha256_file(weights_file)}
+    if weights_file is not None:  # known: the readable name of a known weights file (cocos.models.weights), else None
+        digest = file_sha256(weights_file)  # hashed once per process (cocos data features identified it already)
+        known = known_by_digest(digest)
+        weights = {"name": Path(weights_file).name, "sha256": digest, "known": known.name if known else None}
     return {"format": FORMAT, "cocos_version": __version__, "cnn_type": plan["cnn_type"], "cnn_hash": plan["cnn_hash"],
             "weights_file": weights, "resize": plan["resize"], "crop_size": plan["crop_size"], "dim": plan["dim"],
             "use_restval": plan["use_restval"], "transform": "eval: Resize(resize) + CenterCrop(crop_size)",

@@ -13,7 +13,9 @@ image's embedding is ``encode_pooled(pooled(pixels))``, the same as ``encode_ima
 
 from __future__ import annotations
 
+import contextlib
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +35,7 @@ from cocos.embed.features import (
     pooled_features,
 )
 from cocos.errors import CocosError
+from cocos.models.weights import WeightsTransformWarning, identify, known_by_name, proportional_resize
 from cocos.training.pixels import eval_resize
 
 
@@ -105,9 +108,15 @@ class ImageSource:
     workers: int = 0
     batch_size: int = 64
     log: object = None  # called with one line when a cache is used
+    weights: str | None = None  # the readable name of the CNN's known weights file (cocos.models.weights), if any
 
     def __post_init__(self):
         check_sizes(self.resize, self.crop_size)
+
+    def transform_record(self) -> dict:
+        """The evaluation transform as reports record it: ``{"resize", "crop_size", "weights"}`` (weights: the known
+        file's readable name, or None)."""
+        return {"resize": int(self.resize), "crop_size": int(self.crop_size), "weights": self.weights}
 
     def peek(self, split: str) -> ImageSplit:
         """The image split alone (its sizes; no image is read)."""
@@ -122,9 +131,11 @@ class ImageSource:
         ``warning:``) and the images are encoded instead, so the analysis is the uncached one."""
         images = load_image_split(self.data, split, use_restval=self.use_restval)
         if is_grid(model):  # a grid is too large to keep for a whole split: the image embeddings, batch by batch
+            own = getattr(model, "image_transform", None)  # a model's own preprocessing (CLIP's), else the source's
             feats = pooled_features(_Embedder(model), images, resize=self.resize, crop_size=self.crop_size,
                                     batch_size=self.batch_size, workers=self.workers, device=device,
-                                    progress=progress)
+                                    progress=progress, transform=own(False) if own else None,
+                                    what="image embeddings")
             return PooledSplit(images, feats, images.source)
         cnn = model.cnn
         folders = candidate_caches(self.data, self.features)
@@ -147,18 +158,56 @@ class ImageSource:
 def image_source_of(ckpt: dict, data: Path, *, resize: int | None = None, crop_size: int | None = None,
                     features=(), workers: int = 0, log=None) -> ImageSource:
     """The image source of a ``vsepp_full`` checkpoint: ``use_restval`` as recorded (the original's ``opt``, or
-    the checkpoint's ``data``/``train`` entries), the evaluation sizes given, else recorded (a
-    recorded crop without a resize: ``resize = round(crop * 256 / 224)``), else 256/224 (the
-    original code's fixed ``Resize(256)`` + ``CenterCrop(224)``)."""
+    the checkpoint's ``data``/``train`` entries) and the evaluation sizes (:func:`recorded_transform`): those given
+    win; what is not given is the checkpoint's own. Given sizes unlike those of a known weights file
+    (:mod:`cocos.models.weights`) are said in one :class:`~cocos.models.weights.WeightsTransformWarning` line
+    (``cocos analyze`` prints it as a ``warning:``)."""
     recorded = {**ckpt.get("train", {}), **ckpt.get("data", {})}
     opt = (ckpt.get("legacy") or {}).get("opt") or {}
     restval = bool(recorded.get("use_restval", opt.get("use_restval", False)))
-    if crop_size is None:  # the original's opt.crop_size is its training crop; evaluation always took 224
-        crop_size = CROP_SIZE if "legacy" in ckpt else int(recorded.get("crop_size") or CROP_SIZE)
-    if resize is None:  # recorded, else in the original's proportion 256 : 224
-        resize = int(recorded.get("resize") or eval_resize(crop_size))
-    return ImageSource(Path(data), resize=resize, crop_size=crop_size, use_restval=restval,
-                       features=[Path(f) for f in features], workers=workers, log=log)
+    preprocess = (ckpt.get("model") or {}).get("hparams", {}).get("preprocess")
+    if isinstance(preprocess, dict):  # a model with its own preprocessing (CLIP): its sizes, whatever is given
+        return ImageSource(Path(data), resize=int(preprocess["resize"]), crop_size=int(preprocess["crop_size"]),
+                           use_restval=restval, features=[Path(f) for f in features], workers=workers, log=log)
+    own_resize, own_crop, weights = recorded_transform(ckpt)
+    crop = own_crop if crop_size is None else int(crop_size)
+    size = proportional_resize(crop, own_resize, own_crop) if resize is None else int(resize)
+    if weights is not None and (size, crop) != (own_resize, own_crop) and (resize, crop_size) != (None, None):
+        warnings.warn(WeightsTransformWarning(
+            f"the checkpoint's CNN weights are {weights}, evaluated at Resize {own_resize} + CenterCrop {own_crop}; "
+            f"using Resize {size} + CenterCrop {crop} as given"), stacklevel=2)
+    return ImageSource(Path(data), resize=size, crop_size=crop, use_restval=restval,
+                       features=[Path(f) for f in features], workers=workers, log=log, weights=weights)
 
 
-__all__ = ["ImageSource", "PooledModel", "PooledSplit", "image_source_of"]
+def recorded_transform(ckpt: dict) -> tuple[int, int, str | None]:
+    """``(resize, crop_size, weights name or None)``: a raw-image checkpoint's own evaluation transform.
+
+    * the original code's (``legacy``): ``Resize(256)`` + ``CenterCrop(224)``, what it always evaluated at (its
+      ``opt.crop_size`` is its training crop);
+    * a checkpoint that records ``data.resize`` (cocos since #31): that, its ``data.crop_size``, and the readable
+      name of ``data.weights``;
+    * an earlier cocos checkpoint: its ``data.crop_size`` (224 when not recorded) and the resize of the weights file
+      it started from (``train.cnn_weights``) when that file is known (:func:`cocos.models.weights.identify` when it
+      is still there, else by torchvision's file name), in the file's ratio; else ``round(crop * 256 / 224)``.
+    """
+    data, train = ckpt.get("data") or {}, ckpt.get("train") or {}
+    if "legacy" in ckpt:
+        return RESIZE, CROP_SIZE, None
+    crop = int(data.get("crop_size") or train.get("crop_size") or CROP_SIZE)
+    if data.get("resize"):
+        named = (data.get("weights") or {}).get("name")
+        return int(data["resize"]), crop, named
+    path = train.get("cnn_weights")
+    known = None
+    if path and Path(path).is_file():
+        with contextlib.suppress(CocosError):  # a file that no longer is what its name says: not known
+            known = identify(path)[0]
+    elif path:
+        known = known_by_name(path)
+    if known is None:
+        return eval_resize(crop), crop, None
+    return proportional_resize(crop, known.resize, known.crop_size), crop, known.name
+
+
+__all__ = ["ImageSource", "PooledModel", "PooledSplit", "image_source_of", "recorded_transform"]

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from cocos.data.layout import DIRECTIONS, batch_similarity
+from cocos.defaults import MAX_LOGIT_SCALE
 
 
 def intra_similarities(images, captions) -> dict[str, torch.Tensor]:
@@ -79,3 +80,46 @@ class ContrastiveLoss(nn.Module):
 
     def extra_repr(self) -> str:
         return ", ".join([f"name={self.name}", *(f"{k}={v}" for k, v in self._params.items())])
+
+
+
+
+class LearnedTemperature(ContrastiveLoss):
+    """A loss whose softmax temperature is learned as CLIP learns it (``--learn-tau``).
+
+    The family's temperature parameter (:attr:`~cocos.losses.spec.Objective.temperature`, NT-Xent's ``tau``)
+    becomes ``tau = exp(-min(logit_scale, log 100))``, ``logit_scale`` a parameter of the model (CLIP's, trained
+    with it; its gradient flows through ``tau``). Clamped in the forward pass, where open_clip clamps the
+    parameter in place after each step: the same temperature, without a step outside autograd. ``params()``
+    reports the current ``tau`` (a checkpoint's loss is the one its model was last trained with, and an analysis
+    counts at it); everything else is the wrapped loss's.
+    """
+
+    def __init__(self, loss: ContrastiveLoss, logit_scale: torch.Tensor) -> None:
+        from cocos.errors import CocosError
+
+        name = loss.objective.temperature
+        if name is None:
+            raise CocosError(f"--learn-tau: the {loss.objective.label} loss has no softmax temperature to learn "
+                             "(NT-Xent's tau has)")
+        super().__init__(loss.objective, compat=loss.compat, **loss.params())
+        self._scale = [logit_scale]  # the model's parameter: held, not registered (the loss owns no weights)
+        self._name = name
+
+    def temperature(self) -> torch.Tensor:
+        """The current temperature, with its gradient to ``logit_scale``."""
+        return torch.exp(-self._scale[0].clamp(max=MAX_LOGIT_SCALE))
+
+    def _learned(self) -> dict:
+        return {**self._params, self._name: self.temperature()}
+
+    def params(self) -> dict:
+        return {**self._params, self._name: float(self.temperature().detach())}
+
+    def direction_loss(self, view) -> torch.Tensor:
+        return self.objective.direction_loss(view, **self._learned())
+
+    def direction_parts(self, view) -> dict[str, torch.Tensor]:
+        if self.objective.parts is None:
+            return {"L_con": self.direction_loss(view)}
+        return dict(self.objective.parts(view, **self._learned()))

@@ -125,4 +125,5 @@ NTXENT = Objective(
     direction_loss=ntxent_direction, defaults={"tau": DEFAULT_TAU_NTXENT}, combine="mean", reduce="mean",
     counter=NTXentCounter, stats=("C_qv-", "W_qv-", "W_qv+", "W_low"), main_stat="C_qv-", table="3",
     color="#2ca02c", marker="^", notes=(NTXENT_WEIGHTS,), description="softmax cross-entropy at temperature tau",
+    temperature="tau",
 )

@@ -58,6 +58,9 @@ class Objective:
     notes: tuple[Note, ...] = ()
     description: str = ""  # one line for `cocos losses`
     warmup_loss: str | None = None  # a family to train with during --warmup-epochs (VSE-infinity practice)
+    # the parameter that is a softmax temperature (NT-Xent's tau): what --learn-tau learns as CLIP learns its
+    # logit scale (cocos.losses.base.LearnedTemperature); None: the loss has none
+    temperature: str | None = None
     undefined_ok: tuple[str, ...] = ()  # its own statistics that may be NaN in a batch (besides C_q, companions)
     check: Callable[[dict], None] | None = None  # validates the family's parameters (names, ranges): CocosError
     needs_intra: bool = False  # its loss and counter read the queries' intra-modal similarities (QueryView.intra)
@@ -90,6 +93,8 @@ class Objective:
             raise CocosError(f"loss '{self.name}': main statistic {self.main_stat} is not among {self.stats}")
         if not callable(self.direction_loss) and not callable(self.batch_loss):
             raise CocosError(f"loss '{self.name}': needs a callable direction_loss or batch_loss")
+        if self.temperature is not None and self.temperature not in self.defaults:
+            raise CocosError(f"loss '{self.name}': its temperature '{self.temperature}' is not one of its parameters")
 
     # -- parameters ---------------------------------------------------------------------
 

@@ -12,6 +12,8 @@ from cocos.defaults import DEFAULT_CNN, DEFAULT_EMBED_SIZE, DEFAULT_WORD_DIM
 from cocos.errors import CocosError
 from cocos.io import available_memory
 from cocos.models import original
+from cocos.models.clip import FREEZE, CLIPDual
+from cocos.models.clip import describe as describe_clip
 from cocos.models.cnn import CNN_TYPES
 from cocos.models.family import ModelFamily, OriginalImage
 from cocos.models.image import VSEPPFull
@@ -112,5 +114,23 @@ VSE_INFTY_FULL_FAMILY = ModelFamily(
     recipe={**VSE_INFTY_RECIPE, "lr_groups": {"txt_enc.bert": 0.1, "img_enc.backbone": 0.01}},
     description="VSE∞ on raw images: a ResNeXt backbone's grid (WSL, --cnn-weights) and a BERT, each pooled by GPO")
 
-for _family in (VSEPP_FAMILY, VSRN_FAMILY, VSEPP_FULL_FAMILY, VSE_INFTY_FAMILY, VSE_INFTY_FULL_FAMILY):
+
+
+def check_clip(params: dict) -> None:
+    if params["freeze"] not in FREEZE:
+        raise CocosError(f"unknown --freeze '{params['freeze']}' (choose from {', '.join(FREEZE)})")
+    if params["unfrozen_blocks"] < 0:
+        raise CocosError(f"--unfrozen-blocks must be an integer of at least 0, got {params['unfrozen_blocks']!r}")
+
+
+# fine-tuning a CLIP as open_clip does: AdamW (weight decay 0.1) at a small rate, the temperature learned
+CLIP_RECIPE = {"optimizer": "adamw", "weight_decay": 0.1, "lr": 1e-5, "learn_tau": True}
+CLIP_FAMILY = ModelFamily(
+    name="clip", label="CLIP", module=CLIPDual, input="images", text="clip",
+    defaults={"freeze": "none", "unfrozen_blocks": 0}, check=check_clip, describe=describe_clip, recipe=CLIP_RECIPE,
+    imports="a Hugging Face CLIP folder (analyze/import CLIP_DIR --data)",
+    description="CLIP-style dual encoder (Radford et al. 2021): a Hugging Face CLIPModel folder (--clip DIR), "
+                "its tokenizer and preprocessing")
+
+for _family in (VSEPP_FAMILY, VSRN_FAMILY, VSEPP_FULL_FAMILY, VSE_INFTY_FAMILY, VSE_INFTY_FULL_FAMILY, CLIP_FAMILY):
     register(_family)

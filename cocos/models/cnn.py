@@ -7,7 +7,8 @@ shapes), so a torchvision state dict (``resnet50-0676ba61.pth``, ``vgg19-dcbb9e9
 torchvision-format ``resnext101_32x8d``) loads by name with :func:`load_cnn_weights`; cocos
 has no torchvision dependency (there is no CPU build of it for the pinned torch) and
 downloads nothing. The definitions file, section 17, says how the VSE++ full-image encoder
-uses them.
+uses them. Which evaluation transform a weights file was made for (torchvision's V2 files:
+``Resize(232)``, not 256) is :mod:`cocos.models.weights`'s table, by the file's content.
 
 * ResNet: torchvision's v1.5 layout (the stride of a Bottleneck sits on its 3x3 ``conv2``,
   not on ``conv1`` as in the original paper's v1); ``downsample = Sequential(conv1x1, BN)``

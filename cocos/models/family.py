@@ -4,7 +4,8 @@ A :class:`ModelFamily` is to a model what :class:`cocos.losses.spec.Objective` i
 name and label, the input it reads (``features``: precomputed ``(n, d)`` or region ``(n, R, d)``
 features; ``images``: raw pixels through a CNN), the caption input it takes (``vocab``: word ids of a
 cocos :class:`~cocos.data.text.Vocabulary`, padded; ``wordpiece``: a BERT's word pieces,
-:class:`~cocos.data.wordpiece.WordPieceCoder`, the BERT's ``config.json`` passed as ``bert_config``), its
+:class:`~cocos.data.wordpiece.WordPieceCoder`, the BERT's ``config.json`` passed as ``bert_config``; ``clip``: a
+CLIP folder's tokenizer, :class:`~cocos.data.clip.CLIPCoder`), its
 training hyper-parameters with their
 defaults and checks, how its module is built (``module(**hparams)``; the module records ``kind`` and
 ``hparams``, enough to rebuild it), and how the original code's checkpoints map onto it
@@ -30,7 +31,8 @@ from cocos.errors import CocosError
 INPUTS = ("features", "images")  # precomputed (n, d) / (n, R, d) features; raw pixels through a CNN
 # word ids of a cocos Vocabulary (the GRU caption encoders of VSE++ and VSRN); BERT word pieces of a BERT folder
 # (VSE∞: cocos.data.wordpiece, the folder given as --bert, its config.json passed to the module as bert_config)
-TEXTS = ("vocab", "wordpiece")
+# the byte-level BPE of a CLIP folder (cocos.data.clip, the folder given as --clip)
+TEXTS = ("vocab", "wordpiece", "clip")
 
 
 @dataclass(frozen=True)
@@ -102,11 +104,12 @@ class ModelFamily:
         return out
 
     def hparams(self, params: Mapping[str, Any], vocab_size: int, feature_dim: int | None = None,
-                bert_config: dict | None = None) -> dict:
+                bert_config: dict | None = None, pretrained: Mapping[str, Any] | None = None) -> dict:
         """The module's constructor arguments for training: the hyper-parameters, the vocabulary's size, for a
         family that reads precomputed features their dimension (``img_dim``), for a ``wordpiece`` family its BERT's
-        ``config.json`` (``bert_config``)."""
-        out = {**params, "vocab_size": int(vocab_size)}
+        ``config.json`` (``bert_config``), for a family built from a pre-trained folder what the folder records
+        (``pretrained``: CLIP's ``clip_config`` and ``preprocess``)."""
+        out = {**params, **(pretrained or {}), "vocab_size": int(vocab_size)}
         if "img_dim" in self.arguments() and feature_dim is not None:
             out["img_dim"] = int(feature_dim)
         if "bert_config" in self.arguments() and bert_config is not None:

@@ -190,7 +190,8 @@ def analyze_checkpoint(
         source=Source("analyze", str(checkpoint), frozen.sha256(), int(ckpt["epoch"])),
         data=DataInfo(name=_dataset_name(frozen.data_folder), path=str(frozen.data_folder),
                       fingerprint=ckpt["data"]["fingerprint"], n_images=train.n_images,
-                      n_captions=train.n_captions, k=frozen.k, split_counted="train"),
+                      n_captions=train.n_captions, k=frozen.k, split_counted="train",
+                      image_transform=frozen.images.transform_record() if frozen.is_images else None),
         model=ModelInfo(label=get_family(kind).words(ckpt["model"]["hparams"]) + ltd_label(ltd)
                         + (f" ({label})" if label else ""),
                         kind=kind, hparams=ckpt["model"]["hparams"]),

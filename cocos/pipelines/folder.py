@@ -28,7 +28,7 @@ from cocos.report.figures import plot_count_distributions, plot_eps_sweep, plot_
 from cocos.report.merge import build_tables, group_results, loss_label, mode_name
 from cocos.report.tables import MANY_TABLES, to_latex, to_markdown
 from cocos.report.training import write_logs
-from cocos.results import Results, lookup
+from cocos.results import Results, cnn_name, lookup
 
 CSV_FLOAT = "%.10g"
 
@@ -45,11 +45,33 @@ def describe(results: Results) -> list[str]:
     lines.append(f"- data: {data.name} ({data.n_images} images, {data.n_captions} captions"
                  f"{', split ' + data.split_counted if data.split_counted else ''}), fingerprint "
                  f"`{data.fingerprint[:16]}`")
+    images = image_transform_text(results)
+    if images:
+        lines.append(f"- images: {images}")
     batches = ", ".join(f"{n} {kind} batches" for kind, n in c.n_batches.items())
     lines.append(f"- counting: {'compat (published counter)' if c.compat else 'corrected'} shown, batch size "
                  f"{c.batch_size}, seed {c.seed}, {batches}")
     lines += [f"- **caution**: {note}" for note in results.honesty_notes()]
     return lines + [""]
+
+
+def describe_transform(cnn_type: str | None, resize: int, crop_size: int, weights: str | None = None) -> str:
+    """A raw-image model's CNN and evaluation transform as reports show it, e.g. ``ResNet-50 (torchvision
+    ResNet50_Weights.IMAGENET1K_V2; eval Resize 232, CenterCrop 224)`` (``weights``: the readable name of a known
+    weights file, :mod:`cocos.models.weights`)."""
+    head = cnn_name(str(cnn_type)) if cnn_type else "CNN"
+    return f"{head} ({f'{weights}; ' if weights else ''}eval Resize {int(resize)}, CenterCrop {int(crop_size)})"
+
+
+def image_transform_text(results: Results) -> str | None:
+    """:func:`describe_transform` of a raw-image analysis: the evaluation transform its ``data.image_transform``
+    records (``{"resize", "crop_size", "weights"}``, :meth:`cocos.embed.images.ImageSource.transform_record`) with
+    the model's ``cnn_type``; None for a model on precomputed features or a record without it."""
+    record = getattr(results.data, "image_transform", None)
+    if not isinstance(record, dict) or record.get("resize") is None or record.get("crop_size") is None:
+        return None
+    return describe_transform(results.model.hparams.get("cnn_type"), record["resize"], record["crop_size"],
+                              record.get("weights"))
 
 
 def _params(params: dict) -> str:

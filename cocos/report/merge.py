@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +39,7 @@ from cocos.report.tables import (
     to_latex,
     to_markdown,
 )
-from cocos.report.training import plot_by_epoch, plot_track, plot_training
+from cocos.report.training import is_track_folder, plot_by_epoch, plot_track, plot_training, read_track_folder
 from cocos.results import Results
 from cocos.training.logs import read_logs
 
@@ -98,17 +98,22 @@ class Report:
     tables: list
     compat: bool | None
     label: str | None = None
+    tracks: list = field(default_factory=list)  # (folder, track, looks) of each Tracker folder (cocos.track)
 
     @property
     def sources(self) -> list[str]:
-        return [r.where for r in self.results]
+        return [r.where for r in self.results] + [str(folder) for folder, _, _ in self.tracks]
 
     @property
     def looks(self) -> dict[str, Presentation]:
-        """Every loss's presentation, as the results files describe it (the first file that does wins)."""
+        """Every loss's presentation, as the results files (then the track folders) describe it (the first file
+        that does wins)."""
         out: dict[str, Presentation] = {}
         for r in self.results:
             for name, look in r.presentation.items():
+                out.setdefault(name, look)
+        for _, _, looks in self.tracks:
+            for name, look in looks.items():
                 out.setdefault(name, look)
         return out
 
@@ -128,14 +133,21 @@ def build_report(paths: Iterable[str | os.PathLike], compat: bool | None = None,
     """Load (files or folders), group (from the files' metadata) and tabulate results.
 
     ``label="epoch"`` keeps the checkpoints of one run apart by their epoch (``cocos train --save-every``).
+    A folder of :class:`cocos.track.Tracker` (``cocos_track.csv`` with its ``cocos_track.json``, no
+    ``results.json``) adds its track to the figure of COCOS during training, every counter of it.
     """
     if label is not None and label not in LABELS:
         raise CocosError(f"unknown --label '{label}' (choose from {', '.join(LABELS)})")
-    loaded = load_results(paths)
+    paths = [Path(p) for p in paths]
+    folders = [p for p in paths if is_track_folder(p)]
+    rest = [p for p in paths if p not in folders]
+    loaded = load_results(rest) if rest or not folders else []
     if label == "epoch":
         label_by_epoch(loaded)
     groups, warnings = group_results(loaded)
-    return Report(loaded, groups, warnings, build_tables(groups, compat, counters), compat, label)
+    tables = build_tables(groups, compat, counters) if groups else []  # tracks alone: a figure, no table
+    return Report(loaded, groups, warnings, tables, compat, label,
+                  [(p, *read_track_folder(p)) for p in folders])
 
 
 def report_title(report: Report) -> str:
@@ -151,7 +163,10 @@ def render_report(report: Report, latex_width: str = "column") -> tuple[str, str
     """The contents of ``tables.md`` and ``tables.tex`` (LaTeX set to fit ``latex_width``: column or page)."""
 
     md = ["# COCOS report", "", "Results files:", ""]
-    md += [f"- `{s}`" for s in report.sources]
+    md += [f"- `{r.where}`" for r in report.results] or ["(none)"]
+    if report.tracks:
+        md += ["", "COCOS tracked during training (`cocos_track.csv`, in the figure `cocos_track.png`):", ""]
+        md += [f"- `{folder}`" for folder, _, _ in report.tracks]
     if report.warnings:
         md += ["", "Warnings:", ""] + [f"- {w}" for w in report.warnings]
     md.append("")
@@ -233,9 +248,14 @@ def epoch_rows(groups: Sequence[Group], compat: bool | None = None) -> pd.DataFr
 def _training_figures(report: Report, folder: Path) -> None:
 
     track, steps = training_logs(report.results)
+    title = "COCOS of each model's training loss on its training batches"
+    if report.tracks:  # every counter of each tracked run, named "FOLDER, COUNTER"
+        title = "COCOS on the training batches"
+        tracked = [frame.assign(label=[f"{where.name}, {(looks.get(x) or Presentation(x)).label}"
+                                       for x in frame["loss"]]) for where, frame, looks in report.tracks]
+        track = pd.concat([t for t in [track, *tracked] if t is not None], ignore_index=True)
     if track is not None and len(track):
-        plot_track(track, folder / "cocos_track", title="COCOS of each model's training loss on its training batches",
-                   looks=report.looks)
+        plot_track(track, folder / "cocos_track", title=title, looks=report.looks)
     if steps is not None and len(steps):
         plot_training(steps, folder / "ltd", title="LTD during training")
     if report.label == "epoch":

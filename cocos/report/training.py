@@ -20,9 +20,11 @@ import seaborn as sns
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
+from cocos.errors import CocosError
+from cocos.presentation import Presentation
 from cocos.report import style
 from cocos.report.figures import FigureOutput
-from cocos.training.logs import LTD_COLUMNS, PER_QUERY, TrainingLogs, read_logs, write_log_csvs
+from cocos.training.logs import LTD_COLUMNS, PER_QUERY, TRACK_COLUMNS, TrainingLogs, read_logs, write_log_csvs
 
 # tracked statistics drawn, in this order (the threshold-free companions and W_low stay in the CSV)
 TRACK_STATS = ("C_q", "C_B", "C_0", "C_qv-", "W_qv-", "W_qv+", "rsum")
@@ -54,6 +56,34 @@ def plot_logs(logs: TrainingLogs, folder: str | os.PathLike, title: str | None =
         paths += plot_track(logs.track, folder / "cocos_track",
                             title=f"{title}: COCOS of the training batches" if title else None, looks=looks).paths
     return paths
+
+
+TRACK_META = "cocos_track.json"  # written by cocos.track.Tracker beside its cocos_track.csv
+
+
+def is_track_folder(path: str | os.PathLike) -> bool:
+    """A :class:`cocos.track.Tracker`'s folder: ``cocos_track.csv`` and ``cocos_track.json``, and no
+    ``results.json`` below it (a folder of results is read as results)."""
+    path = Path(path)
+    return (path.is_dir() and (path / TRACK_META).is_file() and (path / "cocos_track.csv").is_file()
+            and next(path.rglob("results.json"), None) is None)
+
+
+def read_track_folder(path: str | os.PathLike) -> tuple[pd.DataFrame, dict[str, Presentation]]:
+    """A Tracker folder's track (every counter; :func:`cocos.training.logs.read_logs` checks it) and how each
+    counter is shown (``presentation`` of its ``cocos_track.json``, as ``results.json`` stores it)."""
+    import json
+
+    path = Path(path)
+    try:
+        meta = json.loads((path / TRACK_META).read_text(encoding="utf-8"))
+        looks = {str(n): Presentation.from_dict(d) for n, d in dict(meta["presentation"]).items()}
+    except CocosError as exc:
+        raise CocosError(f"{path / TRACK_META}: {exc}") from None
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise CocosError(f"{path / TRACK_META}: not a cocos track record ({exc.__class__.__name__})") from None
+    track = read_logs(path).track
+    return (track if track is not None else pd.DataFrame(columns=list(TRACK_COLUMNS))), looks
 
 
 # --------------------------------------------------------------------------- figures

@@ -91,6 +91,9 @@ class DataInfo:
     n_captions: int
     k: int | None = None  # captions per image, when every image has the same number
     split_counted: str | None = None  # "train" for analyze
+    # raw images: the evaluation transform the counted embeddings were made with ({"resize", "crop_size", "weights"}:
+    # the known weights file's readable name, or None)
+    image_transform: dict | None = None
 
 
 @dataclass

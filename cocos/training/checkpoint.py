@@ -8,7 +8,8 @@ Format (``format = "cocos-checkpoint"``, ``format_version = 1``)::
     loss:       {"name": ..., "params": {...}, "compat": bool, "presentation": {...}}
                 (presentation: how reports show the loss, as results.json records it; absent before #29)
     data:       {"path": ..., "fingerprint": ..., "k": ..., "feature_shape": [...]}
-                raw images also: "input": "images", "crop_size": ..., "use_restval": bool
+                raw images also: "input": "images", "crop_size": ..., "use_restval": bool, and since #31
+                "resize": the evaluation Resize, "weights": {"file", "sha256", "name"} of the CNN weights file
                 (fingerprint: the training split's ImageSplit.fingerprint; feature_shape: [pooled d])
     train:      the training flags (epochs, lr, lr_update, batch_size, seed, ...)
     epoch:      last finished epoch (1-based)
@@ -384,7 +385,7 @@ def _check_hparam_value(check: _Checker, value, param: inspect.Parameter, field:
     """One constructor argument, typed by its default: a switch, a name (``cnn_type``, ``head`` of the
     raw-image model: the model itself refuses unknown names), a finite number (a float default: VSE∞'s
     ``region_drop``), a record (an argument annotated ``dict``: VSE∞'s ``bert_config``), or an integer >= 1
-    (``n_*`` and ``*_epochs`` >= 0)."""
+    (``n_*``, ``*_epochs`` and ``*_blocks`` >= 0)."""
     default = param.default
     if re.fullmatch(r"dict(\[.*\])?( \| None)?", str(param.annotation).replace("typing.", "")):
         check.dict(value, field)
@@ -397,7 +398,7 @@ def _check_hparam_value(check: _Checker, value, param: inspect.Parameter, field:
         check.str(value, field, nonempty=True)
     else:
         name = field.rsplit(".", 1)[-1]
-        check.int(value, field, minimum=0 if name.startswith("n_") or name.endswith("_epochs") else 1)
+        check.int(value, field, minimum=0 if name.startswith("n_") or name.endswith(("_epochs", "_blocks")) else 1)
 
 
 @contextlib.contextmanager
@@ -494,6 +495,8 @@ class DataEntry:
     input: str = "features"  # "features" (precomputed) or "images" (raw images, vsepp_full)
     crop_size: int | None = None
     use_restval: bool | None = None
+    resize: int | None = None  # raw images: the evaluation Resize the run used (since #31; absent: 256 : 224)
+    weights: dict | None = None  # raw images: the CNN weights file, {"file", "sha256", "name"} (since #31)
 
 
 @dataclass(frozen=True)
@@ -600,10 +603,44 @@ def _check_data(check: _Checker, data, hparams: dict, train: dict) -> None:
     if kind not in ("features", "images"):
         check.fail("data.input", f"must be features or images, got {_show(kind)}")
     if kind == "images":  # raw images: the CNN's crop (224 when not recorded) and the Karpathy restval switch
-        if "cnn_type" not in hparams:
+        if "cnn_type" not in hparams and "preprocess" not in hparams:  # a CNN, or a model's own preprocessing
             check.fail("data.input", "is images but the model reads precomputed features")
         if data.get("crop_size") is not None:
             check.int(data["crop_size"], "data.crop_size", minimum=8)
+    _check_transform_record(check, data, kind == "images")
+
+
+def _check_transform_record(check: _Checker, data: dict, images: bool) -> None:
+    """Raw images: ``data.resize``, the evaluation Resize, and ``data.weights``, the CNN weights file's record (both
+    absent before #31, and both only on raw images)."""
+    if not images:
+        if data.get("resize") is not None or data.get("weights") is not None:
+            check.fail("data.resize" if data.get("resize") is not None else "data.weights",
+                       "applies to raw images (data.input images) only")
+        return
+    if data.get("resize") is not None:
+        check.int(data["resize"], "data.resize", minimum=1)
+    _check_weights_record(check, data.get("weights"))
+
+
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+def _check_weights_record(check: _Checker, weights) -> None:
+    """``data.weights`` (absent before #31): the CNN weights file the run started from, ``{"file": its base name,
+    "sha256": its 64 hex digits, "name": the readable name of a known file or None}`` (:mod:`cocos.models.weights`)."""
+    if weights is None:
+        return
+    weights = check.dict(weights, "data.weights")
+    check.str(check.key(weights, "file", "data.weights"), "data.weights.file", nonempty=True)
+    digest = check.str(check.key(weights, "sha256", "data.weights"), "data.weights.sha256")
+    if not _SHA256_HEX.fullmatch(digest):
+        check.fail("data.weights.sha256", f"must be 64 lower-case hex digits, got {_show(digest)}")
+    if weights.get("name") is not None:
+        check.str(weights["name"], "data.weights.name", nonempty=True)
+    extra = sorted(set(weights) - {"file", "sha256", "name"})
+    if extra:
+        check.fail(f"data.weights.{extra[0]}", "is not a field of data.weights (file, sha256, name)")
 
 
 def _check_progress(check: _Checker, ckpt: dict) -> None:

@@ -48,29 +48,35 @@ class DataConfig:
     use_restval: bool = False  # Karpathy JSON: restval joins train
     crop_size: int = DEFAULT_CROP_SIZE  # raw images: training crop and evaluation centre crop
     workers: int = 0  # DataLoader workers decoding images (does not change the result)
+    # raw images: the evaluation Resize; None: the CNN weights file's own when it is a known one
+    # (cocos.models.weights.evaluation_transform: 232 for torchvision's V2 ResNets), else round(256 * crop / 224)
+    resize: int | None = None
 
 
 @dataclass
 class ModelConfig:
     """The model family (:mod:`cocos.models.registry`) and its own hyper-parameters (``None``: the family's
     defaults); ``cnn_weights``: the weights file of a raw-image family's CNN; ``bert``: the Hugging Face BERT
-    folder of a family whose captions are word pieces (VSE∞)."""
+    folder of a family whose captions are word pieces (VSE∞); ``clip``: the CLIP folder a ``clip`` run starts from."""
 
     name: str = "vsepp"
     params: dict | None = None
     cnn_weights: str | None = None
     bert: str | None = None
+    clip: str | None = None  # the Hugging Face CLIP folder a clip run fine-tunes (weights, tokenizer, preprocessing)
 
 
 @dataclass
 class LossConfig:
     """The loss family (:mod:`cocos.objectives`), its parameters (``None``: the spec's defaults), counting mode, and
-    ``warmup_epochs`` of the family's warm-up loss first (VSE∞ practice)."""
+    ``warmup_epochs`` of the family's warm-up loss first (VSE∞ practice); ``learn_tau``: the temperature is learned as
+    CLIP learns it (:class:`cocos.losses.base.LearnedTemperature`)."""
 
     name: str = "triplet_sh"
     params: dict | None = None
     compat: bool = False
     warmup_epochs: int = 0
+    learn_tau: bool = False  # the loss's softmax temperature is the model's learned logit_scale (CLIP)
 
 
 @dataclass
@@ -159,7 +165,8 @@ FLAT = {"data": ("data", "path"), "model": ("model", "name"), "loss": ("loss", "
         "cnn_weights": ("model", "cnn_weights"), "crop_size": ("data", "crop_size"),
         "use_restval": ("data", "use_restval"), "workers": ("data", "workers"),
         "optimizer": ("optim", "optimizer"), "weight_decay": ("optim", "weight_decay"),
-        "lr_groups": ("optim", "lr_groups"), "model_params": ("model", "params"), "bert": ("model", "bert")}
+        "lr_groups": ("optim", "lr_groups"), "model_params": ("model", "params"), "bert": ("model", "bert"),
+        "clip": ("model", "clip"), "learn_tau": ("loss", "learn_tau"), "resize": ("data", "resize")}
 MODEL_FLAT = {"embed_size": "embed_size", "word_dim": "word_dim", "cnn": "cnn_type", "finetune": "finetune"}
 LTD_FLAT = {"ltd_mode": "mode", "ltd_eta": "eta", "ltd_beta": "beta", "ltd_targets": "targets"}
 LOSS_FLAT = ("margin", "tau")  # settings of their own beside params before loss parameters were the spec's flags
@@ -170,7 +177,8 @@ ORDER = ("data", "model", "loss", "out", "epochs", "lr", "lr_update", "batch_siz
          "finetune", "crop_size", "use_restval", "workers")
 # settings added since, written where they differ from their default (an earlier run had the default)
 ADDED_DEFAULTS = {"optimizer": default(OptimConfig, "optimizer"), "weight_decay": default(OptimConfig, "weight_decay"),
-                  "lr_groups": None, "model_params": None, "bert": None}
+                  "lr_groups": None, "model_params": None, "bert": None, "clip": None, "learn_tau": False,
+                  "resize": None}
 SECTIONS = {"data": DataConfig, "model": ModelConfig, "loss": LossConfig, "optim": OptimConfig, "hooks": HookConfig}
 
 

@@ -20,7 +20,7 @@ from cocos.errors import CocosError
 from cocos.io import check_interrupt
 from cocos.progress import progress_bar
 from cocos.training.metrics import evaluate_embeddings
-from cocos.training.pixels import batch_loader, encode_pixels, image_transform
+from cocos.training.pixels import batch_loader, encode_pixels, model_transform
 
 
 def tokenize_split(split: PrecompSplit, vocab: Vocabulary) -> list[list[int]]:
@@ -68,10 +68,13 @@ def encode_split(
     group=None,
     workers: int = 0,
     crop_size: int = CROP_SIZE,
+    resize: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Embeddings of all images ``(N, e)`` and captions ``(M, e)`` of a split (in its order), in eval mode.
 
-    A raw-image split is encoded with the evaluation transform at ``crop_size``, decoded in
+    A raw-image split is encoded with the evaluation transform at ``crop_size`` and ``resize`` (None: in the
+    ratio 256 : 224; a model with its own
+    preprocessing, CLIP: that one, :func:`cocos.training.pixels.model_transform`), decoded in
     ``workers`` DataLoader workers, the CNN under bf16 autocast on CUDA
     (:func:`cocos.training.pixels.encode_pixels`).
 
@@ -92,7 +95,8 @@ def encode_split(
     total = -(-len(rows_img) // batch_size) + -(-len(rows_cap) // batch_size)
     try:
         with progress_bar(total, description, enabled=progress and group.is_main) as advance:
-            for feats in _image_inputs(split, rows_img, batch_size, workers, crop_size, device):
+            transform = model_transform(model, False, crop_size, resize)
+            for feats in _image_inputs(split, rows_img, batch_size, workers, transform, device):
                 check_interrupt()
                 images.append(_encode_images(model, feats, device).float().cpu())
                 advance(1)
@@ -116,8 +120,9 @@ def encode_split(
     return img, cap
 
 
-def _image_inputs(split, rows: range, batch_size: int, workers: int, crop_size: int, device):
-    """The model's image inputs of ``rows`` in chunks of ``batch_size``: features, or decoded pixels."""
+def _image_inputs(split, rows: range, batch_size: int, workers: int, transform, device):
+    """The model's image inputs of ``rows`` in chunks of ``batch_size``: features, or pixels decoded and transformed
+    by ``transform`` (the model's evaluation transform)."""
     if not is_image_split(split):
         for start in range(rows.start, rows.stop, batch_size):
             yield split.features_for(np.arange(start, min(start + batch_size, rows.stop)))
@@ -125,7 +130,7 @@ def _image_inputs(split, rows: range, batch_size: int, workers: int, crop_size: 
 
     plan = [(chunk, chunk) for chunk in (np.arange(s, min(s + batch_size, rows.stop))
                                          for s in range(rows.start, rows.stop, batch_size))]
-    yield from batch_loader(split, image_transform(False, crop_size), plan, workers=workers, device=device)
+    yield from batch_loader(split, transform, plan, workers=workers, device=device)
 
 
 def _encode_images(model, inputs: torch.Tensor, device) -> torch.Tensor:
@@ -152,13 +157,14 @@ def evaluate_model(
     progress: bool = False,
     workers: int = 0,
     crop_size: int = CROP_SIZE,
+    resize: int | None = None,
 ) -> dict[str, float]:
     """R@1/5/10 both ways, rsum, mAP@5, R-precision (and 5-fold 1K means for 5K test sets).
 
     A raw-image split's captions are put in image-major order first (every image needs the
     same number ``k`` of captions)."""
     img, cap = encode_split(model, split, token_ids, batch_size=batch_size, device=device,
-                            progress=progress, workers=workers, crop_size=crop_size)
+                            progress=progress, workers=workers, crop_size=crop_size, resize=resize)
     order = image_major(split)
     k = len(order) // split.n_images
     return evaluate_embeddings(img.numpy(), cap[torch.as_tensor(order)].numpy(), k)

@@ -22,7 +22,6 @@ import numpy as np
 import torch
 
 from cocos.errors import CocosError
-from cocos.io import write_csv
 
 
 @dataclass
@@ -110,20 +109,21 @@ class LTDHook(Hook):
 
 
 class TrackHook(Hook):
-    """COCOS of the training batch every N steps (:class:`cocos.training.track.CocosTracker`), from the step's own
-    forward pass, on rank 0, full batches only; ``cocos_track.csv``."""
+    """COCOS of the training batch every N steps (:class:`cocos.training.track.Tracker`, the public tracker of
+    :mod:`cocos.track`, as :meth:`~cocos.training.track.Tracker.for_training` builds it), from the step's own
+    forward pass, on rank 0, full batches only; ``cocos_track.csv`` beside ``train_log.csv``."""
 
     def __init__(self, tracker, is_main: bool, log_name: str) -> None:
         self.tracker, self.is_main, self.log_name = tracker, is_main, log_name
 
     def observe(self, batch, images, captions) -> None:
         if self.is_main and batch.full and self.tracker.due(batch.step):
-            self.tracker.observe(batch.step, batch.epoch, images, captions, batch.caption_image, batch.image_ids)
+            self.tracker.observe(batch.step, images, captions, batch.caption_image, epoch=batch.epoch,
+                                 image_ids=batch.image_ids)
 
     def resume(self, ckpt: dict, logs) -> None:
         if logs is not None and logs.track is not None:
             self.tracker.restore(logs.track)
 
     def write_logs(self, out: Path) -> None:
-
-        write_csv(out / self.log_name, self.tracker.frame(), float_format="%.10g")
+        self.tracker.write(out / self.log_name)

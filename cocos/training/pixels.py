@@ -9,7 +9,8 @@
 * **Sizes.** Training: ``RandomResizedCrop(crop_size)`` + flip (VSE++'s ``train`` transform);
   evaluation: ``Resize(resize)`` + ``CenterCrop(crop_size)`` with ``resize = round(256 ·
   crop_size / 224)`` (256 for the original 224; deviation for other crop sizes, which the
-  original code does not have: the same ratio of resize to crop). The sizes are checked by
+  original code does not have: the same ratio of resize to crop), or the resize given: a known
+  weights file's own (:mod:`cocos.models.weights`: 232 for torchvision's V2 ResNets). The sizes are checked by
   :func:`cocos.data.transforms.check_image_sizes` (commands call it up front, with the memory
   check; :func:`batch_loader` again, the sizes only).
 * **Memory.** A worker decodes, transforms and lets go of a batch's images one at a time
@@ -40,11 +41,14 @@ def eval_resize(crop_size: int) -> int:
     return RESIZE if crop_size == CROP_SIZE else int(round(RESIZE * crop_size / CROP_SIZE))
 
 
-def image_transform(train: bool, crop_size: int = CROP_SIZE):
-    """VSE++'s training or evaluation transform at ``crop_size`` (picklable for workers)."""
+def image_transform(train: bool, crop_size: int = CROP_SIZE, resize: int | None = None):
+    """VSE++'s training or evaluation transform at ``crop_size`` (picklable for workers); the evaluation ``Resize`` is
+    ``resize`` (a known weights file's own: :func:`cocos.models.weights.evaluation_transform`), else
+    :func:`eval_resize`."""
     if train:
         return functools.partial(train_transform, crop_size=crop_size)
-    return functools.partial(eval_transform, resize=eval_resize(crop_size), crop_size=crop_size)
+    return functools.partial(eval_transform, resize=eval_resize(crop_size) if resize is None else int(resize),
+                             crop_size=crop_size)
 
 
 def batch_loader(split: ImageSplit, transform, plan: list, *, seed: int = 0, epoch: int = 0, workers: int = 0,
@@ -99,3 +103,10 @@ def encode_pixels(model: torch.nn.Module, pixels: torch.Tensor, device: torch.de
     """Image embeddings of a batch of pixels: ``encode_pooled(pooled_features(...))``; on the CPU exactly
     ``model.encode_images(pixels)``."""
     return model.encode_pooled(pooled_features(model, pixels, device))
+
+
+def model_transform(model: torch.nn.Module, train: bool, crop_size: int = CROP_SIZE, resize: int | None = None):
+    """A raw-image model's pixels: its own preprocessing where it has one (CLIP's, ``model.image_transform(train)``,
+    :mod:`cocos.data.clip`), else :func:`image_transform` at ``crop_size`` (and ``resize``)."""
+    own = getattr(model, "image_transform", None)
+    return own(train) if own is not None else image_transform(train, crop_size, resize)

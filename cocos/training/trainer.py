@@ -52,6 +52,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from cocos.data.clip import CLIPFolder
 from cocos.data.images import load_image_split
 from cocos.data.precomp import PrecompSplit, data_fingerprint
 from cocos.data.samplers import pair_batches, ranking_batches
@@ -73,8 +74,10 @@ from cocos.io import (
     write_csv,
     write_text,
 )
+from cocos.losses.base import LearnedTemperature
 from cocos.losses.ltd import LatentTargetDecoding
-from cocos.models.registry import get_family, training_family
+from cocos.models.registry import families, get_family, training_family
+from cocos.models.weights import EvalTransform, evaluation_transform, known_by_digest
 from cocos.objectives import OBJECTIVES, get_loss, get_objective
 from cocos.objectives import names as loss_names
 from cocos.progress import progress_bar
@@ -100,8 +103,8 @@ from cocos.training.config import (
 from cocos.training.evaluate import evaluate_model, tokenize_split
 from cocos.training.hooks import Hook, LTDHook, StepBatch, TrackHook, WarmUp
 from cocos.training.logs import check_resumable, read_logs
-from cocos.training.pixels import batch_loader, encode_pixels, eval_resize, image_transform, prepare_model
-from cocos.training.track import CocosTracker
+from cocos.training.pixels import batch_loader, encode_pixels, eval_resize, model_transform, prepare_model
+from cocos.training.track import Tracker
 
 TRAIN_LOG = "train_log.csv"
 TRACK_LOG = "cocos_track.csv"
@@ -115,10 +118,12 @@ OUTPUT_NAMES = (RUN_MARKER, "last.pt", "model_best.pt", TRAIN_LOG, TRACK_LOG, "t
                 "cocos_track.png", "cocos_track.pdf")
 OUTPUT_PATTERNS = (r"epoch_\d+\.pt",)
 # flags that change what a run computes: a resumed run must keep them
+# a module's records of the pre-trained folder it was built from (CLIP's config.json and preprocessing)
+PRETRAINED = ("clip_config", "preprocess")
 RESUME_FLAGS = ("lr", "lr_update", "batch_size", "embed_size", "word_dim", "seed", "k",
                 "warmup_epochs", "compat", "grad_clip", "ltd", "ltd_mode", "ltd_eta", "ltd_beta", "ltd_targets",
                 "cnn", "finetune", "crop_size", "use_restval", "optimizer", "weight_decay", "lr_groups",
-                "model_params", "bert")
+                "model_params", "bert", "clip", "learn_tau")
 # torchvision's ImageNet weights files, what a frozen CNN needs (--cnn-weights)
 TORCHVISION_WEIGHTS = {"resnet18": ("resnet18-f37072fd.pth", "resnet18-5c106cde.pth"),
                        "resnet34": ("resnet34-b627a593.pth", "resnet34-333f7ec4.pth"),
@@ -143,10 +148,14 @@ def with_recipe(flat: dict, given) -> dict:
     """A run's flat settings with its family's recipe (:func:`family_recipe`: VSE∞'s AdamW, rates, schedule and
     warm-up) for every setting ``given(name)`` says the user did not set: ``cocos train --model vse_infty`` trains
     as VSE∞ did unless told otherwise. A loss without a warm-up loss, or a run no longer than the recipe's warm-up,
-    trains without one; another optimiser than the recipe's takes no weight decay from it."""
+    trains without one; another optimiser than the recipe's takes no weight decay from it; a loss without a softmax
+    temperature, or one whose temperature is given, does not learn it (CLIP's ``learn_tau``)."""
     recipe = family_recipe(flat)
-    if get_objective(flat.get("loss") or LossConfig().name).warmup_loss is None:
+    objective = get_objective(flat.get("loss") or LossConfig().name)
+    if objective.warmup_loss is None:
         recipe.pop("warmup_epochs", None)
+    if objective.temperature is None or loss_params_of(flat).get(objective.temperature) is not None:
+        recipe.pop("learn_tau", None)  # no temperature to learn, or the user's own
     if given("optimizer") and flat.get("optimizer") != recipe.get("optimizer"):
         recipe.pop("weight_decay", None)
     out = {**flat, **{k: v for k, v in recipe.items() if not given(k)}}
@@ -224,11 +233,18 @@ def _check_text(cfg: TrainConfig, family) -> None:
     elif cfg.model.bert:
         raise CocosError(f"--bert applies to the BERT families ({', '.join(_bert_families())}), not to --model "
                          f"{family.name}")
+    if family.text == "clip":
+        if not cfg.model.clip:
+            raise CocosError(f"--model {family.name} needs --clip DIR: a Hugging Face CLIP folder (config.json, "
+                             "weights, tokenizer files, preprocessor_config.json) saved on disk")
+        if cfg.data.vocab:
+            raise CocosError(f"--model {family.name} codes captions with its CLIP tokenizer; --vocab does not apply")
+    elif cfg.model.clip:
+        clips = [f.name for f in families() if f.text == "clip"]
+        raise CocosError(f"--clip applies to {', '.join(clips)}, not to --model {family.name}")
 
 
 def _bert_families() -> list[str]:
-    from cocos.models.registry import families
-
     return [f.name for f in families() if f.text == "wordpiece"]
 
 
@@ -267,6 +283,24 @@ def _check_loss(cfg: TrainConfig) -> None:
                          "before max violation)")
     check_params(lr=cfg.optim.lr)
     get_loss(cfg.loss.name, **cfg.loss_params())  # the loss's own checks
+    if cfg.loss.learn_tau:
+        _check_learn_tau(cfg)
+
+
+def _check_learn_tau(cfg: TrainConfig) -> None:
+    """``--learn-tau``: a loss with a softmax temperature (not also given), a model with a ``logit_scale``."""
+    objective, family = get_objective(cfg.loss.name), get_family(cfg.model.name)
+    if objective.temperature is None:
+        learnable = [n for n, o in OBJECTIVES.items() if o.temperature]
+        raise CocosError(f"--learn-tau: the {objective.label} loss has no softmax temperature (losses with one: "
+                         f"{', '.join(learnable)})")
+    if cfg.loss_params().get(objective.temperature) is not None:
+        raise CocosError(f"--learn-tau learns --{objective.temperature} from the model's logit_scale; give one or "
+                         "the other")
+    if not hasattr(family.module, "logit_scale"):
+        with_scale = [f.name for f in families() if hasattr(f.module, "logit_scale")]
+        raise CocosError(f"--learn-tau: the {family.name} model has no logit_scale to learn (models with one: "
+                         f"{', '.join(with_scale)})")
 
 
 def _check_images(cfg: TrainConfig) -> None:
@@ -275,9 +309,9 @@ def _check_images(cfg: TrainConfig) -> None:
     if isinstance(crop, bool) or not isinstance(crop, int) or crop < 8:
         raise CocosError(f"--crop-size must be an integer of at least 8 pixels, got {crop}")
     # the pixels of a training batch and of an evaluation batch (evaluate_model's 256) must fit in memory
-    check_image_sizes(eval_resize(crop), crop, max(cfg.optim.batch_size, 256), cfg.data.workers)
+    check_image_sizes(cfg.data.resize or eval_resize(crop), crop, max(cfg.optim.batch_size, 256), cfg.data.workers)
     cnn = params.get("cnn_type")
-    if not params.get("finetune") and not cfg.model.cnn_weights:
+    if cnn is not None and not params.get("finetune") and not cfg.model.cnn_weights:
         files = " or ".join(TORCHVISION_WEIGHTS.get(cnn, ("a torchvision weights file",)))
         raise CocosError(f"a frozen {cnn} needs ImageNet weights: pass --cnn-weights FILE (torchvision's "
                          f"{files}), or --finetune to train it from random initialisation")
@@ -340,21 +374,10 @@ class Trainer:
             self._open_features()
 
         resume_ckpt = load_checkpoint(self.last_path) if resume else None
-        family = get_family(cfg.model.name)
-        # a BERT family's folder: its config, word pieces and (below) weights; read before anything is written
-        self.bert = BertFolder.read(cfg.model.bert) if family.text == "wordpiece" and resume_ckpt is None else None
         if resume_ckpt is not None:
             self._check_resume(resume_ckpt)
-            self.vocab = coder_of(resume_ckpt["vocab"], resume_ckpt.get("text"))
-            self.bert_config = resume_ckpt["model"]["hparams"].get("bert_config")
-        elif self.bert is not None:
-            self.vocab, self.bert_config = self.bert.coder, self.bert.config
-        elif cfg.data.vocab:
-            self.vocab = Vocabulary.from_scan_json(cfg.data.vocab)
-        else:
-            self.vocab = Vocabulary.build(self.train_split.captions, threshold=cfg.data.vocab_threshold)
-        if resume_ckpt is None and self.bert is None:
-            self.bert_config = None
+        self._read_captions(resume_ckpt)
+        self.eval_sizes = self._eval_sizes(resume_ckpt) if self.images else None
         self.train_ids = tokenize_split(self.train_split, self.vocab)
         self._warn_unknown()
         self.dev_ids = tokenize_split(self.dev_split, self.vocab)
@@ -363,6 +386,8 @@ class Trainer:
         torch.manual_seed(cfg.optim.seed)
         self.model = self._build_model()
         self.loss_fn = get_loss(cfg.loss.name, **cfg.loss_params(), compat=cfg.loss.compat)
+        if cfg.loss.learn_tau:  # the temperature is the model's logit_scale, trained with it (CLIP)
+            self.loss_fn = LearnedTemperature(self.loss_fn, self.model.logit_scale)
         self.hooks = self._hooks()
         self.optimizer = self._optimizer()
         self.scheduler = torch.optim.lr_scheduler.StepLR(self.optimizer, step_size=cfg.optim.lr_update, gamma=0.1)
@@ -371,6 +396,50 @@ class Trainer:
         self.best_metrics: dict = {}  # of this process's run (rank 0 returns the file's, which also covers a resume)
         if resume_ckpt is not None:
             self._resume_from(resume_ckpt)
+
+    def _read_captions(self, resume_ckpt: dict | None) -> None:
+        """The run's caption coder (``self.vocab``) and what the model records of a pre-trained folder: a resumed
+        run's as its checkpoint recorded them; a BERT family's folder (its config, word pieces and, later, weights)
+        or a CLIP family's (config, preprocessing, tokenizer, weights), read before anything is written; else the
+        ``--vocab`` file or a vocabulary of the training captions."""
+        cfg, family = self.cfg, get_family(self.cfg.model.name)
+        self.bert = BertFolder.read(cfg.model.bert) if family.text == "wordpiece" and resume_ckpt is None else None
+        self.clip = CLIPFolder.read(cfg.model.clip) if family.text == "clip" and resume_ckpt is None else None
+        self.bert_config, self.pretrained = None, {}  # the module's records of its folder (CLIP's config, preprocess)
+        if resume_ckpt is not None:
+            hparams = resume_ckpt["model"]["hparams"]
+            self.vocab = coder_of(resume_ckpt["vocab"], resume_ckpt.get("text"))
+            self.bert_config = hparams.get("bert_config")
+            self.pretrained = {k: v for k, v in hparams.items() if k in PRETRAINED}
+        elif self.bert is not None:
+            self.vocab, self.bert_config = self.bert.coder, self.bert.config
+        elif self.clip is not None:
+            self.vocab = self.clip.coder
+            self.pretrained = {"clip_config": self.clip.config, "preprocess": self.clip.preprocess.record()}
+        elif cfg.data.vocab:
+            self.vocab = Vocabulary.from_scan_json(cfg.data.vocab)
+        else:
+            self.vocab = Vocabulary.build(self.train_split.captions, threshold=cfg.data.vocab_threshold)
+
+    def _eval_sizes(self, resume_ckpt: dict | None) -> EvalTransform | None:
+        """A raw-image run's evaluation Resize and CenterCrop: the CNN weights file's own
+        (:func:`cocos.models.weights.evaluation_transform`: 232 for torchvision's V2 ResNets) unless ``--resize``
+        says otherwise (a ``warning:`` line then); a resumed run's as its checkpoint recorded them (its file may be
+        gone); None for a model with its own preprocessing (CLIP)."""
+        cfg = self.cfg
+        if "cnn_type" not in cfg.model.params:
+            return None
+        recorded = (resume_ckpt or {}).get("data") or {}
+        if recorded.get("resize"):
+            weights = recorded.get("weights") or {}
+            return EvalTransform(int(recorded["resize"]), int(recorded.get("crop_size") or cfg.data.crop_size),
+                                 sha256=weights.get("sha256"), file=weights.get("file"),
+                                 weights=known_by_digest(weights["sha256"]) if weights.get("sha256") else None)
+        sizes = evaluation_transform(cfg.model.cnn_weights, cfg.data.resize, cfg.data.crop_size,
+                                     cnn=cfg.model.params["cnn_type"])
+        if sizes.warning:
+            self.log(f"warning: {sizes.warning}")
+        return sizes
 
     def _warn_unknown(self) -> None:
         """One ``warning:`` line when more than 5 % of the training captions' word pieces are unknown to a BERT's
@@ -431,9 +500,12 @@ class Trainer:
         cfg = self.cfg
         family = get_family(cfg.model.name)
         feature_dim = None if self.images else self.train_split.feature_dim
-        model = family.build(**family.hparams(cfg.model.params, len(self.vocab), feature_dim, self.bert_config))
+        model = family.build(**family.hparams(cfg.model.params, len(self.vocab), feature_dim, self.bert_config,
+                                              self.pretrained))
         if self.bert is not None:  # a new run starts from the pre-trained BERT (a resumed one from its checkpoint)
             model.load_text_encoder(self.bert.path)
+        if self.clip is not None:  # a new run starts from the CLIP folder's weights
+            model.load_pretrained(self.clip.path)
         if not self.images:
             return model.to(self.device)
         if cfg.model.cnn_weights:
@@ -483,8 +555,8 @@ class Trainer:
             hooks.append(LTDHook(ltd, self.targets, self.last_path))
         if cfg.hooks.track_cocos:
 
-            tracker = CocosTracker(cfg.hooks.track_cocos, cfg.loss.name, self.loss_fn.params(),
-                                   self.loss_fn.batch_layout, compat=cfg.loss.compat)
+            tracker = Tracker.for_training(cfg.hooks.track_cocos, cfg.loss.name, self.loss_fn.params(),
+                                           self.loss_fn.batch_layout, compat=cfg.loss.compat)
             hooks.append(TrackHook(tracker, self.group.is_main, TRACK_LOG))
         return hooks
 
@@ -777,7 +849,7 @@ class Trainer:
         for img, cap, *_ in batches:
             local_img, local_cap, _ = self._local_rows(np.asarray(img), np.asarray(cap))
             plan.append((local_img, local_img if self.loss_fn.batch_layout == "ranking" else local_cap))
-        return batch_loader(self.train_split, image_transform(True, self.cfg.data.crop_size), plan,
+        return batch_loader(self.train_split, model_transform(self.model, True, self.cfg.data.crop_size), plan,
                             seed=self.cfg.optim.seed, epoch=epoch, workers=self.cfg.data.workers, device=self.device)
 
     def train_epoch(self, epoch: int) -> tuple[float, float]:
@@ -838,13 +910,21 @@ class Trainer:
         data = {"path": str(Path(self.cfg.data.path).resolve()), "fingerprint": self.fingerprint, "k": self.cfg.data.k}
         if not self.images:
             return {**data, "feature_shape": list(self.train_split.feature_shape)}
-        return {**data, "feature_shape": [int(self.model.img_dim)], "input": "images",
-                "crop_size": self.cfg.data.crop_size, "use_restval": self.cfg.data.use_restval}
+        own = getattr(self.model, "preprocess", None)  # a model with its own preprocessing (CLIP): its crop
+        data = {**data, "feature_shape": [int(self.model.img_dim)], "input": "images",
+                "crop_size": own.crop_size if own is not None else self.cfg.data.crop_size,
+                "use_restval": self.cfg.data.use_restval}
+        if self.eval_sizes is not None:  # the evaluation transform, and the weights file it is the transform of
+            data["resize"] = self.eval_sizes.resize
+            if self.eval_sizes.record() is not None:
+                data["weights"] = self.eval_sizes.record()
+        return data
 
     def evaluate_dev(self) -> dict:
         """Validation metrics on the dev split (raw images: evaluation transform, ``workers``)."""
         return evaluate_model(self.model, self.dev_split, self.dev_ids, device=self.device,
-                              workers=self.cfg.data.workers, crop_size=self.cfg.data.crop_size)
+                              workers=self.cfg.data.workers, crop_size=self.cfg.data.crop_size,
+                              resize=self.eval_sizes.resize if self.eval_sizes is not None else None)
 
     def fit(self) -> dict:
         """Train the remaining epochs; returns the best checkpoint's validation metrics.

@@ -1,0 +1,162 @@
+"""CLIP-style dual encoders (Radford et al. 2021): a Hugging Face ``CLIPModel`` as a cocos model family.
+
+The definitions file, section 21, states what cocos computes. In short: image embeddings are
+``l2norm(visual_projection(vision_model(pixels).pooler_output))`` and caption embeddings
+``l2norm(text_projection(text_model(ids, mask).pooler_output))``, CLIP's own ``get_image_features`` /
+``get_text_features`` normalised, as CLIP's loss normalises them. The model records the folder's
+``config.json`` (``clip_config``) and its image preprocessing (``preprocess``), so a checkpoint stands alone;
+``logit_scale`` (CLIP's learned ``log(1 / tau)``) is one of its weights.
+
+As every raw-image family (:class:`cocos.models.image.PixelModel`): ``pooled(pixels)`` is the vision tower's pooled
+output (``pooler_output``, before the projection), ``encode_pooled`` the projection and the norm. Encoding a split
+for counting takes whole image embeddings batch by batch (``pooled_is_grid``: no feature cache), with the
+model's own transform (``image_transform``).
+
+**Freezing** (``freeze``): ``none``, ``image`` (the vision tower and its projection), ``text`` (the text tower,
+its projection), ``both`` (only ``logit_scale`` would train). ``unfrozen_blocks = N > 0`` trains only the last
+``N`` transformer blocks of each tower that is not frozen, with what follows them (the vision tower's
+``post_layernorm``, the text tower's ``final_layer_norm``, the projections); ``0`` trains the whole tower. A
+frozen part has ``requires_grad = False``; CLIP has neither BatchNorm nor (by default) dropout, so eval and train
+modes compute the same.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from cocos.defaults import MAX_LOGIT_SCALE
+from cocos.errors import CocosError
+from cocos.models.image import PixelModel
+from cocos.models.text import l2norm
+
+FREEZE = ("none", "image", "text", "both")
+INSTALL = "CLIP models need transformers: pip install 'cocos[bert]'"
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise CocosError(INSTALL) from None
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    return transformers
+
+
+class CLIPDual(PixelModel):
+    """A CLIP dual encoder (module docstring). ``vocab_size`` must be the text tower's (the tokenizer's size)."""
+
+    kind = "clip"
+    pooled_is_grid = True  # a split is encoded to image embeddings batch by batch (cocos.embed.images)
+
+    def __init__(self, vocab_size: int, clip_config: dict, preprocess: dict, freeze: str = "none",
+                 unfrozen_blocks: int = 0, embed_size: int | None = None):
+        super().__init__()
+        from cocos.data.clip import Preprocess
+
+        transformers = _transformers()
+        if freeze not in FREEZE:
+            raise CocosError(f"unknown --freeze '{freeze}' (choose from {', '.join(FREEZE)})")
+        if isinstance(unfrozen_blocks, bool) or not isinstance(unfrozen_blocks, int) or unfrozen_blocks < 0:
+            raise CocosError(f"--unfrozen-blocks must be an integer of at least 0, got {unfrozen_blocks!r}")
+        try:
+            config = transformers.CLIPConfig.from_dict(dict(clip_config))
+        except Exception as exc:  # noqa: BLE001 - whatever a damaged config makes transformers raise
+            raise CocosError(f"not a CLIP configuration ({str(exc).splitlines()[0][:160] if str(exc) else exc})"
+                             ) from None
+        if config.text_config.vocab_size != vocab_size:
+            raise CocosError(f"the tokenizer has {vocab_size} tokens but the text tower's vocab_size is "
+                             f"{config.text_config.vocab_size}")
+        if embed_size is not None and embed_size != config.projection_dim:
+            raise CocosError(f"embed_size {embed_size} is not the CLIP model's projection_dim {config.projection_dim}")
+        self.preprocess = Preprocess.of(preprocess)
+        self.clip = transformers.CLIPModel(config)
+        self.img_dim = int(config.vision_config.hidden_size)
+        self.hparams = {"vocab_size": int(vocab_size), "clip_config": dict(clip_config),
+                        "preprocess": self.preprocess.record(), "freeze": freeze,
+                        "unfrozen_blocks": int(unfrozen_blocks), "embed_size": int(config.projection_dim)}
+        self._freeze(freeze, int(unfrozen_blocks))
+
+    def _freeze(self, freeze: str, blocks: int) -> None:
+        clip = self.clip
+        towers = {"image": (clip.vision_model, clip.vision_model.encoder.layers, clip.visual_projection),
+                  "text": (clip.text_model, clip.text_model.encoder.layers, clip.text_projection)}
+        for side, (tower, layers, projection) in towers.items():
+            frozen = freeze in (side, "both")
+            for p in [*tower.parameters(), *projection.parameters()]:
+                p.requires_grad_(not frozen)
+            if frozen or not blocks:
+                continue
+            if blocks > len(layers):
+                raise CocosError(f"--unfrozen-blocks {blocks}: the {side} tower has {len(layers)} blocks")
+            trained = {id(p) for layer in layers[-blocks:] for p in layer.parameters()}
+            trained |= {id(p) for name, p in tower.named_parameters()
+                        if name.startswith(("post_layernorm", "final_layer_norm"))}
+            for p in tower.parameters():
+                p.requires_grad_(id(p) in trained)
+
+    # -- weights --------------------------------------------------------------------------------------------
+
+    def load_pretrained(self, folder: str | os.PathLike) -> CLIPDual:
+        """The weights of a CLIP folder (``local_files_only``: nothing downloaded); one line if they do not fit."""
+        transformers = _transformers()
+        folder = Path(folder)
+        try:
+            loaded = transformers.CLIPModel.from_pretrained(str(folder), local_files_only=True)
+        except Exception as exc:  # noqa: BLE001 - a damaged or foreign weights file
+            raise CocosError(f"{folder}: its CLIP weights cannot be read ({str(exc).splitlines()[0][:160]})") from None
+        state = loaded.state_dict()
+        for key, value in state.items():
+            if value.dtype.is_floating_point and not bool(torch.isfinite(value).all()):
+                raise CocosError(f"{folder}: {key} holds NaN or Inf")
+        own = self.clip.state_dict()
+        wrong = [k for k in own if k not in state or tuple(state[k].shape) != tuple(own[k].shape)]
+        if wrong:
+            raise CocosError(f"{folder}: its weights do not fit its config.json ({wrong[0]})")
+        self.clip.load_state_dict({k: state[k] for k in own})
+        return self
+
+    @property
+    def logit_scale(self) -> torch.Tensor:
+        """CLIP's learned ``log(1 / tau)`` (a parameter of the model)."""
+        return self.clip.logit_scale
+
+    def temperature(self) -> float:
+        """``tau = 1 / exp(logit_scale)``, with CLIP's clamp at ``exp(logit_scale) <= 100``."""
+        return float(torch.exp(-self.logit_scale.detach().float().clamp(max=MAX_LOGIT_SCALE)).item())
+
+    # -- encoding -------------------------------------------------------------------------------------------
+
+    def image_transform(self, train: bool):
+        """The model's own preprocessing (:mod:`cocos.data.clip`): what its pixels must be."""
+        return self.preprocess.transform(train)
+
+    def cnn_features(self, pixels: torch.Tensor) -> torch.Tensor:
+        """The vision tower's pooled output ``(n, hidden)`` (before the projection)."""
+        return self.clip.vision_model(pixel_values=pixels).pooler_output
+
+    def encode_pooled(self, features: torch.Tensor) -> torch.Tensor:
+        return l2norm(self.clip.visual_projection(features))
+
+    def encode_captions(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """``(n, L)`` ids padded after ``lengths`` -> ``(n, embed)``: the text tower's end-of-text output, projected."""
+        mask = (torch.arange(tokens.shape[1], device=tokens.device)[None, :]
+                < torch.as_tensor(lengths, device=tokens.device)[:, None]).long()
+        out = self.clip.text_model(input_ids=tokens, attention_mask=mask).pooler_output
+        return l2norm(self.clip.text_projection(out))
+
+
+def describe(hparams: dict) -> str:
+    """``CLIP (ViT-B/32)``: the vision tower's patch size and width, from the recorded config."""
+    vision = (hparams.get("clip_config") or {}).get("vision_config") or {}
+    patch, width = vision.get("patch_size"), vision.get("hidden_size")
+    name = {768: "B", 1024: "L", 1280: "H", 512: "S"}.get(width)
+    tower = f"ViT-{name}/{patch}" if name and patch else f"ViT {width or '?'}-d, patch {patch or '?'}"
+    frozen = {"image": ", image tower frozen", "text": ", text tower frozen", "both": ", frozen"}
+    return f"CLIP ({tower}{frozen.get(hparams.get('freeze', 'none'), '')})"
+
+
+__all__ = ["CLIPDual", "FREEZE", "describe"]
