@@ -37,7 +37,7 @@ from cocos.data.transforms import MAX_RESIZED_PIXELS, normalize, random_resized_
 from cocos.errors import CocosError
 from cocos.hf import is_clip_folder
 
-INSTALL = "CLIP models need transformers and tokenizers: pip install 'cocos[bert]'"
+INSTALL = "CLIP models need transformers and tokenizers: pip install 'cocos[clip]'"
 WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 TRAIN_SCALE = (0.9, 1.0)  # open_clip's RandomResizedCrop scale for fine-tuning
 RESAMPLING = {0: Image.NEAREST, 1: Image.LANCZOS, 2: Image.BILINEAR, 3: Image.BICUBIC, 4: Image.BOX, 5: Image.HAMMING}

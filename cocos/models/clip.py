@@ -33,7 +33,7 @@ from cocos.models.image import PixelModel
 from cocos.models.text import l2norm
 
 FREEZE = ("none", "image", "text", "both")
-INSTALL = "CLIP models need transformers: pip install 'cocos[bert]'"
+INSTALL = "CLIP models need transformers: pip install 'cocos[clip]'"
 
 
 def _transformers():
