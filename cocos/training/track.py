@@ -73,7 +73,7 @@ from cocos.training.logs import TRACK_COLUMNS, TRACK_LOG
 COLUMNS = list(TRACK_COLUMNS)
 TRACK_META = "cocos_track.json"  # beside cocos_track.csv in a Tracker's out_dir: what the report needs to show it
 META_FORMAT, META_VERSION = "cocos-track", 1
-TENSORBOARD_HINT = "pip install 'cocos[tensorboard]' (or tensorboard)"
+TENSORBOARD_HINT = "pip install tensorboard (or 'cocos[tensorboard]')"
 
 
 def tensorboard_tag(loss: str, direction: str, stat: str) -> str:
