@@ -32,8 +32,10 @@ LETTERS = "abcdefghijklmnopqrstuvwxyz"
 MERGES = ["t h", "th e</w>", "a n", "o n</w>", "i n", "e d</w>", "r e"]
 
 
-def make_clip_folder(folder, *, image_size=30, max_positions=16, seed=0):
-    """A tiny random CLIP folder as save_pretrained writes it: a letter BPE (a few merges), two-block towers."""
+def make_clip_folder(folder, *, image_size=30, max_positions=16, seed=0, logit_scale=3.5, legacy_eos=False):
+    """A tiny random CLIP folder as save_pretrained writes it: a letter BPE (a few merges), two-block towers, a
+    logit scale other than CLIP's initial one; ``legacy_eos``: ``eos_token_id = 2`` in the config, as OpenAI's
+    configs were saved (transformers then pools the largest id, not the first eos)."""
     folder.mkdir(parents=True, exist_ok=True)
     tokens = [c for ch in LETTERS for c in (ch, ch + "</w>")] + [a + b for a, b in (m.split() for m in MERGES)]
     tokens += ["<|startoftext|>", "<|endoftext|>"]
@@ -43,11 +45,14 @@ def make_clip_folder(folder, *, image_size=30, max_positions=16, seed=0):
     tok.save_pretrained(str(folder))
     torch.manual_seed(seed)
     text = dict(vocab_size=len(tokens), hidden_size=32, intermediate_size=37, num_hidden_layers=2,
-                num_attention_heads=4, max_position_embeddings=max_positions, eos_token_id=len(tokens) - 1,
+                num_attention_heads=4, max_position_embeddings=max_positions,
+                eos_token_id=2 if legacy_eos else len(tokens) - 1,
                 bos_token_id=len(tokens) - 2, pad_token_id=len(tokens) - 1)
     vision = dict(hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
                   image_size=image_size, patch_size=6)
     model = transformers.CLIPModel(transformers.CLIPConfig(text_config=text, vision_config=vision, projection_dim=24))
+    with torch.no_grad():
+        model.logit_scale.fill_(logit_scale)
     model.save_pretrained(str(folder))
     transformers.CLIPImageProcessorPil(size={"shortest_edge": image_size},
                                        crop_size={"height": image_size, "width": image_size}).save_pretrained(
@@ -129,8 +134,9 @@ def test_training_transform_is_seeded_and_of_the_crop(world):
     assert a.shape == (3, 30, 30) and torch.equal(a, b) and not torch.equal(a, c)
 
 
-def test_embeddings_equal_clipmodel_forward(world):
-    _, clip, _ = world
+@pytest.mark.parametrize("legacy_eos", [False, True])
+def test_embeddings_equal_clipmodel_forward(world, tmp_path, legacy_eos):
+    clip = world[1] if not legacy_eos else make_clip_folder(tmp_path / "legacy", legacy_eos=True)
     folder = CLIPFolder.read(clip)
     model = CLIPDual(len(folder.coder), folder.config, folder.preprocess.record()).load_pretrained(clip).eval()
     ref, tok, proc = reference(clip)
@@ -240,14 +246,17 @@ def test_freezing_a_tower_and_all_but_the_last_block(world, tmp_path):
 
 
 def test_resume_continues_as_one_run(world, tmp_path):
-    whole = train(world, tmp_path / "whole", "--loss", "ntxent", "--epochs", "2")
+    whole = train(world, tmp_path / "whole", "--loss", "ntxent", "--epochs", "2", "--track-cocos", "1")
     assert whole.exit_code == 0, whole.output
-    assert train(world, tmp_path / "part", "--loss", "ntxent", "--epochs", "1").exit_code == 0
-    resumed = train(world, tmp_path / "part", "--loss", "ntxent", "--epochs", "2", "--resume")
+    assert train(world, tmp_path / "part", "--loss", "ntxent", "--epochs", "1", "--track-cocos", "1").exit_code == 0
+    resumed = train(world, tmp_path / "part", "--loss", "ntxent", "--epochs", "2", "--track-cocos", "1", "--resume")
     assert resumed.exit_code == 0, resumed.output
     a = torch.load(tmp_path / "whole" / "last.pt", weights_only=True)["state_dict"]
     b = torch.load(tmp_path / "part" / "last.pt", weights_only=True)["state_dict"]
     assert all(torch.equal(a[k], b[k]) for k in a)
+    # the tracked NT-Xent counts at each step's learned temperature, before and after the resume
+    track = [(f / "cocos_track.csv").read_text() for f in (tmp_path / "whole", tmp_path / "part")]
+    assert track[0] == track[1]
 
 
 def test_learned_temperature_is_ntxent_at_exp_minus_logit_scale():
@@ -257,7 +266,7 @@ def test_learned_temperature_is_ntxent_at_exp_minus_logit_scale():
     scale = torch.nn.Parameter(torch.tensor(2.0))
     loss = LearnedTemperature(get_loss("ntxent"), scale)
     value = loss(images, captions)
-    assert float(value) == pytest.approx(float(get_loss("ntxent", tau=math.exp(-2.0))(images, captions)), rel=1e-6)
+    assert float(value.detach()) == pytest.approx(float(get_loss("ntxent", tau=math.exp(-2.0))(images, captions)), rel=1e-6)
     value.backward()
     # d/ds of the loss at tau = exp(-s), by central differences of the fixed-temperature loss
     h = 1e-3
@@ -275,6 +284,9 @@ def test_learned_temperature_is_ntxent_at_exp_minus_logit_scale():
     (["--loss", "ntxent", "--freeze", "sideways"], "unknown --freeze"),
     (["--loss", "ntxent", "--unfrozen-blocks", "5"], "has 2 blocks"),
     (["--loss", "ntxent", "--vocab", "x.json"], "--vocab does not apply"),
+    (["--loss", "triplet_sh", "--freeze", "both"], "nothing to train"),
+    (["--loss", "ntxent", "--cnn-weights", "w.pth"], "--cnn-weights do not apply"),
+    (["--loss", "ntxent", "--resize", "40"], "--resize do not apply"),
 ])
 def test_bad_clip_runs_are_one_line(world, tmp_path, args, words):
     result = train(world, tmp_path / "bad", *args)
@@ -297,8 +309,9 @@ def test_clip_needs_its_folder_and_others_refuse_it(world, tmp_path):
 def test_broken_folders_are_one_line(world, tmp_path):
     _, clip, data = world
     for name, damage in (("config.json", "{not json"), ("preprocessor_config.json", '{"image_std": [0, 1, 1]}'),
-                         ("model.safetensors", "garbage")):
-        broken = tmp_path / name
+                         ("preprocessor_config.json", '{"size": {"height": 30, "width": 40}}'),
+                         ("preprocessor_config.json", '{"rescale_factor": "x"}'), ("model.safetensors", "garbage")):
+        broken = tmp_path / f"{name}-{len(damage)}"
         shutil.copytree(clip, broken)
         (broken / name).write_text(damage)
         result = runner.invoke(app, ["analyze", str(broken), "--data", str(data), "--out", str(tmp_path / "o"),

@@ -268,12 +268,29 @@ def test_bad_input_is_one_line(tmp_path, monkeypatch):
         with pytest.raises(CocosError) as exc:
             Tracker(**kwargs)
         assert words in _one_line(exc)
-    with pytest.raises(CocosError) as exc:
-        Tracker(tmp_path / "x", tensorboard=True, every=1).observe(1, torch.randn(4, 3), torch.randn(8, 3),
-                                                                   caption_image=torch.tensor([0, 1, 2, 3, 0, 1, 2,
-                                                                                               9]))
+    with Tracker(tmp_path / "x", tensorboard=True, every=1) as t, pytest.raises(CocosError) as exc:
+        t.observe(1, torch.randn(4, 3), torch.randn(8, 3), caption_image=torch.tensor([0, 1, 2, 3, 0, 1, 2, 9]))
     assert "caption_image" in _one_line(exc)
+
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # as if tensorboard were not installed
     with pytest.raises(CocosError) as exc:
         Tracker(tmp_path / "y", tensorboard=True)
     assert "pip install tensorboard" in _one_line(exc)
+
+
+def test_a_refused_batch_fixes_nothing_and_a_held_folder_needs_overwrite(tmp_path):
+    t = Tracker(every=1, losses="triplet")
+    with pytest.raises(CocosError):
+        t.observe(1, torch.full((4, 3), math.nan), torch.randn(4, 3))
+    assert t.shape is None and not t.rows  # the refused batch fixed no shape
+    assert t.observe(1, torch.randn(6, 3), torch.randn(6, 3)) is True and t.shape == (6, 6)
+    with Tracker(tmp_path, every=1, losses="triplet") as first:
+        first.observe(1, torch.randn(4, 3), torch.randn(4, 3))
+    before = (tmp_path / "cocos_track.csv").read_bytes()
+    with pytest.raises(CocosError) as exc:
+        Tracker(tmp_path, every=1)
+    assert "overwrite=True" in _one_line(exc)
+    assert (tmp_path / "cocos_track.csv").read_bytes() == before  # nothing replaced
+    with Tracker(tmp_path, every=1, losses="triplet", overwrite=True) as again:
+        again.observe(1, torch.randn(5, 3), torch.randn(5, 3))
+    assert (tmp_path / "cocos_track.csv").read_bytes() != before

@@ -275,6 +275,8 @@ def test_analyze_takes_the_checkpoints_transform_and_a_given_one_with_a_warning(
     old = {**checkpoint, "data": {k: v for k, v in checkpoint["data"].items() if k not in ("resize", "weights")},
            "train": {**checkpoint["train"], "cnn_weights": str(world / "r18_v2.pth")}}
     assert recorded_transform(old) == (36, 32, "fake ResNet18_Weights.V2")
+    with pytest.warns(W.WeightsTransformWarning, match="records no evaluation transform .* not the Resize 37"):
+        assert image_source_of(old, world / "w").resize == 36  # said: it was validated at 37 while training
     # ... or, when the file is gone, by torchvision's name of it
     gone = {**old, "train": {**old["train"], "cnn_weights": "/nowhere/resnet50-11ad3fa6.pth"}}
     table(*TABLE)

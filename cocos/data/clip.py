@@ -35,13 +35,12 @@ from PIL import Image
 
 from cocos.data.transforms import MAX_RESIZED_PIXELS, normalize, random_resized_crop_params, resized_size, to_tensor
 from cocos.errors import CocosError
-from cocos.hf import is_clip_folder
+from cocos.hf import MAX_CONFIG_BYTES, is_clip_folder
 
 INSTALL = "CLIP models need transformers and tokenizers: pip install 'cocos[clip]'"
 WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 TRAIN_SCALE = (0.9, 1.0)  # open_clip's RandomResizedCrop scale for fine-tuning
 RESAMPLING = {0: Image.NEAREST, 1: Image.LANCZOS, 2: Image.BILINEAR, 3: Image.BICUBIC, 4: Image.BOX, 5: Image.HAMMING}
-MAX_CONFIG_BYTES = 1 << 20
 MAX_TOKENIZER_BYTES = 64 << 20
 
 
@@ -182,13 +181,10 @@ class Preprocess:
 def read_preprocess(path: Path) -> Preprocess:
     """``preprocessor_config.json`` -> :class:`Preprocess` (absent entries: OpenAI CLIP's)."""
     cfg = _read_json(path)
+    _check_restated(cfg, path)
     size, crop = cfg.get("size", {}), cfg.get("crop_size", {})
-    shortest = size.get("shortest_edge", size.get("height")) if isinstance(size, dict) else size
+    shortest = size.get("shortest_edge") if isinstance(size, dict) else size
     crop = crop.get("height") if isinstance(crop, dict) else crop
-    if isinstance(crop, dict) or (isinstance(cfg.get("crop_size"), dict) and crop != cfg["crop_size"].get("width")):
-        raise CocosError(f"{path}: a crop that is not square ({cfg.get('crop_size')}) is not supported")
-    if cfg.get("do_center_crop") is False or cfg.get("do_resize") is False or cfg.get("do_normalize") is False:
-        raise CocosError(f"{path}: preprocessing without resize, centre crop or normalisation is not supported")
     default = Preprocess()
     record = {"resize": shortest or default.resize, "crop_size": crop or default.crop_size,
               "mean": cfg.get("image_mean", default.mean), "std": cfg.get("image_std", default.std),
@@ -197,6 +193,21 @@ def read_preprocess(path: Path) -> Preprocess:
         return Preprocess.of(record)
     except CocosError as exc:
         raise CocosError(f"{path}: {exc}") from None
+
+
+def _check_restated(cfg: dict, path: Path) -> None:
+    """Preprocessing that :func:`clip_eval_transform` restates exactly, or one line saying what is not."""
+    size, crop = cfg.get("size", {}), cfg.get("crop_size", {})
+    if isinstance(size, dict) and "shortest_edge" not in size and size:  # {height, width}: resized to exactly that
+        raise CocosError(f"{path}: a resize to a fixed height and width ({size}) is not supported (CLIP resizes the "
+                         "shortest edge)")
+    if isinstance(crop, dict) and crop.get("height") != crop.get("width"):
+        raise CocosError(f"{path}: a crop that is not square ({crop}) is not supported")
+    if cfg.get("do_center_crop") is False or cfg.get("do_resize") is False or cfg.get("do_normalize") is False:
+        raise CocosError(f"{path}: preprocessing without resize, centre crop or normalisation is not supported")
+    factor = cfg.get("rescale_factor", 1 / 255)
+    if cfg.get("do_rescale") is False or not isinstance(factor, (int, float)) or abs(factor * 255 - 1) > 1e-6:
+        raise CocosError(f"{path}: pixels rescaled other than by 1/255 are not supported")
 
 
 def _resize(img: Image.Image, size: int, resample: int) -> Image.Image:

@@ -172,12 +172,31 @@ def image_source_of(ckpt: dict, data: Path, *, resize: int | None = None, crop_s
     own_resize, own_crop, weights = recorded_transform(ckpt)
     crop = own_crop if crop_size is None else int(crop_size)
     size = proportional_resize(crop, own_resize, own_crop) if resize is None else int(resize)
-    if weights is not None and (size, crop) != (own_resize, own_crop) and (resize, crop_size) != (None, None):
-        warnings.warn(WeightsTransformWarning(
-            f"the checkpoint's CNN weights are {weights}, evaluated at Resize {own_resize} + CenterCrop {own_crop}; "
-            f"using Resize {size} + CenterCrop {crop} as given"), stacklevel=2)
+    if weights is not None:
+        _warn_transform(ckpt, weights, (own_resize, own_crop), (size, crop), (resize, crop_size))
     return ImageSource(Path(data), resize=size, crop_size=crop, use_restval=restval,
                        features=[Path(f) for f in features], workers=workers, log=log, weights=weights)
+
+
+def _warn_transform(ckpt: dict, weights: str, own: tuple, used: tuple, given: tuple) -> None:
+    """One :class:`WeightsTransformWarning` line: sizes given unlike a known weights file's, or an old checkpoint
+    (:func:`_unrecorded`) now evaluated at its file's own resize rather than the 256 : 224 it was validated at."""
+    (size, crop), (resize, _) = used, given
+    if used != own and given != (None, None):
+        warnings.warn(WeightsTransformWarning(
+            f"the checkpoint's CNN weights are {weights}, evaluated at Resize {own[0]} + CenterCrop {own[1]}; "
+            f"using Resize {size} + CenterCrop {crop} as given"), stacklevel=3)
+    elif _unrecorded(ckpt) and resize is None and size != eval_resize(crop):
+        warnings.warn(WeightsTransformWarning(
+            f"the checkpoint records no evaluation transform (written before cocos knew weights files): its CNN "
+            f"weights are {weights}, evaluated at their own Resize {size} + CenterCrop {crop}, not the "
+            f"Resize {eval_resize(crop)} it was validated at while training (--resize {eval_resize(crop)} for that)"),
+            stacklevel=3)
+
+
+def _unrecorded(ckpt: dict) -> bool:
+    """A cocos checkpoint written before the evaluation transform was recorded (no ``data.resize``)."""
+    return "legacy" not in ckpt and not (ckpt.get("data") or {}).get("resize")
 
 
 def recorded_transform(ckpt: dict) -> tuple[int, int, str | None]:

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from cocos.data.layout import DIRECTIONS, batch_similarity
-from cocos.defaults import MAX_LOGIT_SCALE
+from cocos.models.clip import temperature_of
 
 
 def intra_similarities(images, captions) -> dict[str, torch.Tensor]:
@@ -105,10 +105,15 @@ class LearnedTemperature(ContrastiveLoss):
         super().__init__(loss.objective, compat=loss.compat, **loss.params())
         self._scale = [logit_scale]  # the model's parameter: held, not registered (the loss owns no weights)
         self._name = name
+        del self.__dict__[name]  # no stale ``loss.tau``: the temperature is temperature() (params() its value)
 
     def temperature(self) -> torch.Tensor:
         """The current temperature, with its gradient to ``logit_scale``."""
-        return torch.exp(-self._scale[0].clamp(max=MAX_LOGIT_SCALE))
+        return temperature_of(self._scale[0])
+
+    def extra_repr(self) -> str:
+        return ", ".join([f"name={self.name}", *(f"{k}={v:g}" for k, v in self.params().items()),
+                          "learned temperature"])
 
     def _learned(self) -> dict:
         return {**self._params, self._name: self.temperature()}

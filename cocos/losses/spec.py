@@ -93,6 +93,9 @@ class Objective:
             raise CocosError(f"loss '{self.name}': main statistic {self.main_stat} is not among {self.stats}")
         if not callable(self.direction_loss) and not callable(self.batch_loss):
             raise CocosError(f"loss '{self.name}': needs a callable direction_loss or batch_loss")
+        self._check_temperature()
+
+    def _check_temperature(self) -> None:
         if self.temperature is not None and self.temperature not in self.defaults:
             raise CocosError(f"loss '{self.name}': its temperature '{self.temperature}' is not one of its parameters")
 

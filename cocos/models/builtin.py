@@ -12,7 +12,7 @@ from cocos.defaults import DEFAULT_CNN, DEFAULT_EMBED_SIZE, DEFAULT_WORD_DIM
 from cocos.errors import CocosError
 from cocos.io import available_memory
 from cocos.models import original
-from cocos.models.clip import FREEZE, CLIPDual
+from cocos.models.clip import CLIPDual, check_freeze
 from cocos.models.clip import describe as describe_clip
 from cocos.models.cnn import CNN_TYPES
 from cocos.models.family import ModelFamily, OriginalImage
@@ -117,14 +117,12 @@ VSE_INFTY_FULL_FAMILY = ModelFamily(
 
 
 def check_clip(params: dict) -> None:
-    if params["freeze"] not in FREEZE:
-        raise CocosError(f"unknown --freeze '{params['freeze']}' (choose from {', '.join(FREEZE)})")
-    if params["unfrozen_blocks"] < 0:
-        raise CocosError(f"--unfrozen-blocks must be an integer of at least 0, got {params['unfrozen_blocks']!r}")
+    check_freeze(params["freeze"], params["unfrozen_blocks"])
 
 
-# fine-tuning a CLIP as open_clip does: AdamW (weight decay 0.1) at a small rate, the temperature learned
-CLIP_RECIPE = {"optimizer": "adamw", "weight_decay": 0.1, "lr": 1e-5, "learn_tau": True}
+# fine-tuning a CLIP as open_clip does: AdamW (weight decay 0.1) at a small rate, no gradient clipping, the
+# temperature learned
+CLIP_RECIPE = {"optimizer": "adamw", "weight_decay": 0.1, "lr": 1e-5, "grad_clip": 0.0, "learn_tau": True}
 CLIP_FAMILY = ModelFamily(
     name="clip", label="CLIP", module=CLIPDual, input="images", text="clip",
     defaults={"freeze": "none", "unfrozen_blocks": 0}, check=check_clip, describe=describe_clip, recipe=CLIP_RECIPE,

@@ -27,13 +27,26 @@ from pathlib import Path
 
 import torch
 
+from cocos.data.clip import INSTALL, Preprocess
 from cocos.defaults import MAX_LOGIT_SCALE
 from cocos.errors import CocosError
 from cocos.models.image import PixelModel
 from cocos.models.text import l2norm
 
 FREEZE = ("none", "image", "text", "both")
-INSTALL = "CLIP models need transformers: pip install 'cocos[clip]'"
+
+
+def check_freeze(freeze: str, unfrozen_blocks: int) -> None:
+    """``freeze`` one of :data:`FREEZE`, ``unfrozen_blocks`` an integer >= 0 (the family's check and the module's)."""
+    if freeze not in FREEZE:
+        raise CocosError(f"unknown --freeze '{freeze}' (choose from {', '.join(FREEZE)})")
+    if isinstance(unfrozen_blocks, bool) or not isinstance(unfrozen_blocks, int) or unfrozen_blocks < 0:
+        raise CocosError(f"--unfrozen-blocks must be an integer of at least 0, got {unfrozen_blocks!r}")
+
+
+def temperature_of(logit_scale: torch.Tensor) -> torch.Tensor:
+    """CLIP's temperature ``tau = exp(-min(logit_scale, log 100))`` (its gradient flows to ``logit_scale``)."""
+    return torch.exp(-logit_scale.clamp(max=MAX_LOGIT_SCALE))
 
 
 def _transformers():
@@ -55,13 +68,8 @@ class CLIPDual(PixelModel):
     def __init__(self, vocab_size: int, clip_config: dict, preprocess: dict, freeze: str = "none",
                  unfrozen_blocks: int = 0, embed_size: int | None = None):
         super().__init__()
-        from cocos.data.clip import Preprocess
-
         transformers = _transformers()
-        if freeze not in FREEZE:
-            raise CocosError(f"unknown --freeze '{freeze}' (choose from {', '.join(FREEZE)})")
-        if isinstance(unfrozen_blocks, bool) or not isinstance(unfrozen_blocks, int) or unfrozen_blocks < 0:
-            raise CocosError(f"--unfrozen-blocks must be an integer of at least 0, got {unfrozen_blocks!r}")
+        check_freeze(freeze, unfrozen_blocks)
         try:
             config = transformers.CLIPConfig.from_dict(dict(clip_config))
         except Exception as exc:  # noqa: BLE001 - whatever a damaged config makes transformers raise
@@ -126,7 +134,7 @@ class CLIPDual(PixelModel):
 
     def temperature(self) -> float:
         """``tau = 1 / exp(logit_scale)``, with CLIP's clamp at ``exp(logit_scale) <= 100``."""
-        return float(torch.exp(-self.logit_scale.detach().float().clamp(max=MAX_LOGIT_SCALE)).item())
+        return float(temperature_of(self.logit_scale.detach().float()).item())
 
     # -- encoding -------------------------------------------------------------------------------------------
 
@@ -153,10 +161,10 @@ def describe(hparams: dict) -> str:
     """``CLIP (ViT-B/32)``: the vision tower's patch size and width, from the recorded config."""
     vision = (hparams.get("clip_config") or {}).get("vision_config") or {}
     patch, width = vision.get("patch_size"), vision.get("hidden_size")
-    name = {768: "B", 1024: "L", 1280: "H", 512: "S"}.get(width)
+    name = {768: "B", 1024: "L", 1280: "H"}.get(width)  # OpenAI's and open_clip's ViT widths (S and M differ)
     tower = f"ViT-{name}/{patch}" if name and patch else f"ViT {width or '?'}-d, patch {patch or '?'}"
     frozen = {"image": ", image tower frozen", "text": ", text tower frozen", "both": ", frozen"}
     return f"CLIP ({tower}{frozen.get(hparams.get('freeze', 'none'), '')})"
 
 
-__all__ = ["CLIPDual", "FREEZE", "describe"]
+__all__ = ["CLIPDual", "FREEZE", "check_freeze", "describe", "temperature_of"]

@@ -65,6 +65,7 @@ class KnownWeights:
     source: str = ""
     mean: tuple = IMAGENET_MEAN
     std: tuple = IMAGENET_STD
+    checked_name: bool = True  # whether its publisher checks the name's hash (torchvision's check_hash does)
 
     @property
     def hash_prefix(self) -> str:
@@ -109,7 +110,8 @@ KNOWN_WEIGHTS: tuple[KnownWeights, ...] = (
     _tv("resnext101_32x8d-110c445d.pth", "resnext101_32x8d", "ResNeXt101_32X8D_Weights.IMAGENET1K_V2", 232),
     KnownWeights("ig_resnext101_32x8-c38310e5.pth", "resnext101_32x8d",
                  "Facebook WSL resnext101_32x8d_wsl (Instagram pre-trained, ImageNet fine-tuned)", RESIZE, CROP_SIZE,
-                 "https://github.com/pytorch/hub/blob/master/facebookresearch_WSL-Images_resnext.md"),
+                 "https://github.com/pytorch/hub/blob/master/facebookresearch_WSL-Images_resnext.md",
+                 checked_name=False),  # torch.hub's WSL loader never checks the name's hash
     _tv("vgg19-dcbb9e9d.pth", "vgg19", "VGG19_Weights.IMAGENET1K_V1", module="vgg.py"),
 )
 
@@ -163,7 +165,7 @@ def check_name_hash(path: str | os.PathLike, sha256: str) -> None:
     """A file named as a torchvision weights file (``<stem>-<8 hex>.pth``, a stem of :data:`KNOWN_WEIGHTS`) must have
     a sha256 that starts with those digits (torchvision's ``check_hash``); else one :class:`CocosError` line."""
     m = _NAME.fullmatch(Path(path).name)
-    if m is None or m.group("stem") not in {w.stem for w in KNOWN_WEIGHTS}:
+    if m is None or m.group("stem") not in {w.stem for w in KNOWN_WEIGHTS if w.checked_name}:
         return
     if not sha256.startswith(m.group("hash")):
         raise CocosError(f"{path}: its name carries the hash {m.group('hash')} of a torchvision weights file but its "

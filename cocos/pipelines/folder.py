@@ -70,8 +70,20 @@ def image_transform_text(results: Results) -> str | None:
     record = getattr(results.data, "image_transform", None)
     if not isinstance(record, dict) or record.get("resize") is None or record.get("crop_size") is None:
         return None
+    own = results.model.hparams.get("preprocess")
+    if isinstance(own, dict):  # a model with its own preprocessing (CLIP)
+        return (f"the model's own preprocessing (Resize {int(own['resize'])}, CenterCrop {int(own['crop_size'])}, "
+                f"{RESAMPLING_NAMES.get(own.get('resample'), 'PIL resampling ' + str(own.get('resample')))}, "
+                f"mean {_triple(own['mean'])}, std {_triple(own['std'])})")
     return describe_transform(results.model.hparams.get("cnn_type"), record["resize"], record["crop_size"],
                               record.get("weights"))
+
+
+RESAMPLING_NAMES = {0: "nearest", 1: "Lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "Hamming"}  # PIL's
+
+
+def _triple(values) -> str:
+    return "(" + ", ".join(f"{float(v):.3f}" for v in values) + ")"
 
 
 def _params(params: dict) -> str:

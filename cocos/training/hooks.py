@@ -113,11 +113,14 @@ class TrackHook(Hook):
     :mod:`cocos.track`, as :meth:`~cocos.training.track.Tracker.for_training` builds it), from the step's own
     forward pass, on rank 0, full batches only; ``cocos_track.csv`` beside ``train_log.csv``."""
 
-    def __init__(self, tracker, is_main: bool, log_name: str) -> None:
+    def __init__(self, tracker, is_main: bool, log_name: str, live=None) -> None:
         self.tracker, self.is_main, self.log_name = tracker, is_main, log_name
+        self.live = live  # () -> {counter: {param: value}}: parameters the training learns (CLIP's temperature)
 
     def observe(self, batch, images, captions) -> None:
         if self.is_main and batch.full and self.tracker.due(batch.step):
+            for name, params in (self.live() if self.live is not None else {}).items():
+                self.tracker.losses[name].update(params)  # counted at the value this step's loss uses
             self.tracker.observe(batch.step, images, captions, batch.caption_image, epoch=batch.epoch,
                                  image_ids=batch.image_ids)
 

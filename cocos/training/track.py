@@ -47,7 +47,7 @@ numbers are drawn, and the model is never called. A counted observation costs on
 device sync. With ``out_dir``, ``cocos_track.csv`` (columns ``step, epoch, loss,
 direction, stat, value``, as ``cocos train`` writes it) is rewritten atomically
 after each counted observation (``autoflush``) and at :meth:`Tracker.flush` /
-:meth:`Tracker.close`; an earlier run's ``cocos_track.csv`` there is replaced.
+:meth:`Tracker.close`; a folder that holds a track already is refused unless ``overwrite=True``.
 With ``tensorboard`` the same values go to a ``SummaryWriter`` (one written into
 ``out_dir``, or any object with ``add_scalar(tag, value, global_step)``) under
 :func:`tensorboard_tag`. On several processes, observe on one (rank 0).
@@ -117,13 +117,18 @@ def _counter_params(objectives: list, params: dict, eps: float | None) -> dict[s
     return out
 
 
-def _folder(out_dir) -> Path | None:
-    """``out_dir`` as a folder that exists (created with its parents); None stays None."""
+def _folder(out_dir, overwrite: bool) -> Path | None:
+    """``out_dir`` as a folder that exists (created with its parents); None stays None. A folder that holds a
+    track already (an earlier run's, or a ``cocos train`` run's) is refused unless ``overwrite``."""
     if out_dir is None:
         return None
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise CocosError(f"{out_dir}: exists and is not a folder")
+    held = [name for name in (TRACK_LOG, TRACK_META) if (out_dir / name).exists()]
+    if held and not overwrite:
+        raise CocosError(f"{out_dir}: holds {' and '.join(held)} already; choose another folder or pass "
+                         "overwrite=True to replace them")
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -156,12 +161,15 @@ class Tracker:
 
     ``losses``/``params``/``eps`` choose the counters, ``compat`` the counting mode, ``batch_size`` the images per
     counted batch (None: the first counted batch's), ``tensorboard`` a TensorBoard sink, ``autoflush`` whether the
-    CSV is rewritten after every counted observation.
+    CSV is rewritten after every counted observation (the whole file each time: ``autoflush=False`` and an
+    occasional :meth:`flush` for a very long track), ``overwrite`` whether an ``out_dir`` that holds a track
+    already may be replaced (otherwise one :class:`CocosError` line).
     """
 
     def __init__(self, out_dir: str | os.PathLike | None = None, every: int = 1, losses=None, *,
                  params: dict | None = None, eps: float | None = None, compat: bool = False,
-                 batch_size: int | None = None, tensorboard=False, autoflush: bool = True) -> None:
+                 batch_size: int | None = None, tensorboard=False, autoflush: bool = True,
+                 overwrite: bool = False) -> None:
         self.every = _positive_int(every, "every (count every N steps)")
         self.compat, self.autoflush = bool(compat), bool(autoflush)
         self.batch_size = None if batch_size is None else _positive_int(batch_size, "batch_size")
@@ -175,7 +183,7 @@ class Tracker:
         self.rows: list[tuple] = []
         self._last = (0, 0)  # the last (step, epoch) observed
         self._closed = False
-        self.out_dir = _folder(out_dir)
+        self.out_dir = _folder(out_dir, overwrite)
         self.sink, self._owns_sink = _sink(tensorboard, self.out_dir)
 
     @classmethod
@@ -260,10 +268,8 @@ class Tracker:
     def _fits(self, images: torch.Tensor, captions: torch.Tensor) -> bool:
         """Whether the batch has the tracked shape; the first batch that fits ``batch_size`` fixes it."""
         shape = (int(images.shape[0]), int(captions.shape[0]))
-        if self.shape is None:
-            if self.batch_size is not None and shape[0] != self.batch_size:
-                return False
-            self.shape = shape
+        if self.shape is None:  # fixed by _count once the batch is counted (a refused one fixes nothing)
+            return self.batch_size is None or shape[0] == self.batch_size
         return shape == self.shape
 
     def _views(self, step, images, captions, caption_image, image_ids) -> dict:
@@ -314,6 +320,7 @@ class Tracker:
                     keys.append((name, direction, stat))
                     values.append(count.batch[stat].reshape(()).double())
         values = torch.stack(values).cpu().tolist()  # one device sync per observation
+        self.shape = self.shape or (int(images.shape[0]), int(captions.shape[0]))  # the batch shape tracked
         self.rows.extend((step, epoch, *key, value) for key, value in zip(keys, values, strict=True))
         if self.sink is not None:
             for (name, direction, stat), value in zip(keys, values, strict=True):

@@ -123,7 +123,7 @@ PRETRAINED = ("clip_config", "preprocess")
 RESUME_FLAGS = ("lr", "lr_update", "batch_size", "embed_size", "word_dim", "seed", "k",
                 "warmup_epochs", "compat", "grad_clip", "ltd", "ltd_mode", "ltd_eta", "ltd_beta", "ltd_targets",
                 "cnn", "finetune", "crop_size", "use_restval", "optimizer", "weight_decay", "lr_groups",
-                "model_params", "bert", "clip", "learn_tau")
+                "model_params", "bert", "clip", "learn_tau", "resize")
 # torchvision's ImageNet weights files, what a frozen CNN needs (--cnn-weights)
 TORCHVISION_WEIGHTS = {"resnet18": ("resnet18-f37072fd.pth", "resnet18-5c106cde.pth"),
                        "resnet34": ("resnet34-b627a593.pth", "resnet34-333f7ec4.pth"),
@@ -311,7 +311,14 @@ def _check_images(cfg: TrainConfig) -> None:
     # the pixels of a training batch and of an evaluation batch (evaluate_model's 256) must fit in memory
     check_image_sizes(cfg.data.resize or eval_resize(crop), crop, max(cfg.optim.batch_size, 256), cfg.data.workers)
     cnn = params.get("cnn_type")
-    if cnn is not None and not params.get("finetune") and not cfg.model.cnn_weights:
+    if cnn is None:  # a model with its own preprocessing (CLIP): no CNN, no sizes of ours
+        given = [flag for flag, on in (("--cnn-weights", cfg.model.cnn_weights), ("--resize", cfg.data.resize),
+                                       ("--crop-size", crop != DEFAULT_CROP_SIZE)) if on]
+        if given:
+            raise CocosError(f"--model {cfg.model.name} preprocesses images as its folder says (its own resize and "
+                             f"crop) and has no CNN: {', '.join(given)} do not apply")
+        return
+    if not params.get("finetune") and not cfg.model.cnn_weights:
         files = " or ".join(TORCHVISION_WEIGHTS.get(cnn, ("a torchvision weights file",)))
         raise CocosError(f"a frozen {cnn} needs ImageNet weights: pass --cnn-weights FILE (torchvision's "
                          f"{files}), or --finetune to train it from random initialisation")
@@ -386,8 +393,7 @@ class Trainer:
         torch.manual_seed(cfg.optim.seed)
         self.model = self._build_model()
         self.loss_fn = get_loss(cfg.loss.name, **cfg.loss_params(), compat=cfg.loss.compat)
-        if cfg.loss.learn_tau:  # the temperature is the model's logit_scale, trained with it (CLIP)
-            self.loss_fn = LearnedTemperature(self.loss_fn, self.model.logit_scale)
+        self._learn_temperature()
         self.hooks = self._hooks()
         self.optimizer = self._optimizer()
         self.scheduler = torch.optim.lr_scheduler.StepLR(self.optimizer, step_size=cfg.optim.lr_update, gamma=0.1)
@@ -396,6 +402,18 @@ class Trainer:
         self.best_metrics: dict = {}  # of this process's run (rank 0 returns the file's, which also covers a resume)
         if resume_ckpt is not None:
             self._resume_from(resume_ckpt)
+
+    def _learn_temperature(self) -> None:
+        """``--learn-tau``: the loss's temperature is the model's ``logit_scale``, trained with it (CLIP); without
+        it a model's ``logit_scale`` does not train. A model with nothing left to train is one line."""
+        scale = getattr(self.model, "logit_scale", None)
+        if isinstance(scale, torch.nn.Parameter):
+            scale.requires_grad_(bool(self.cfg.loss.learn_tau))
+        if self.cfg.loss.learn_tau:
+            self.loss_fn = LearnedTemperature(self.loss_fn, scale)
+        if not any(p.requires_grad for p in self.model.parameters()):
+            raise CocosError(f"--model {self.cfg.model.name}: nothing to train (every weight is frozen"
+                             f"{'' if scale is None else ', and the temperature is not learned'})")
 
     def _read_captions(self, resume_ckpt: dict | None) -> None:
         """The run's caption coder (``self.vocab``) and what the model records of a pre-trained folder: a resumed
@@ -435,6 +453,8 @@ class Trainer:
             return EvalTransform(int(recorded["resize"]), int(recorded.get("crop_size") or cfg.data.crop_size),
                                  sha256=weights.get("sha256"), file=weights.get("file"),
                                  weights=known_by_digest(weights["sha256"]) if weights.get("sha256") else None)
+        if resume_ckpt is not None:  # a run begun before the transform was recorded: 256 : 224 to its end
+            return EvalTransform(eval_resize(cfg.data.crop_size), cfg.data.crop_size)
         sizes = evaluation_transform(cfg.model.cnn_weights, cfg.data.resize, cfg.data.crop_size,
                                      cnn=cfg.model.params["cnn_type"])
         if sizes.warning:
@@ -554,11 +574,18 @@ class Trainer:
             ltd = LatentTargetDecoding(cfg.hooks.ltd, embed, self.targets.shape[1]).to(self.device)
             hooks.append(LTDHook(ltd, self.targets, self.last_path))
         if cfg.hooks.track_cocos:
-
             tracker = Tracker.for_training(cfg.hooks.track_cocos, cfg.loss.name, self.loss_fn.params(),
                                            self.loss_fn.batch_layout, compat=cfg.loss.compat)
-            hooks.append(TrackHook(tracker, self.group.is_main, TRACK_LOG))
+            hooks.append(TrackHook(tracker, self.group.is_main, TRACK_LOG, live=self._learned_params()))
         return hooks
+
+    def _learned_params(self):
+        """What a tracked training loss learns (``--learn-tau``: its temperature, read at each counted step), as
+        ``() -> {name: {param: value}}``; None for a loss whose parameters are fixed."""
+        if not isinstance(self.loss_fn, LearnedTemperature):
+            return None
+        name, param = self.cfg.loss.name, self.loss_fn.objective.temperature
+        return lambda: {name: {param: self.loss_fn.params()[param]}}
 
     def _hook(self, kind: type[Hook]) -> Hook | None:
         return next((h for h in self.hooks if isinstance(h, kind)), None)
