@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from cocos.pipelines.demo_config import DemoConfig
+from cocos.pipelines.demo_config import BERT_DEFAULTS, FINETUNE_DEFAULTS, IMAGE_DEFAULTS, DemoConfig
 from cocos.training.config import default
 
 from .common import handle_errors
@@ -18,10 +18,13 @@ def _check_paths(args: dict) -> None:
     and --checkpoints are folders where they exist, --out is allowed (:func:`cocos.io.check_output_dir`)."""
     from cocos.errors import CocosError
     from cocos.io import check_output_dir
+    from cocos.pipelines.demo_config import FINETUNE_DEFAULTS, IMAGE_DEFAULTS
 
     images = bool(args.get("images"))
     defaults = {"out": "reports/demo", "data": "data/synth", "checkpoints": "checkpoints/demo"}
-    paths = {k: Path(args.get(k) or (f"{v}_images" if images else v)) for k, v in defaults.items()}
+    if images:
+        defaults = {k: (FINETUNE_DEFAULTS if args.get("finetune") else IMAGE_DEFAULTS)[k] for k in defaults}
+    paths = {k: Path(args.get(k) or v) for k, v in defaults.items()}
     if not args.get("out") and args.get("model", "vsepp") != "vsepp" and not images:
         from cocos.models.registry import get_family
         from cocos.pipelines.demo_config import BERT_DEFAULTS
@@ -46,12 +49,20 @@ def _losses(loss: list[str], bert_model: bool) -> list[str]:
 
 
 def _no_image_flags(**values) -> None:
-    """Without --images, the image demo's flags at their defaults; one line naming those that are not."""
+    """Without --images, the image demo's flags at their defaults (or not given: None); one line naming those that
+    are not."""
     from cocos.errors import CocosError
 
-    named = [f"--{n.replace('_', '-')}" for n, v in values.items() if v != default(DemoConfig, n)]
+    named = [f"--{n.replace('_', '-')}" for n, v in values.items() if v is not None and v != default(DemoConfig, n)]
     if named:
         raise CocosError(f"{', '.join(named)} only apply to cocos demo --images")
+
+
+def _mode_defaults(images: bool, finetune: bool, bert_model: bool) -> dict:
+    """The settings where the image demo (frozen or fine-tuned) or a BERT family's demo differs from the plain one."""
+    if images:
+        return FINETUNE_DEFAULTS if finetune else IMAGE_DEFAULTS
+    return BERT_DEFAULTS if bert_model else {}
 
 
 @app.command("demo")
@@ -74,17 +85,21 @@ def demo(
                                                                  "report in reports/demo_vse_infty."),
     bert: Path = typer.Option(None, metavar="DIR", help="With --model vse_infty: its BERT folder [default: the "
                                                         "all-MiniLM-L6-v2 of the [ltd] extra]."),
-    epochs: int = typer.Option(None, help="Training epochs per model [default: 8; 4 with --images]."),
+    epochs: int = typer.Option(None, help="Training epochs per model [default: 8; with --images: "
+                                          f"{IMAGE_DEFAULTS['epochs']}, {FINETUNE_DEFAULTS['epochs']} with "
+                                          "--finetune]."),
     lr: float = typer.Option(default(DemoConfig, "lr"), help="Adam learning rate (the demo's shorter schedule)."),
-    lr_update: int = typer.Option(None, help="Epoch after which the learning rate drops x0.1 [default: 6; 3 with "
-                                             "--images]."),
-    warmup_epochs: int = typer.Option(default(DemoConfig, "warmup_epochs"),
-                                      help="Triplet SH: all-triplet epochs before max violation."),
+    lr_update: int = typer.Option(None, help="Epoch after which the learning rate drops x0.1 [default: 6; with "
+                                             f"--images: {IMAGE_DEFAULTS['lr_update']}, "
+                                             f"{FINETUNE_DEFAULTS['lr_update']} with --finetune]."),
+    warmup_epochs: int = typer.Option(None, help="Triplet SH: all-triplet epochs before max violation [default: "
+                                                 f"{default(DemoConfig, 'warmup_epochs')}; "
+                                                 f"{IMAGE_DEFAULTS['warmup_epochs']} with --images]."),
     batch_size: int = typer.Option(default(DemoConfig, "batch_size"), help="Batch size of training and counting."),
     embed_size: int = typer.Option(default(DemoConfig, "embed_size"), help="Joint embedding size."),
     word_dim: int = typer.Option(default(DemoConfig, "word_dim"), help="Word embedding size."),
-    n_train: int = typer.Option(None, help="Synthetic training scenes, when generating [default: 3000; 1000 with "
-                                           "--images]."),
+    n_train: int = typer.Option(None, help="Synthetic training scenes, when generating [default: 3000; "
+                                           f"{IMAGE_DEFAULTS['n_train']} with --images]."),
     n_test: int = typer.Option(None, help="Synthetic dev and test scenes each, when generating [default: 500; 200 "
                                           "with --images]."),
     seed: int = typer.Option(default(DemoConfig, "seed"), help="Seed of data, training and counting."),
@@ -95,31 +110,39 @@ def demo(
     track_cocos: int = typer.Option(default(DemoConfig, "track_cocos"), metavar="N",
                                     help="Count COCOS on the training batches every N steps."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
-    images: bool = typer.Option(False, "--images", help="Raw images: render the image world (JPEGs) and fine-tune a "
-                                                        "small CNN end to end from random initialisation."),
+    images: bool = typer.Option(False, "--images", help="Raw images: render the image world (JPEGs), pre-train a CNN "
+                                                        "on its attribute task (not retrieval), write its frozen "
+                                                        "features (cocos data features) and train VSE++ on them."),
+    finetune: bool = typer.Option(False, "--finetune", help="With --images: fine-tune the pre-trained CNN inside "
+                                                            "VSE++ (vsepp_full) instead; report in "
+                                                            f"{FINETUNE_DEFAULTS['out']}/."),
+    pretrain_epochs: int = typer.Option(None, "--pretrain-epochs", help="With --images: epochs of the attribute "
+                                        f"pre-training [default: {default(DemoConfig, 'pretrain_epochs')}]."),
     cnn: str = typer.Option(default(DemoConfig, "cnn"), help="With --images: the CNN (resnet18|34|50|101|152, vgg19)."),
     image_size: int = typer.Option(default(DemoConfig, "image_size"), "--image-size",
                                    help="With --images: side of the rendered images in pixels."),
     crop_size: int = typer.Option(default(DemoConfig, "crop_size"), "--crop-size",
-                                  help="With --images: training crop (evaluation: resize "
-                                                          "crop x 256/224, centre crop)."),
+                                  help="With --images: the CNN's input: resize crop x 256/224, centre crop "
+                                       "(pre-training, features, evaluation); fine-tuning trains on random crops."),
     workers: int = typer.Option(0, "--workers", min=0, help="With --images: DataLoader processes decoding images."),
 ) -> None:
     """Synthetic data -> VSE++ with the four losses -> cocos analyze each -> combined report (reports/demo/).
 
-    With --images: the rendered image world -> VSE++ on a fine-tuned CNN -> reports/demo_images/."""
+    With --images: the rendered image world -> a CNN pre-trained on its attributes -> its frozen features ->
+    VSE++ -> reports/demo_images/ (--finetune: the CNN fine-tuned inside VSE++ -> reports/demo_images_finetune/)."""
     from cocos.errors import CocosError
-    from cocos.pipelines.demo import ALL_LOSSES_EXTRA, IMAGE_DEFAULTS, DemoConfig, bert_family, run_demo
-    from cocos.pipelines.demo_config import BERT_DEFAULTS
+    from cocos.pipelines.demo import ALL_LOSSES_EXTRA, DemoConfig, bert_family, run_demo
 
     given = {"out": out, "data": data, "checkpoints": checkpoints, "epochs": epochs, "lr_update": lr_update,
-             "n_train": n_train, "n_dev": n_test, "n_test": n_test}
+             "n_train": n_train, "n_dev": n_test, "n_test": n_test, "pretrain_epochs": pretrain_epochs,
+             "warmup_epochs": warmup_epochs}
     if not images:
-        _no_image_flags(cnn=cnn, image_size=image_size, crop_size=crop_size, workers=workers)
+        _no_image_flags(cnn=cnn, image_size=image_size, crop_size=crop_size, workers=workers, finetune=finetune,
+                        pretrain_epochs=pretrain_epochs)
     bert_model = bert_family(model)
     if bert is not None and not bert_model:
         raise CocosError(f"--bert applies to cocos demo --model vse_infty, not --model {model}")
-    defaults = IMAGE_DEFAULTS if images else BERT_DEFAULTS if bert_model else {}
+    defaults = _mode_defaults(images, finetune, bert_model)
     sizes = {k: defaults[k] for k in given if k in defaults}
     sizes.update({k: (str(v) if isinstance(v, Path) else v) for k, v in given.items() if v is not None})
     cfg = DemoConfig(
@@ -128,7 +151,6 @@ def demo(
         model=model,
         bert=str(bert) if bert else None,
         lr=lr,
-        warmup_epochs=warmup_epochs,
         batch_size=batch_size,
         embed_size=embed_size,
         word_dim=word_dim,
@@ -138,6 +160,7 @@ def demo(
         overwrite=overwrite,
         track_cocos=track_cocos,
         images=images,
+        finetune=finetune,
         cnn=cnn,
         image_size=image_size,
         crop_size=crop_size,

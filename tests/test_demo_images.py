@@ -82,7 +82,7 @@ def test_image_demo_pretrains_writes_features_and_the_report(demo):
     # the rendered world went into its own folder in the VSE++ layout (JPEGs + Karpathy JSON)
     assert len(list((tmp / "img" / "images").glob("*.jpg"))) == 30 + 20 + 20
     assert (tmp / "img" / "dataset_synth.json").is_file() and not (tmp / "img" / "train_ims.npy").exists()
-    assert res["training"]["loss"] == "triplet" and res["training"]["data"] == str(feats[0])
+    assert res["training"]["loss"] == "triplet" and res["data"]["path"] == str(feats[0])
 
 
 def test_image_demo_rerun_reuses_the_cnn_the_features_and_the_model(demo):

@@ -20,6 +20,17 @@ of region features:
   ``synth.json`` with the parameters. :func:`cocos.data.images.load_image_split` reads it
   as layout (a).
 
+**The attribute task** (what ``cocos demo --images`` pre-trains its CNN on; not retrieval: no caption is
+read): :func:`read_scenes` gives a split's scene records (the ``scene`` of each JSON entry, in the order
+:func:`cocos.data.images.load_image_split` gives the images), :func:`attribute_targets` turns them into
+class targets: for each of the five positions (:data:`TARGET_POSITIONS`) and each attribute of
+:data:`TARGET_ATTRIBUTES` (shape, colour, size) the class of the object at that position, ``1 + `` the
+value's index in :data:`ATTRIBUTE_VALUES`, or ``0`` when no object is there; ``(N, 5, 3)`` int64. A
+scene holds at most one object per position (the sampler draws distinct positions, the near-duplicate
+step never moves an object onto a taken one), so the targets are well defined; a record with two
+objects at one position is refused. :func:`flip_targets` gives the targets of the horizontally mirrored
+images (left and right swap).
+
 Deterministic for a seed: every random draw comes from numpy generators spawned from
 ``SeedSequence(seed)`` (one stream per split and purpose), and Pillow's JPEG encoder is
 deterministic, so the same seed gives byte-identical files; dev/test do not depend on
@@ -67,6 +78,10 @@ CENTRES = {"left": (0.2, 0.5), "right": (0.8, 0.5), "top": (0.5, 0.2), "bottom":
 # object radius, as a fraction of the image side
 RADII = {"small": 0.08, "medium": 0.12, "large": 0.17}
 _ATTRIBUTES = ("shape", "colour", "size", "position")
+# the attribute task (module docstring): per position, the class of each attribute of its object (0: none)
+ATTRIBUTE_VALUES = {"shape": _SHAPE_NAMES, "colour": _COLOUR_NAMES, "size": _SIZE_NAMES, "position": _POSITION_NAMES}
+TARGET_POSITIONS = _POSITION_NAMES  # left, right, top, bottom, center
+TARGET_ATTRIBUTES = ("shape", "colour", "size")
 # Memory of the world while it is generated and written (measured: about 1.2 kB per scene and 1.5 kB per caption
 # with its JSON entry), rounded up: checked against the memory available before anything is drawn.
 BYTES_PER_IMAGE = 2048
@@ -75,7 +90,7 @@ BYTES_PER_CAPTION = 2048
 
 def _near_duplicates(rng: np.random.Generator, scenes: list, p: float) -> list:
     """Replace each scene, with probability ``p``, by an earlier one with one attribute of one object changed."""
-    values = {"shape": _SHAPE_NAMES, "colour": _COLOUR_NAMES, "size": _SIZE_NAMES, "position": _POSITION_NAMES}
+    values = ATTRIBUTE_VALUES
     out = list(scenes)
     for i in range(1, len(out)):
         if rng.random() >= p:
@@ -224,3 +239,76 @@ def make_synthetic_images(out_dir: str | os.PathLike, *, n_train: int = 1000, n_
                   "p_near_duplicate": p_near_duplicate, "jpeg_quality": JPEG_QUALITY}
         (tmp / "synth.json").write_text(json.dumps(params, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return out
+
+
+# -- the attribute task (module docstring) ---------------------------------------------------------
+
+def attribute_classes() -> tuple[int, ...]:
+    """The number of classes of each target attribute (its values and "no object"): ``(9, 9, 4)``."""
+    return tuple(1 + len(ATTRIBUTE_VALUES[a]) for a in TARGET_ATTRIBUTES)
+
+
+def _scene_object(record, where: str) -> SceneObject:
+    if not isinstance(record, dict):
+        raise CocosError(f"{where}: a scene object must be a JSON object, got {type(record).__name__}")
+    fields = {}
+    for attr in _ATTRIBUTES:
+        value = record.get(attr)
+        if value not in ATTRIBUTE_VALUES[attr]:
+            raise CocosError(f"{where}: {attr} {value!r} is not one of {', '.join(ATTRIBUTE_VALUES[attr])}")
+        fields[attr] = value
+    return SceneObject(**fields)
+
+
+def read_scenes(folder: str | os.PathLike, split: str) -> list[tuple[SceneObject, ...]]:
+    """The scene records of ``split`` (``train``, ``dev`` or ``test``) of a rendered world, in the order of its
+    images (:func:`cocos.data.images.load_image_split`: the JSON's entries of that split, in file order).
+
+    A folder without ``dataset_synth.json``, or whose entries lack a well-formed ``scene`` (a raw-image
+    dataset that cocos did not render), is one :class:`CocosError` line."""
+    if split not in KARPATHY_LABELS:
+        raise CocosError(f"unknown split {split!r} (choose from {', '.join(KARPATHY_LABELS)})")
+    path = Path(folder) / JSON_NAME
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        raise CocosError(f"{path}: cannot read the rendered world's scene records ({reason}); the attribute "
+                         "task needs a world made by cocos data synth --images") from None
+    entries = data.get("images") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        raise CocosError(f"{path}: expected a JSON object with an 'images' list")
+    scenes = []
+    for pos, entry in enumerate(entries):
+        if not isinstance(entry, dict) or entry.get("split") != KARPATHY_LABELS[split]:
+            continue
+        objects = entry.get("scene")
+        if not isinstance(objects, list) or not objects:
+            raise CocosError(f"{path}: image {pos} has no scene record (a world made by cocos data synth --images "
+                             "has one per image)")
+        scenes.append(tuple(_scene_object(o, f"{path}: image {pos}") for o in objects))
+    if not scenes:
+        raise CocosError(f"{path}: no images of split {split}")
+    return scenes
+
+
+def attribute_targets(scenes) -> np.ndarray:
+    """``(N, 5, 3)`` int64 class targets of the attribute task (module docstring): ``[i, p, a]`` is ``1 +`` the
+    index of attribute ``TARGET_ATTRIBUTES[a]`` of scene ``i``'s object at position ``TARGET_POSITIONS[p]``,
+    ``0`` where there is none."""
+    out = np.zeros((len(scenes), len(TARGET_POSITIONS), len(TARGET_ATTRIBUTES)), dtype=np.int64)
+    for i, scene in enumerate(scenes):
+        for obj in scene:
+            p = TARGET_POSITIONS.index(obj.position)
+            if out[i, p].any():
+                raise CocosError(f"scene {i}: two objects at position {obj.position}; the attribute task needs "
+                                 "at most one per position")
+            out[i, p] = [1 + ATTRIBUTE_VALUES[a].index(getattr(obj, a)) for a in TARGET_ATTRIBUTES]
+    return out
+
+
+def flip_targets(targets: np.ndarray) -> np.ndarray:
+    """The targets of the horizontally mirrored images: the rows of ``left`` and ``right`` swapped (works on a
+    torch tensor too)."""
+    order = [TARGET_POSITIONS.index({"left": "right", "right": "left"}.get(p, p)) for p in TARGET_POSITIONS]
+    return targets[:, order]

