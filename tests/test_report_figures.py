@@ -146,3 +146,25 @@ def test_cocos_vs_rsum_tells_an_ltd_model_from_a_plain_one_and_counts_from_zero(
         style.save = real
     lo, hi = captured["fig"].axes[0].get_xlim()
     assert lo == 0 and hi > 27.6  # not auto-zoomed to 27.2-27.6
+
+
+def test_cocos_vs_rsum_shows_every_panels_points_on_the_shared_rsum_axis(tmp_path, monkeypatch):
+    """The best model in the second panel (NT-Xent above the triplet losses) is not cut off by the first panel's
+    limits (the chance band used to fix the shared axis on the first panel before the second was drawn)."""
+    import pandas as pd
+
+    from cocos.report import style
+    from cocos.report.figures import plot_cocos_vs_rsum
+
+    monkeypatch.setattr(style, "save", lambda fig, stem: [])
+    rows = pd.DataFrame([
+        {"label": "sh", "model": "m", "loss": "triplet_sh", "direction": "i2t", "stat": "C_q", "rsum": 351.5,
+         "cocos": 1.0, "chance": 16.0, "chance_sd": 4.0},
+        {"label": "tr", "model": "m", "loss": "triplet", "direction": "i2t", "stat": "C_q", "rsum": 342.3,
+         "cocos": 22.3, "chance": 16.0, "chance_sd": 4.0},
+        {"label": "nt", "model": "m", "loss": "ntxent", "direction": "i2t", "stat": "C_qv-", "rsum": 385.6,
+         "cocos": 16.1, "chance": 16.0, "chance_sd": 4.0}])
+    out = plot_cocos_vs_rsum(rows, tmp_path / "f")
+    low, high = out.data["ylim"]
+    assert all(low <= y <= high for _, y in out.data["points"]), (out.data["ylim"], out.data["points"])
+    assert low <= 16.0 and high >= 16.0 + 3 * 4.0  # chance and its band are shown too

@@ -231,7 +231,8 @@ def plot_cocos_vs_rsum(rows, path_stem: str | os.PathLike, title: str | None = N
     it is shaded ("within noise of chance"), and the rsum axis always shows the line, so that models at chance are
     not spread over an axis of noise; the caption says how many are in the band. A model whose checkpoint is a
     warm-up epoch (``warmup``) is named so in the legend. ``data["chance"]`` holds ``(chance, top of the band)``
-    of each panel, read back from the drawn line and band (None without chance).
+    of each panel, read back from the drawn line and band (None without chance); ``data["ylim"]`` the rsum axis's
+    limits, which the panels share.
     """
 
     stats = list(dict.fromkeys(rows["stat"]))
@@ -267,23 +268,24 @@ def plot_cocos_vs_rsum(rows, path_stem: str | os.PathLike, title: str | None = N
             names.append(f"chance; shaded: within noise of chance (+{CHANCE_NOISE_SD:g} sd)")
         fig.legend(handles, names, loc="outside lower center", ncols=2)
         style.caption(fig, (title or "COCOS at the selected checkpoint vs retrieval") + _chance_caption(rows))
+        ylim = tuple(float(y) for y in axes[0].get_ylim())
         paths = style.save(fig, path_stem)
     return FigureOutput(paths, {"points": np.array(points, dtype=np.float64).reshape(-1, 2), "labels": labels,
-                                "panels": stats, "legend": list(legend), "chance": chance})
+                                "panels": stats, "legend": list(legend), "chance": chance, "ylim": ylim})
 
 
 def _chance_band(ax, part) -> tuple[float, float] | None:
     """The chance rsum (dashed) and the band of noise above it (shaded) on one panel, the y axis widened to show
-    them; returns ``(chance, top of the band)`` as drawn, None where ``part`` has no chance."""
+    them (the band takes part in autoscaling); returns ``(chance, top of the band)`` as drawn, None where ``part``
+    has no chance."""
     if "chance" not in part or not part["chance"].notna().any():
         return None
     chance = float(part["chance"].dropna().max())  # one test split per report; the largest where they differ
     top = chance + CHANCE_NOISE_SD * float(part.loc[part["chance"] == chance, "chance_sd"].max())
     line = ax.axhline(chance, color=style.GREY, linestyle="--", linewidth=1, zorder=1)
     band = ax.axhspan(chance, top, color=style.GREY, alpha=0.15, linewidth=0, zorder=0)
-    low, high = ax.get_ylim()
-    pad = 0.05 * max(high - low, top - chance, 1.0)
-    ax.set_ylim(min(low, chance - pad), max(high, top + pad))
+    # no set_ylim here: the panels share their y axis, and fixing it on one panel would cut the points another
+    # panel draws later; the band is data, so autoscaling over every panel shows it with all the points
     if hasattr(band, "get_height"):  # matplotlib >= 3.9: a Rectangle
         drawn_top = band.get_y() + band.get_height()
     else:  # a Polygon
