@@ -95,6 +95,10 @@ def test_cached_rows_are_the_cnn_pooled_features_of_each_image(world, tmp_path):
     assert {s: v["n_images"] for s, v in manifest["splits"].items()} == {"train": 10, "dev": 3, "test": 4}
     info = runner.invoke(app, ["data", "info", str(out)])  # a precomputed folder like any other
     assert info.exit_code == 0 and "train: 10 images, 50 captions, features (512,)" in info.output, info.output
+    from cocos.pipelines.analyze import _dataset_name
+
+    # an analysis on the cache names the image dataset and the CNN, not the cache folder's hash-like name
+    assert _dataset_name(out) == f"{_dataset_name(world / 'w')}, ResNet-18 features"
 
 
 def test_weights_hash_tells_weights_apart_but_not_the_batchnorm_counter():

@@ -20,6 +20,7 @@ from cocos.counting.engine import DEFAULT_SWEEP, CountRun, EmbeddingSet, count_e
 from cocos.data.precomp import data_fingerprint
 from cocos.defaults import DEFAULT_EPS
 from cocos.embed import FrozenModel, save_embeddings
+from cocos.embed.features import read_manifest
 from cocos.errors import CocosError
 from cocos.losses.spec import Objective, format_value
 from cocos.models.registry import get_family
@@ -33,6 +34,7 @@ from cocos.results import (
     Results,
     Source,
     TrainingInfo,
+    cnn_name,
     lookup,
     records,
 )
@@ -241,8 +243,13 @@ def _check_batch_size(batch_size: int, split, losses) -> None:
 
 
 def _dataset_name(folder: Path) -> str:
-    """The dataset's name: ``name`` in a ``synth.json``/``dataset.json`` if present, else the folder name."""
+    """The dataset's name: ``name`` in a ``synth.json``/``dataset.json`` if present; for a feature cache that
+    ``cocos data features`` wrote, its image dataset's name and the CNN (``synth_images, ResNet-18 features``);
+    else the folder name."""
 
+    cached = _cache_name(folder)
+    if cached is not None:
+        return cached
     for meta in ("dataset.json", "synth.json"):
         path = folder / meta
         if path.is_file():
@@ -253,5 +260,17 @@ def _dataset_name(folder: Path) -> str:
             if isinstance(name, str) and name:
                 return name
     return folder.resolve().name
+
+
+def _cache_name(folder: Path) -> str | None:
+    """``IMAGES, CNN features`` of a feature cache folder (its manifest names the image dataset), else None."""
+    manifest = read_manifest(folder)
+    source = ((manifest or {}).get("splits") or {}).get("train", {}).get("source")
+    if not isinstance(source, str) or not isinstance(manifest.get("cnn_type"), str):
+        return None
+    root = Path(source) if Path(source).is_dir() else Path(source).parent
+    if not root.is_dir() or root.resolve() == folder.resolve():
+        return None
+    return f"{_dataset_name(root)}, {cnn_name(manifest['cnn_type'])} features"
 
 
