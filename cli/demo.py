@@ -94,7 +94,8 @@ def demo(
                                              f"{FINETUNE_DEFAULTS['lr_update']} with --finetune]."),
     warmup_epochs: int = typer.Option(None, help="Triplet SH: all-triplet epochs before max violation [default: "
                                                  f"{default(DemoConfig, 'warmup_epochs')}; "
-                                                 f"{IMAGE_DEFAULTS['warmup_epochs']} with --images]."),
+                                                 f"{IMAGE_DEFAULTS['warmup_epochs']} with --images, "
+                                                 f"{FINETUNE_DEFAULTS['warmup_epochs']} with --finetune]."),
     batch_size: int = typer.Option(default(DemoConfig, "batch_size"), help="Batch size of training and counting."),
     embed_size: int = typer.Option(default(DemoConfig, "embed_size"), help="Joint embedding size."),
     word_dim: int = typer.Option(default(DemoConfig, "word_dim"), help="Word embedding size."),
@@ -114,7 +115,8 @@ def demo(
                                                         "on its attribute task (not retrieval), write its frozen "
                                                         "features (cocos data features) and train VSE++ on them."),
     finetune: bool = typer.Option(False, "--finetune", help="With --images: fine-tune the pre-trained CNN inside "
-                                                            "VSE++ (vsepp_full) instead; report in "
+                                                            "VSE++ (vsepp_full; the CNN at a tenth of the rate) "
+                                                            "instead; report in "
                                                             f"{FINETUNE_DEFAULTS['out']}/."),
     pretrain_epochs: int = typer.Option(None, "--pretrain-epochs", help="With --images: epochs of the attribute "
                                         f"pre-training [default: {default(DemoConfig, 'pretrain_epochs')}]."),

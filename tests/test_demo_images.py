@@ -72,7 +72,7 @@ def test_image_demo_pretrains_writes_features_and_the_report(demo):
                  "triplet/eps_sweep.png", "triplet/batches.csv"):
         assert (rep / name).stat().st_size > 0, name
     res = json.loads((rep / "triplet" / "results.json").read_text())
-    assert res["model"]["kind"] == "vsepp" and res["model"]["label"] == "VSE++ (ResNet-18 features)"
+    assert res["model"]["kind"] == "vsepp" and res["model"]["label"] == "VSE++ (frozen ResNet-18)"
     assert res["model"]["hparams"]["img_dim"] == 512
     # every training image counted once, k = 5 captions each; the 20 test images evaluated
     assert (res["data"]["n_images"], res["data"]["n_captions"]) == (30, 150)

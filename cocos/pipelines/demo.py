@@ -60,7 +60,12 @@ from cocos.models import CNN_TYPES
 from cocos.models.registry import get_family
 from cocos.objectives import get_objective, paper_names
 from cocos.pipelines.analyze import analyze_checkpoint
-from cocos.pipelines.demo_config import FINETUNE_DEFAULTS, IMAGE_DEFAULTS, DemoConfig  # noqa: F401  (re-exported)
+from cocos.pipelines.demo_config import (  # noqa: F401  (re-exported)
+    FINETUNE_CNN_LR,
+    FINETUNE_DEFAULTS,
+    IMAGE_DEFAULTS,
+    DemoConfig,
+)
 from cocos.pipelines.folder import diagram_points, write_results_folder
 from cocos.pipelines.triplets import common_extent
 from cocos.report.merge import build_report, write_report
@@ -224,7 +229,8 @@ def _train_config(cfg: DemoConfig, run: Run | str, source: Path | None = None):
     if cfg.images and cfg.finetune:  # the pre-trained CNN fine-tuned inside VSE++'s full-image encoder
         out = Path(cfg.checkpoints) / FINETUNE_DIR / run.name
         images = {"model": "vsepp_full", "cnn": cfg.cnn, "finetune": True, "crop_size": cfg.crop_size,
-                  "workers": cfg.workers, "cnn_weights": str(source) if source else None, "data": cfg.data}
+                  "workers": cfg.workers, "cnn_weights": str(source) if source else None, "data": cfg.data,
+                  "lr_groups": {"cnn": FINETUNE_CNN_LR}}
     elif cfg.images:  # VSE++ on the frozen CNN's features (before they exist: where they go)
         images = {"model": "vsepp", "data": str(source or default_cache_root(cfg.data))}
     return TrainConfig.of(loss=loss, out=str(out),
@@ -499,10 +505,10 @@ def _image_stages(cfg: DemoConfig, data: Path, progress: bool, log: Callable[[st
 
 def _label(cfg: DemoConfig, run: Run) -> str | None:
     """How reports tell a demo model apart: its parameters (``run.label``); a frozen image run also names its
-    features (``VSE++ (ResNet-18 features)``)."""
+    CNN (``VSE++ (frozen ResNet-18)``, beside the fine-tuned variant's ``VSE++ (ResNet-18, fine-tuned)``)."""
     if not cfg.images or cfg.finetune:
         return run.label
-    return ", ".join(filter(None, (f"{cnn_name(cfg.cnn)} features", run.label)))
+    return ", ".join(filter(None, (f"frozen {cnn_name(cfg.cnn)}", run.label)))
 
 
 def report_name(run_name: str) -> str:

@@ -65,7 +65,9 @@ IMAGE_DEFAULTS = {"out": "reports/demo_images", "data": "data/synth_images", "ch
                   "n_train": 3000, "n_dev": 200, "n_test": 200, "epochs": 6, "lr_update": 2, "warmup_epochs": 2}
 # cocos demo --images --finetune: its own report; the world, the pre-trained CNN and the checkpoints folder are
 # the frozen demo's (its models in CHECKPOINTS/finetune/); a shorter schedule (a step trains the CNN)
-FINETUNE_DEFAULTS = {**IMAGE_DEFAULTS, "out": "reports/demo_images_finetune", "epochs": 2, "lr_update": 1}
+FINETUNE_DEFAULTS = {**IMAGE_DEFAULTS, "out": "reports/demo_images_finetune", "epochs": 3, "lr_update": 2,
+                     "warmup_epochs": 1}
+FINETUNE_CNN_LR = 0.1  # the pre-trained CNN fine-tunes at a tenth of the rate (the new layers at the full one)
 
 # cocos demo --model vse_infty: its own report folder (the VSE++ models and the data are the plain demo's, reused)
 BERT_DEFAULTS = {"out": "reports/demo_vse_infty"}
