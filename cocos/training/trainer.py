@@ -222,30 +222,26 @@ def _image_flags(cfg: TrainConfig, family) -> list[str]:
     return changed + [f"--{n.replace('_', '-')}" for n in sorted((given & pixels) - {"cnn_type", "finetune"})]
 
 
+# the caption inputs read from a pre-trained folder: the flag naming it, what it is, what codes the captions
+FOLDER_FLAGS = {"wordpiece": ("bert", "the BERT families", "a Hugging Face BERT folder (config.json, weights, "
+                              "vocab.txt), e.g. bert-base-uncased saved on disk", "its BERT's vocab.txt"),
+                "clip": ("clip", "the CLIP families", "a Hugging Face CLIP folder (config.json, weights, tokenizer "
+                         "files, preprocessor_config.json) saved on disk", "its CLIP tokenizer")}
+
+
 def _check_text(cfg: TrainConfig, family) -> None:
-    """A BERT family needs its folder (--bert), and takes no vocabulary; another family takes no --bert."""
-    if family.text == "wordpiece":
-        if not cfg.model.bert:
-            raise CocosError(f"--model {family.name} needs --bert DIR: a Hugging Face BERT folder (config.json, "
-                             "weights, vocab.txt), e.g. bert-base-uncased saved on disk")
-        if cfg.data.vocab:
-            raise CocosError(f"--model {family.name} codes captions with its BERT's vocab.txt; --vocab does not apply")
-    elif cfg.model.bert:
-        raise CocosError(f"--bert applies to the BERT families ({', '.join(_bert_families())}), not to --model "
-                         f"{family.name}")
-    if family.text == "clip":
-        if not cfg.model.clip:
-            raise CocosError(f"--model {family.name} needs --clip DIR: a Hugging Face CLIP folder (config.json, "
-                             "weights, tokenizer files, preprocessor_config.json) saved on disk")
-        if cfg.data.vocab:
-            raise CocosError(f"--model {family.name} codes captions with its CLIP tokenizer; --vocab does not apply")
-    elif cfg.model.clip:
-        clips = [f.name for f in families() if f.text == "clip"]
-        raise CocosError(f"--clip applies to {', '.join(clips)}, not to --model {family.name}")
-
-
-def _bert_families() -> list[str]:
-    return [f.name for f in families() if f.text == "wordpiece"]
+    """A family whose captions come from a pre-trained folder (BERT's word pieces, a CLIP tokenizer) needs the
+    folder (``--bert``, ``--clip``) and takes no vocabulary; another family takes no such folder."""
+    for text, (flag, kinds, what, coder) in FOLDER_FLAGS.items():
+        given = getattr(cfg.model, flag)
+        if family.text == text:
+            if not given:
+                raise CocosError(f"--model {family.name} needs --{flag} DIR: {what}")
+            if cfg.data.vocab:
+                raise CocosError(f"--model {family.name} codes captions with {coder}; --vocab does not apply")
+        elif given:
+            takers = [f.name for f in families() if f.text == text]
+            raise CocosError(f"--{flag} applies to {kinds} ({', '.join(takers)}), not to --model {family.name}")
 
 
 def _positive_int(value, flag: str) -> None:
