@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from cocos.counting import count_batch
 from cocos.data.synth import make_synthetic
 from cocos.training.checkpoint import load_checkpoint
-from cocos.training.track import COLUMNS, CocosTracker
+from cocos.training.track import COLUMNS, Tracker
 from cocos.training.trainer import TrainConfig, Trainer
 from cocos_cli.main import app
 
@@ -31,12 +31,12 @@ def _cfg(data, out, **kw):
 
 
 def test_counters_follow_the_batch_layout():
-    assert list(CocosTracker(5, "triplet_sh", {"margin": 0.1}, "pair").losses) == ["triplet", "triplet_sh", "ntxent"]
-    assert list(CocosTracker(5, "smoothap", {}, "ranking").losses) == ["triplet", "triplet_sh", "ntxent", "smoothap"]
-    goal = CocosTracker(5, "goal", {"triplet_weight": "cir"}, "pair")
+    assert list(Tracker.for_training(5, "triplet_sh", {"margin": 0.1}, "pair").losses) == ["triplet", "triplet_sh", "ntxent"]
+    assert list(Tracker.for_training(5, "smoothap", {}, "ranking").losses) == ["triplet", "triplet_sh", "ntxent", "smoothap"]
+    goal = Tracker.for_training(5, "goal", {"triplet_weight": "cir"}, "pair")
     assert list(goal.losses) == ["triplet", "triplet_sh", "ntxent", "goal"]
     # the training loss's margin applies to its own counter and to its paper table's (Triplet), not to NT-Xent
-    sh = CocosTracker(5, "triplet_sh", {"margin": 0.1}, "pair").losses
+    sh = Tracker.for_training(5, "triplet_sh", {"margin": 0.1}, "pair").losses
     assert sh["triplet_sh"] == {"margin": 0.1} and sh["triplet"] == {"margin": 0.1} and sh["ntxent"] == {}
     assert [s for s in range(1, 30) if goal.due(s)] == [1, 6, 11, 16, 21, 26]
 
@@ -88,8 +88,8 @@ def test_tracking_counts_the_steps_own_embeddings_and_leaves_training_unchanged(
 def test_ranking_run_counts_pair_counters_on_each_images_first_caption():
     torch.manual_seed(0)
     images, captions = torch.randn(6, 8), torch.randn(30, 8)
-    tracker = CocosTracker(1, "smoothap", {}, "ranking")
-    tracker.observe(1, 1, images, captions, None, torch.arange(6))
+    tracker = Tracker.for_training(1, "smoothap", {}, "ranking")
+    tracker.observe(1, images, captions, None, epoch=1, image_ids=torch.arange(6))
     frame = tracker.frame().set_index(["loss", "direction", "stat"])["value"]
     pair = count_batch(images, captions[::5], "ntxent")
     ranking = count_batch(images, captions, "smoothap")

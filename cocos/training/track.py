@@ -381,14 +381,3 @@ class Tracker:
     def __exit__(self, *exc) -> None:
         self.close()
 
-
-class CocosTracker(Tracker):
-    """The tracker's earlier interface (``CocosTracker(every, loss, loss_params, batch_layout)``, ``observe(step,
-    epoch, images, captions, ...)``): :meth:`Tracker.for_training` under its old name."""
-
-    def __init__(self, every: int, loss: str, loss_params: dict, batch_layout: str, compat: bool = False) -> None:
-        made = Tracker.for_training(every, loss, loss_params, batch_layout, compat)
-        self.__dict__.update(made.__dict__)
-
-    def observe(self, step, epoch, images, captions, caption_image=None, image_ids=None) -> bool:  # noqa: D102
-        return super().observe(step, images, captions, caption_image, epoch=epoch, image_ids=image_ids)
