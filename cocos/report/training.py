@@ -24,7 +24,16 @@ from cocos.errors import CocosError
 from cocos.presentation import Presentation
 from cocos.report import style
 from cocos.report.figures import FigureOutput
-from cocos.training.logs import LTD_COLUMNS, PER_QUERY, TRACK_COLUMNS, TrainingLogs, read_logs, write_log_csvs
+from cocos.training.logs import (
+    LTD_COLUMNS,
+    PER_QUERY,
+    TRACK_COLUMNS,
+    TRACK_LOG,
+    TRACK_META,
+    TrainingLogs,
+    read_logs,
+    write_log_csvs,
+)
 
 # tracked statistics drawn, in this order (the threshold-free companions and W_low stay in the CSV)
 TRACK_STATS = ("C_q", "C_B", "C_0", "C_qv-", "W_qv-", "W_qv+", "rsum")
@@ -58,14 +67,11 @@ def plot_logs(logs: TrainingLogs, folder: str | os.PathLike, title: str | None =
     return paths
 
 
-TRACK_META = "cocos_track.json"  # written by cocos.track.Tracker beside its cocos_track.csv
-
-
 def is_track_folder(path: str | os.PathLike) -> bool:
     """A :class:`cocos.track.Tracker`'s folder: ``cocos_track.csv`` and ``cocos_track.json``, and no
     ``results.json`` below it (a folder of results is read as results)."""
     path = Path(path)
-    return (path.is_dir() and (path / TRACK_META).is_file() and (path / "cocos_track.csv").is_file()
+    return (path.is_dir() and (path / TRACK_META).is_file() and (path / TRACK_LOG).is_file()
             and next(path.rglob("results.json"), None) is None)
 
 

@@ -20,6 +20,7 @@ from cocos.io import write_csv
 
 TRAIN_LOG = "train_log.csv"
 TRACK_LOG = "cocos_track.csv"
+TRACK_META = "cocos_track.json"  # beside a cocos.track.Tracker's cocos_track.csv: what reports need to show it
 TRACK_COLUMNS = ("step", "epoch", "loss", "direction", "stat", "value")
 LOG_COLUMNS = ("step", "epoch", "loss", "L_con")
 LTD_COLUMNS = ("lambda", "L_rec/eta")

@@ -68,10 +68,9 @@ from cocos.errors import CocosError
 from cocos.io import write_csv, write_json
 from cocos.objectives import counter_params, get_objective, names, order, paper_names, parse_names, resolve
 from cocos.presentation import LAST
-from cocos.training.logs import TRACK_COLUMNS, TRACK_LOG
+from cocos.training.logs import TRACK_COLUMNS, TRACK_LOG, TRACK_META
 
 COLUMNS = list(TRACK_COLUMNS)
-TRACK_META = "cocos_track.json"  # beside cocos_track.csv in a Tracker's out_dir: what the report needs to show it
 META_FORMAT, META_VERSION = "cocos-track", 1
 TENSORBOARD_HINT = "pip install tensorboard (or 'cocos[tensorboard]')"
 
