@@ -26,38 +26,9 @@ from cocos.losses.base import LearnedTemperature  # noqa: E402
 from cocos.models.clip import CLIPDual  # noqa: E402
 from cocos.objectives import get_loss  # noqa: E402
 from cocos_cli.main import app  # noqa: E402
+from tests.helpers import make_clip_folder  # noqa: E402
 
 runner = CliRunner()
-LETTERS = "abcdefghijklmnopqrstuvwxyz"
-MERGES = ["t h", "th e</w>", "a n", "o n</w>", "i n", "e d</w>", "r e"]
-
-
-def make_clip_folder(folder, *, image_size=30, max_positions=16, seed=0, logit_scale=3.5, legacy_eos=False):
-    """A tiny random CLIP folder as save_pretrained writes it: a letter BPE (a few merges), two-block towers, a
-    logit scale other than CLIP's initial one; ``legacy_eos``: ``eos_token_id = 2`` in the config, as OpenAI's
-    configs were saved (transformers then pools the largest id, not the first eos)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    tokens = [c for ch in LETTERS for c in (ch, ch + "</w>")] + [a + b for a, b in (m.split() for m in MERGES)]
-    tokens += ["<|startoftext|>", "<|endoftext|>"]
-    (folder / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(tokens)}))
-    (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(MERGES) + "\n")
-    tok = transformers.CLIPTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"))
-    tok.save_pretrained(str(folder))
-    torch.manual_seed(seed)
-    text = dict(vocab_size=len(tokens), hidden_size=32, intermediate_size=37, num_hidden_layers=2,
-                num_attention_heads=4, max_position_embeddings=max_positions,
-                eos_token_id=2 if legacy_eos else len(tokens) - 1,
-                bos_token_id=len(tokens) - 2, pad_token_id=len(tokens) - 1)
-    vision = dict(hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
-                  image_size=image_size, patch_size=6)
-    model = transformers.CLIPModel(transformers.CLIPConfig(text_config=text, vision_config=vision, projection_dim=24))
-    with torch.no_grad():
-        model.logit_scale.fill_(logit_scale)
-    model.save_pretrained(str(folder))
-    transformers.CLIPImageProcessorPil(size={"shortest_edge": image_size},
-                                       crop_size={"height": image_size, "width": image_size}).save_pretrained(
-        str(folder))
-    return folder
 
 
 @pytest.fixture(scope="module")

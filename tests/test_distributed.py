@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -120,6 +121,12 @@ def run(tmp_path_factory):
     captions = np.repeat(images, 5, axis=0) + rng.normal(size=(750, 8)).astype(np.float32)
     np.savez(root / "e.npz", images=images, captions=captions)
     make_synthetic(root / "vdata", n_train=41, n_dev=12, n_test=12, feature_dim=8, regions=True, seed=1)
+    if importlib.util.find_spec("transformers") is not None:  # a tiny CLIP folder and raw images for it
+        from cocos.data.synth_images import make_synthetic_images
+        from tests.helpers import make_clip_folder
+
+        make_clip_folder(root / "clip")
+        make_synthetic_images(root / "imgs", n_train=12, n_dev=4, n_test=4, image_size=40, seed=2, progress=False)
     return root
 
 
@@ -127,6 +134,9 @@ COUNT = ["count", "e.npz", "--batch-size", "16", "--no-progress", "--loss", "all
 ANALYZE = ["analyze", "ck/model_best.pt", "--no-progress", "--overwrite"]
 TRAIN = ["train", "--data", "data", "--loss", "triplet_sh", "--epochs", "1", "--lr", "5e-3", "--batch-size", "30",
          "--embed-size", "16", "--word-dim", "8", "--device", "cpu", "--no-progress", "--track-cocos", "2"]
+# CLIP on raw images, its temperature learned: global batches of 8 captions, 4 rows per rank
+CLIP = ["train", "--model", "clip", "--clip", "clip", "--data", "imgs", "--loss", "ntxent", "--epochs", "1",
+        "--batch-size", "8", "--lr", "1e-3", "--device", "cpu", "--no-progress", "--track-cocos", "1"]
 VSRN = ["train", "--data", "vdata", "--model", "vsrn", "--epochs", "1", "--batch-size", "7", "--embed-size", "8",
         "--word-dim", "8", "--lr", "1e-2", "--device", "cpu", "--no-progress", "--out", "v"]
 # Every command on two processes in one torchrun launch (each command joins the group and leaves it, as in its own
@@ -164,7 +174,8 @@ for i, args in enumerate(commands):
 sys.exit(1 if failed else 0)
 """
 COMMANDS = {"count": [*COUNT, "--json", "two.json"], "analyze": [*ANALYZE, "--out", "two"],
-            "train": [*TRAIN, "--out", "t2", "--overwrite"], "vsrn": VSRN}
+            "train": [*TRAIN, "--out", "t2", "--overwrite"], "vsrn": VSRN,
+            **({"clip": [*CLIP, "--out", "c2"]} if importlib.util.find_spec("transformers") else {})}
 DIES = [*TRAIN, "--out", "dead"]  # last in the launch: rank 1 dies in it (LAST_ONE_DIES)
 
 
@@ -224,8 +235,9 @@ def test_train_on_two_processes_equals_one(run, two):
     # 450 captions in global batches of 30 (15 rows per rank), with COCOS tracked on the global batch
     one = _here([*TRAIN, "--out", "t1", "--overwrite"], run)
     assert one.exit_code == 0, one.output
-    # rank 0 alone prints and writes (two trainings in the launch: this one and the VSRN's)
-    assert two["train"].count("best validation rsum") == 1 and two["all"].count("best validation rsum") == 2
+    # rank 0 alone prints and writes (one line per training of the launch)
+    trainings = 2 + ("clip" in two)  # this one, the VSRN's and the CLIP's
+    assert two["train"].count("best validation rsum") == 1 and two["all"].count("best validation rsum") == trainings
     a, b = (load_checkpoint(run / f / "last.pt") for f in ("t1", "t2"))
     for name, tensor in a["state_dict"].items():
         assert torch.allclose(tensor.float(), b["state_dict"][name].float(), atol=1e-4), name
@@ -235,6 +247,30 @@ def test_train_on_two_processes_equals_one(run, two):
     np.testing.assert_allclose(x["loss"], y["loss"], rtol=1e-4)
     x, y = (pd.read_csv(run / f / "cocos_track.csv") for f in ("t1", "t2"))
     np.testing.assert_allclose(x["value"], y["value"], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+@needs_torchrun
+def test_clip_on_two_processes_equals_one(run, two):
+    """A CLIP fine-tuned on two processes (each encodes its half of the pixels and captions, the learned
+    temperature's gradient averaged with the rest) is the one-process model, its track included."""
+    import pandas as pd
+    import torch
+
+    from cocos.training.checkpoint import load_checkpoint
+
+    if "clip" not in two:
+        pytest.skip("transformers is not installed")
+    one = _here([*CLIP, "--out", "c1"], run)
+    assert one.exit_code == 0, one.output
+    a, b = (load_checkpoint(run / f / "last.pt") for f in ("c1", "c2"))
+    for name, tensor in a["state_dict"].items():
+        if name.endswith("k_proj.bias"):  # its true gradient is 0 (softmax ignores a constant per query): Adam
+            continue                      # steps on rounding noise, which differs with the order of sums
+        assert torch.allclose(tensor.float(), b["state_dict"][name].float(), atol=1e-4), name
+    assert a["loss"]["params"]["tau"] == pytest.approx(b["loss"]["params"]["tau"], rel=1e-5)
+    x, y = (pd.read_csv(run / f / "cocos_track.csv") for f in ("c1", "c2"))
+    np.testing.assert_allclose(x["value"], y["value"], rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.slow
