@@ -259,7 +259,7 @@ def test_bad_input_is_one_line(tmp_path, monkeypatch):
     with pytest.raises(CocosError) as exc:
         Tracker(every=1, losses="smoothap").observe(1, torch.randn(4, 3), torch.randn(4, 3))
     assert "ranking batch" in _one_line(exc)
-    for kwargs, words in (({"losses": "nosuch"}, "unknown loss"), ({"params": {"goal": {}}}, "not tracked"),
+    for kwargs, words in (({"losses": "nosuch"}, "unknown loss"), ({"params": {"goal": {}}}, "not counted"),
                           ({"params": {"ntxent": {"tau": -1.0}}}, "tau"), ({"every": 0}, "every"),
                           ({"tensorboard": object()}, "add_scalar")):
         with pytest.raises(CocosError) as exc:

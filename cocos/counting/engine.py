@@ -40,7 +40,7 @@ from cocos.errors import CocosError, check_params
 from cocos.losses.base import intra_similarities
 from cocos.losses.counts import RowStack
 from cocos.losses.functional import vectorised_whole
-from cocos.objectives import OBJECTIVES, paper_names, resolve
+from cocos.objectives import OBJECTIVES, Objective, get_objective, paper_names, parse_names, resolve
 from cocos.progress import progress_bar
 
 DEFAULT_SWEEP = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
@@ -489,11 +489,39 @@ def _count_plans(emb, plans: dict, mine: dict, steps: dict, specs: dict, batch_s
             advance(stop - start)
 
 
+def resolve_losses(losses) -> list:
+    """The losses to count as :class:`~cocos.objectives.Objective` specs: None -> the paper's four; a registered
+    name, several (``"triplet,ntxent"``, ``"paper"``, ``"all"``: :func:`~cocos.objectives.parse_names`), a spec or a
+    whole-batch callable (:func:`~cocos.objectives.resolve`), or a list of them; each with its own name."""
+    if losses is None:
+        items = paper_names()
+    else:
+        items = [losses] if isinstance(losses, (str, Objective)) or callable(losses) else list(losses)
+    objectives = [o for item in items
+                  for o in ([get_objective(n) for n in parse_names([item])] if isinstance(item, str)
+                            else [resolve(item)])]
+    if not objectives:
+        raise CocosError("no loss given (None counts the paper's four)")
+    _check_names(objectives)
+    return objectives
+
+
+def counter_settings(objectives: list, params: dict, eps: float | None = None) -> dict[str, dict]:
+    """Each counter's parameters, ``params[name]`` with ``eps`` where given, checked by building its counter now
+    (a bad value, or parameters for a loss not counted, is one line before any counting)."""
+    unknown = sorted(set(params) - {o.name for o in objectives})
+    if unknown:
+        raise CocosError(f"parameters given for losses not counted: {', '.join(unknown)}")
+    out = {o.name: {**params.get(o.name, {}), **({"eps": eps} if eps is not None else {})} for o in objectives}
+    for o in objectives:
+        o.make_counter(**out[o.name])
+    return out
+
+
 def _setup(losses, batch_size, compat, modes, params, eps, sweep_eps):
     """The specs, their counters and the counting modes of :func:`count_embeddings`, every argument checked."""
 
-    objectives = [resolve(x) for x in (paper_names() if losses is None else list(losses))]
-    _check_names(objectives)
+    objectives = resolve_losses(losses)
     modes = [mode_of(compat)] if modes is None else list(dict.fromkeys(modes))
     for m in modes:
         if m not in MODES:
@@ -502,10 +530,8 @@ def _setup(losses, batch_size, compat, modes, params, eps, sweep_eps):
         check_params(eps=e)
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise CocosError(f"batch size must be a positive integer, got {batch_size!r}")
-    counters = {o.name: o.make_counter(eps=eps, **params.get(o.name, {})) for o in objectives}
-    unknown = sorted(set(params) - set(counters))
-    if unknown:
-        raise CocosError(f"parameters given for losses not counted: {', '.join(unknown)}")
+    settings = counter_settings(objectives, params, eps)
+    counters = {o.name: o.make_counter(**settings[o.name]) for o in objectives}
     return objectives, counters, modes
 
 

@@ -64,9 +64,10 @@ import pandas as pd
 import torch
 
 from cocos.counting import count_queries
+from cocos.counting.engine import counter_settings, resolve_losses
 from cocos.errors import CocosError
 from cocos.io import write_csv, write_json
-from cocos.objectives import counter_params, get_objective, names, order, paper_names, parse_names, resolve
+from cocos.objectives import counter_params, get_objective, names, order, paper_names
 from cocos.presentation import LAST
 from cocos.training.logs import TRACK_COLUMNS, TRACK_LOG, TRACK_META
 
@@ -86,34 +87,6 @@ def _positive_int(value, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise CocosError(f"{what} must be a positive integer, got {value!r}")
     return int(value)
-
-
-def _objectives(losses) -> list:
-    """``losses`` as Objectives: None -> the paper's four; strings through :func:`parse_names` (``"paper"``,
-    ``"all"``, comma lists); Objectives and callables as :func:`cocos.objectives.resolve` takes them."""
-    items = [losses] if isinstance(losses, str) or callable(losses) else list(losses)
-    if not items:
-        raise CocosError("no losses to track (losses=None tracks the paper's four)")
-    out = []
-    for item in items:
-        out += [get_objective(n) for n in parse_names([item])] if isinstance(item, str) else [resolve(item)]
-    names = [o.name for o in out]
-    if len(set(names)) != len(names):
-        raise CocosError(f"two tracked losses share a name ({', '.join(names)}); give each its own name")
-    return out
-
-
-def _counter_params(objectives: list, params: dict, eps: float | None) -> dict[str, dict]:
-    """``{name: parameters}`` of each counter (with ``eps`` where given), every one checked now (a bad value is
-    one error line here, not at the first due step)."""
-    unknown = sorted(set(params) - {o.name for o in objectives})
-    if unknown:
-        raise CocosError(f"parameters given for losses not tracked: {', '.join(unknown)}")
-    out = {}
-    for o in objectives:
-        out[o.name] = {**params.get(o.name, {}), **({"eps": eps} if eps is not None else {})}
-        o.make_counter(**out[o.name])
-    return out
 
 
 def _folder(out_dir, overwrite: bool) -> Path | None:
@@ -173,9 +146,9 @@ class Tracker:
         self.compat, self.autoflush = bool(compat), bool(autoflush)
         self.batch_size = None if batch_size is None else _positive_int(batch_size, "batch_size")
         self.default = losses is None  # the paper's four, less those the batches cannot serve
-        objectives = [get_objective(n) for n in paper_names()] if losses is None else _objectives(losses)
+        objectives = resolve_losses(losses)
         self._objectives = {o.name: o for o in objectives}
-        self.losses = _counter_params(objectives, dict(params or {}), eps)
+        self.losses = counter_settings(objectives, dict(params or {}), eps)
         self.layout: str | None = None  # "pair" or "ranking": fixed by the first counted batch (or the trainer)
         self.shape: tuple[int, int] | None = None  # (images, captions) of a counted batch
         self.skipped = 0
