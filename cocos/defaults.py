@@ -21,6 +21,9 @@ DEFAULT_CNN = "resnet50"  # raw images: the COCOS paper's CNN (its job files: --
 
 DEFAULT_GRAD_CLIP = 2.0  # VSE++'s gradient-norm clipping
 DEFAULT_CROP_SIZE = 224  # raw images: VSE++'s training crop and evaluation centre crop
+DEFAULT_RESIZE = 256  # raw images: VSE++'s evaluation Resize (the shorter side) before the 224 centre crop
+IMAGENET_MEAN = (0.485, 0.456, 0.406)  # the normalisation of ImageNet-trained CNNs (torchvision's)
+IMAGENET_STD = (0.229, 0.224, 0.225)
 
 # CLIP clamps its learned logit scale at log(100) (a temperature of at least 0.01)
 MAX_LOGIT_SCALE = 4.605170185988092

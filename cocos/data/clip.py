@@ -24,6 +24,7 @@ normalisation; every draw from the item's generator (:mod:`cocos.data.transforms
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Sequence
@@ -170,8 +171,6 @@ class Preprocess:
 
     def transform(self, train: bool):
         """The training or evaluation transform (a picklable ``functools.partial``, called ``(img, generator)``)."""
-        import functools
-
         keywords = {"crop_size": self.crop_size, "mean": self.mean, "std": self.std, "resample": self.resample}
         if train:
             return functools.partial(clip_train_transform, **keywords)

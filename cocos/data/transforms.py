@@ -47,13 +47,12 @@ import numpy as np
 import torch
 from PIL import Image
 
+from cocos.defaults import DEFAULT_CROP_SIZE, DEFAULT_RESIZE, IMAGENET_MEAN, IMAGENET_STD  # noqa: F401 (here too)
 from cocos.errors import CocosError
 from cocos.io import available_memory
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
-CROP_SIZE = 224
-RESIZE = 256
+CROP_SIZE = DEFAULT_CROP_SIZE
+RESIZE = DEFAULT_RESIZE
 SCALE = (0.08, 1.0)
 RATIO = (3.0 / 4.0, 4.0 / 3.0)
 # Resize would make an image of more pixels than this (a 1 x 40,000 strip at Resize(256)): refused.

@@ -64,7 +64,7 @@ class PooledModel(torch.nn.Module):
     def __init__(self, model: torch.nn.Module):
         super().__init__()
         self.inner = model
-        self.embedded = is_grid(model)  # a grid model's split holds its image embeddings (ImageSource.open)
+        self.embedded = keeps_embeddings(model)  # its split holds its image embeddings (ImageSource.open)
         dim = model.hparams["embed_size"] if self.embedded else model.img_dim
         self.hparams = {**model.hparams, "img_dim": int(dim)}
 
@@ -78,13 +78,16 @@ class PooledModel(torch.nn.Module):
         return self.encode_images(features), self.encode_captions(tokens, lengths)
 
 
-def is_grid(model: torch.nn.Module) -> bool:
-    """Whether a raw-image model's ``pooled`` features are a grid ``(n, cells, d)`` (VSE∞), not one vector."""
-    return bool(getattr(model, "pooled_is_grid", False))
+def keeps_embeddings(model: torch.nn.Module) -> bool:
+    """Whether an analysed split of a raw-image model holds its image embeddings rather than its pooled features
+    (``keeps_embeddings``): a grid ``(n, cells, d)`` too large to keep (VSE∞), or a model with its own
+    preprocessing and no feature cache (CLIP)."""
+    return bool(getattr(model, "keeps_embeddings", False))
 
 
 class _Embedder(torch.nn.Module):
-    """A grid model as a "CNN" whose output is its image embedding (``encode_pooled . pooled``, eval mode)."""
+    """A model that keeps its embeddings (VSE∞'s grid, CLIP) as a "CNN" whose output is its image embedding
+    (``encode_pooled . pooled``, eval mode)."""
 
     def __init__(self, model: torch.nn.Module):
         super().__init__()
@@ -130,7 +133,7 @@ class ImageSource:
         :class:`~cocos.embed.features.FeatureCacheWarning` line names it (``cocos analyze`` prints it as a
         ``warning:``) and the images are encoded instead, so the analysis is the uncached one."""
         images = load_image_split(self.data, split, use_restval=self.use_restval)
-        if is_grid(model):  # a grid is too large to keep for a whole split: the image embeddings, batch by batch
+        if keeps_embeddings(model):  # the image embeddings, batch by batch (a grid is too large to keep)
             own = getattr(model, "image_transform", None)  # a model's own preprocessing (CLIP's), else the source's
             feats = pooled_features(_Embedder(model), images, resize=self.resize, crop_size=self.crop_size,
                                     batch_size=self.batch_size, workers=self.workers, device=device,

@@ -9,7 +9,7 @@ The definitions file, section 21, states what cocos computes. In short: image em
 
 As every raw-image family (:class:`cocos.models.image.PixelModel`): ``pooled(pixels)`` is the vision tower's pooled
 output (``pooler_output``, before the projection), ``encode_pooled`` the projection and the norm. Encoding a split
-for counting takes whole image embeddings batch by batch (``pooled_is_grid``: no feature cache), with the
+for counting keeps its image embeddings, batch by batch (``keeps_embeddings``: no feature cache), with the
 model's own transform (``image_transform``).
 
 **Freezing** (``freeze``): ``none``, ``image`` (the vision tower and its projection), ``text`` (the text tower,
@@ -63,7 +63,7 @@ class CLIPDual(PixelModel):
     """A CLIP dual encoder (module docstring). ``vocab_size`` must be the text tower's (the tokenizer's size)."""
 
     kind = "clip"
-    pooled_is_grid = True  # a split is encoded to image embeddings batch by batch (cocos.embed.images)
+    keeps_embeddings = True  # an analysed split holds image embeddings, not pooled features (cocos.embed.images)
 
     def __init__(self, vocab_size: int, clip_config: dict, preprocess: dict, freeze: str = "none",
                  unfrozen_blocks: int = 0, embed_size: int | None = None):

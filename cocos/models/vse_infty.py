@@ -311,7 +311,7 @@ class VSEInftyFull(PixelModel):
     ``pooled(pixels)`` is the grid (what ``cocos data features`` caches), ``encode_pooled(grid)`` the rest."""
 
     kind = "vse_infty_full"
-    pooled_is_grid = True  # pooled() gives (n, H*W, C): the analysis keeps image embeddings, not grids
+    keeps_embeddings = True  # pooled() gives (n, H*W, C): an analysed split holds image embeddings, not grids
 
     def __init__(self, vocab_size: int, bert_config: dict, cnn_type: str = "resnext101_32x8d",
                  embed_size: int = 1024, finetune: bool = False, embedding_warmup_epochs: int = 2,

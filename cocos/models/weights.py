@@ -41,11 +41,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from cocos.defaults import DEFAULT_CROP_SIZE, DEFAULT_RESIZE, IMAGENET_MEAN, IMAGENET_STD
 from cocos.errors import CocosError
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)  # as cocos.data.transforms (this module stays torch-free)
-IMAGENET_STD = (0.229, 0.224, 0.225)
-RESIZE, CROP_SIZE = 256, 224  # cocos's (and VSE++'s) evaluation transform for a file it does not know
+# cocos's (and VSE++'s) evaluation transform for a file it does not know
+RESIZE, CROP_SIZE = DEFAULT_RESIZE, DEFAULT_CROP_SIZE
 _TV = "https://github.com/pytorch/vision/blob/main/torchvision/models/"
 _TV_OLD = "torchvision's earlier model_urls (no transform of its own; ImageNet's Resize(256) + CenterCrop(224))"
 _NAME = re.compile(r"(?P<stem>[A-Za-z0-9_]+)-(?P<hash>[0-9a-f]{8})\.pth")

@@ -33,12 +33,14 @@ import numpy as np
 import torch
 
 from cocos.data.images import ImageBatches, ImageSplit
-from cocos.data.transforms import CROP_SIZE, RESIZE, check_image_sizes, eval_transform, train_transform
+from cocos.data.transforms import CROP_SIZE, check_image_sizes, eval_transform, train_transform
+from cocos.models.weights import proportional_resize
 
 
 def eval_resize(crop_size: int) -> int:
-    """The evaluation transform's ``Resize``: 256 for a 224 crop, the same ratio otherwise."""
-    return RESIZE if crop_size == CROP_SIZE else int(round(RESIZE * crop_size / CROP_SIZE))
+    """The evaluation transform's ``Resize``: 256 for a 224 crop, the same ratio otherwise
+    (:func:`cocos.models.weights.proportional_resize` at 256 : 224)."""
+    return proportional_resize(crop_size)
 
 
 def image_transform(train: bool, crop_size: int = CROP_SIZE, resize: int | None = None):

@@ -31,8 +31,8 @@ no caption: name the object at each position.
   folder as it was. :func:`find_pretrained` reuses a folder whose record matches the settings and the data
   and whose file still has its sha256.
 
-Deviation from the paper's setting: the CNN is pre-trained on the demo world's own training images (a
-thousand rendered scenes), not on ImageNet's 1.28 million photographs; the retrieval model never sees its
+Deviation from the paper's setting: the CNN is pre-trained on the demo world's own training images (3,000
+rendered scenes in the demo), not on ImageNet's 1.28 million photographs; the retrieval model never sees its
 labels, and the test split is never read.
 """
 
