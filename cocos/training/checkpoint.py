@@ -64,6 +64,7 @@ from cocos.training.config import lr_group_names
 
 FORMAT = "cocos-checkpoint"
 FORMAT_VERSION = 1
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")  # a sha256 as its 64 lower-case hex digits
 REQUIRED = ("model", "vocab", "state_dict", "loss", "data", "epoch")
 HASH_KEY = "content_sha256"
 RESUME_KEYS = ("optimizer", "scheduler", "rng")  # what last.pt holds beyond model_best.pt
@@ -172,7 +173,7 @@ def verify_content_hash(ckpt: dict, where) -> None:
     if HASH_KEY not in ckpt:
         return
     stored = ckpt[HASH_KEY]
-    if not isinstance(stored, str) or not re.fullmatch(r"[0-9a-f]{64}", stored):
+    if not isinstance(stored, str) or not SHA256_HEX.fullmatch(stored):
         raise CocosError(f"{where}: is corrupted ({HASH_KEY} is not a sha256 hex digest)")
     if content_hash(ckpt) != stored:
         raise CocosError(f"{where}: is corrupted (its content does not match the {HASH_KEY} stored in it)")
@@ -623,9 +624,6 @@ def _check_transform_record(check: _Checker, data: dict, images: bool) -> None:
     _check_weights_record(check, data.get("weights"))
 
 
-_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
-
-
 def _check_weights_record(check: _Checker, weights) -> None:
     """``data.weights`` (absent before #31): the CNN weights file the run started from, ``{"file": its base name,
     "sha256": its 64 hex digits, "name": the readable name of a known file or None}`` (:mod:`cocos.models.weights`)."""
@@ -634,7 +632,7 @@ def _check_weights_record(check: _Checker, weights) -> None:
     weights = check.dict(weights, "data.weights")
     check.str(check.key(weights, "file", "data.weights"), "data.weights.file", nonempty=True)
     digest = check.str(check.key(weights, "sha256", "data.weights"), "data.weights.sha256")
-    if not _SHA256_HEX.fullmatch(digest):
+    if not SHA256_HEX.fullmatch(digest):
         check.fail("data.weights.sha256", f"must be 64 lower-case hex digits, got {_show(digest)}")
     if weights.get("name") is not None:
         check.str(weights["name"], "data.weights.name", nonempty=True)
@@ -835,5 +833,5 @@ def _check_hash_field(check: _Checker, ckpt: dict) -> None:
     """``content_sha256``, where present: 64 lowercase hex digits (whether it matches is
     :func:`verify_content_hash`'s check)."""
     value = ckpt.get(HASH_KEY)
-    if HASH_KEY in ckpt and (not isinstance(value, str) or not re.fullmatch(r"[0-9a-f]{64}", value)):
+    if HASH_KEY in ckpt and (not isinstance(value, str) or not SHA256_HEX.fullmatch(value)):
         check.fail(HASH_KEY, "must be a sha256 hex digest")
