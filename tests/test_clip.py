@@ -246,6 +246,8 @@ def test_learned_temperature_is_ntxent_at_exp_minus_logit_scale():
     assert float(scale.grad) == pytest.approx(numeric, rel=1e-3)
     assert loss.params()["tau"] == pytest.approx(math.exp(-2.0))
     big = LearnedTemperature(get_loss("ntxent"), torch.nn.Parameter(torch.tensor(9.0)))
+    assert big.params()["tau"] == pytest.approx(math.exp(-9.0), rel=1e-6)  # the forward pass does not clamp
+    big.project_()  # the parameter does, after each step (open_clip)
     assert big.params()["tau"] == pytest.approx(0.01, rel=1e-6)  # CLIP's clamp at a scale of 100
 
 

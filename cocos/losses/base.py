@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from cocos.data.layout import DIRECTIONS, batch_similarity
-from cocos.models.clip import temperature_of
+from cocos.defaults import MAX_LOGIT_SCALE
 
 
 def intra_similarities(images, captions) -> dict[str, torch.Tensor]:
@@ -88,11 +88,15 @@ class LearnedTemperature(ContrastiveLoss):
     """A loss whose softmax temperature is learned as CLIP learns it (``--learn-tau``).
 
     The family's temperature parameter (:attr:`~cocos.losses.spec.Objective.temperature`, NT-Xent's ``tau``)
-    becomes ``tau = exp(-min(logit_scale, log 100))``, ``logit_scale`` a parameter of the model (CLIP's, trained
-    with it; its gradient flows through ``tau``). Clamped in the forward pass, where open_clip clamps the
-    parameter in place after each step: the same temperature, without a step outside autograd. ``params()``
-    reports the current ``tau`` (a checkpoint's loss is the one its model was last trained with, and an analysis
-    counts at it); everything else is the wrapped loss's.
+    becomes ``tau = exp(-logit_scale)``, ``logit_scale`` a parameter of the model (CLIP's, trained with it; its
+    gradient flows through ``tau``). As open_clip does, the forward pass does not clamp: the *parameter* is
+    clamped in place to ``[0, log 100]`` (``0.01 <= tau <= 1``) by :meth:`project_`, which the trainer calls after
+    each optimizer step (open_clip's ``logit_scale.clamp_(0, math.log(100))``) and once when the run starts (a
+    folder saved above the clamp trains from it). A temperature at the clamp keeps its gradient and moves back when
+    the loss asks for it; a clamp inside the forward pass (``exp(-min(s, log 100))``, this class before issue 37)
+    has a zero gradient above it and freezes there. ``params()`` reports the current ``tau`` (a checkpoint's loss
+    is the one its model was last trained with, and an analysis counts at it); everything else is the wrapped
+    loss's.
     """
 
     def __init__(self, loss: ContrastiveLoss, logit_scale: torch.Tensor) -> None:
@@ -108,8 +112,13 @@ class LearnedTemperature(ContrastiveLoss):
         del self.__dict__[name]  # no stale ``loss.tau``: the temperature is temperature() (params() its value)
 
     def temperature(self) -> torch.Tensor:
-        """The current temperature, with its gradient to ``logit_scale``."""
-        return temperature_of(self._scale[0])
+        """The current temperature ``exp(-logit_scale)``, with its gradient to ``logit_scale``."""
+        return torch.exp(-self._scale[0])
+
+    @torch.no_grad()
+    def project_(self) -> None:
+        """Clamp ``logit_scale`` in place to ``[0, log 100]`` (open_clip's step after ``optimizer.step()``)."""
+        self._scale[0].clamp_(0.0, MAX_LOGIT_SCALE)
 
     def extra_repr(self) -> str:
         return ", ".join([f"name={self.name}", *(f"{k}={v:g}" for k, v in self.params().items()),

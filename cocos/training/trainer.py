@@ -407,6 +407,7 @@ class Trainer:
             scale.requires_grad_(bool(self.cfg.loss.learn_tau))
         if self.cfg.loss.learn_tau:
             self.loss_fn = LearnedTemperature(self.loss_fn, scale)
+            self.loss_fn.project_()  # a folder saved above CLIP's clamp trains from the clamp (no-op on a resume)
         if not any(p.requires_grad for p in self.model.parameters()):
             raise CocosError(f"--model {self.cfg.model.name}: nothing to train (every weight is frozen"
                              f"{'' if scale is None else ', and the temperature is not learned'})")
@@ -859,6 +860,8 @@ class Trainer:
         if self.cfg.optim.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.trained_parameters(), self.cfg.optim.grad_clip)
         self.optimizer.step()
+        if isinstance(self.loss_fn, LearnedTemperature):
+            self.loss_fn.project_()  # open_clip: the learned logit scale clamped after each step, not in the forward
         if split:  # BatchNorm running statistics saw this rank's rows: every rank takes rank 0's (as DDP)
             broadcast_buffers(self.model, self.group)
 
