@@ -54,10 +54,10 @@ def child(data: str, out: str, threads: int | None, seconds: float, min_steps: i
     trainer = Trainer(_train_config(cfg, "triplet_sh"), progress=False, log=lambda *a: None)
     trainer.model.train()
     batches = list(trainer.batches(1))
-    trainer.step(*batches[0])  # warm-up
+    trainer.step(*batches[0], epoch=1)  # warm-up (epochs count from 1: the demo's run tracks COCOS)
     done, start = 0, time.perf_counter()
     for i, (img, cap, caption_image) in enumerate(batches[1:] * 4):
-        trainer.step(img, cap, caption_image)
+        trainer.step(img, cap, caption_image, epoch=1)
         done += len(cap)
         if i + 1 >= min_steps and time.perf_counter() - start >= seconds:
             break

@@ -62,18 +62,13 @@ class Registry:
     def load_plugins(self) -> None:
         """Register the specs of installed plugins: the entry points of the group, then ``COCOS_PLUGINS``."""
         for point in entry_points(group=self.group):
-            try:
-                found = point.load()
-            except Exception as exc:  # noqa: BLE001 - whatever a broken plugin raises: one line naming it
-                raise CocosError(f"{self.what} plugin {point.name} ({point.value}) failed to load: {exc}") from None
             package = point.dist.name if point.dist is not None else point.value.partition(":")[0]
+            where = f"{point.name} ({point.value}) of package {package}"
+            found = _import(lambda point=point: point.load(), f"{self.what} plugin {where}")
             self._add(found, f"{point.name} ({point.value})", package)
         for module in filter(None, (m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(","))):
-            try:
-                loaded = importlib.import_module(module)
-            except Exception as exc:  # noqa: BLE001 - as above
-                raise CocosError(f"{self.what} plugin module {module} ({PLUGINS_ENV}) failed to load: {exc}") \
-                    from None
+            loaded = _import(lambda module=module: importlib.import_module(module),
+                             f"{self.what} plugin module {module} ({PLUGINS_ENV})")
             found = next((getattr(loaded, a) for a in self.attributes if hasattr(loaded, a)), None)
             if found is not None:
                 self._add(found, module, module)
@@ -88,3 +83,23 @@ class Registry:
                               f"a built-in {self.what} family's", stacklevel=2)
             elif self._specs.get(spec.name) is not spec:
                 self.register(spec)
+
+
+def _import(load, what: str):
+    """``load()`` (a plugin's import), whatever it raises as one :class:`CocosError` line naming ``what`` (its entry
+    point and package): an exception, and also ``SystemExit`` (a plugin that calls ``sys.exit(0)`` on import must
+    not end a command with exit 0 and nothing done) and a ``KeyboardInterrupt`` the plugin raised itself. A real
+    Ctrl-C (the CLI's handler has recorded it: :func:`cocos.io.interrupt_pending`) stays an interruption (exit 130).
+    """
+    try:
+        return load()
+    except KeyboardInterrupt:
+        from cocos.io import interrupt_pending
+
+        if interrupt_pending():
+            raise
+        raise CocosError(f"{what} raised KeyboardInterrupt while it was imported; cocos stops") from None
+    except SystemExit as exc:
+        raise CocosError(f"{what} called sys.exit({exc.code!r}) while it was imported; cocos stops") from None
+    except Exception as exc:  # noqa: BLE001 - whatever a broken plugin raises: one line naming it
+        raise CocosError(f"{what} failed to load: {exc}") from None

@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cocos.data.synth import make_synthetic
+
 PLUGIN = '''
 from cocos.losses.functional import triplet_hinge
 from cocos.objectives import Objective
@@ -118,3 +120,29 @@ def test_a_broken_plugin_is_one_error_line_naming_it(tmp_path):
     assert res.returncode == 2
     assert res.stderr.strip().splitlines() == ["error: loss plugin module broken_plugin (COCOS_PLUGINS) failed to "
                                                "load: oops"]
+
+
+@pytest.mark.parametrize("raises, words", [
+    ("raise SystemExit(0)", "called sys.exit(0) while it was imported"),
+    ("import sys; sys.exit('bye')", "called sys.exit('bye') while it was imported"),
+    ("raise KeyboardInterrupt", "raised KeyboardInterrupt while it was imported"),
+])
+def test_a_plugin_that_exits_on_import_stops_the_command_naming_its_package(tmp_path, raises, words):
+    """A model plugin whose import exits (``sys.exit(0)``) or raises KeyboardInterrupt: before, ``cocos train
+    --model vsepp`` exited 0 having done nothing; now one error line naming the entry point and its package, exit 2,
+    and no run folder."""
+    root = tmp_path / "site"
+    root.mkdir()
+    (root / "cocos_quitter.py").write_text(f"{raises}\n")
+    info = root / "cocos_quitter-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: cocos-quitter\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[cocos.models]\nquitter = cocos_quitter:family\n")
+    data = make_synthetic(tmp_path / "data", n_train=40, n_dev=10, n_test=10, seed=0)
+    res = cocos(["train", "--model", "vsepp", "--data", str(data), "--out", str(tmp_path / "run"), "--epochs", "1",
+                 "--no-progress"], tmp_path, path=root)
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: model plugin quitter (cocos_quitter:family) of package "
+                                                   "cocos-quitter ") and words in lines[0], lines
+    assert not (tmp_path / "run").exists()
