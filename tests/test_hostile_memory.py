@@ -259,3 +259,41 @@ def test_a_nul_in_a_caption_is_refused_naming_its_place(tmp_path):
     with pytest.raises(CocosError, match="caption 1 of split 'train' holds a NUL"):  # any layout
         images_mod.ImageSplit(source=tmp_path, split="train", layout="csv", captions=["a", "b\x00"],
                               caption_image=np.array([0, 0]), names=["a"], paths=[tmp_path / "a.png"])
+
+
+class _Plain(BudgetedUnpickler):
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError(f"the pickle refers to {module}.{name}")
+
+
+def test_dup_references_are_charged_like_memo_gets():
+    """``DUP`` copies a reference to the top of the stack as ``GET`` does: each is charged the object's weight.
+    Python's pickler never writes DUP; a crafted pickle does: MARK, a 1,000-char string, DUP, DUP, LIST."""
+    word = "x" * 1000
+    data = (b"\x80\x04(" + b"X" + struct.pack("<I", len(word)) + word.encode() + pickle.DUP + pickle.DUP
+            + pickle.LIST + pickle.STOP)
+    u = _Plain(io.BytesIO(data), len(data), budget=10**9)
+    assert u.load() == [word] * 3
+    assert u.charged == 2 * sys.getsizeof(word)
+    many = (b"\x80\x04(" + b"X" + struct.pack("<I", len(word)) + word.encode() + pickle.DUP * 200
+            + pickle.LIST + pickle.STOP)
+    with pytest.raises(PickleBombError):  # 200 copies of 1 kB against a budget of the file plus 10 kB
+        _Plain(io.BytesIO(many), len(many), budget=len(many) + 10_000).load()
+
+
+def test_a_container_is_weighed_with_everything_below_it():
+    """The weight of a container referred to again counts its whole tree, not only its own children: ``mid`` holds
+    ``inner`` which holds a 1,000-char string, and the second reference to ``mid`` is charged all three."""
+    word = "x" * 1000
+    inner = [word]
+    mid = [inner]
+    data = pickle.dumps([mid, mid], protocol=4)
+    u = _Plain(io.BytesIO(data), len(data), budget=10**9)
+    loaded = u.load()
+    assert loaded == [[[word]], [[word]]] and loaded[0] is loaded[1]
+    got_mid = loaded[0]  # sizes of the objects as the unpickler built them (a list's spare capacity included)
+    assert u.charged == sys.getsizeof(got_mid) + sys.getsizeof(got_mid[0]) + sys.getsizeof(got_mid[0][0])
+    deep = [[[[["y" * 10_000]]]]]  # 10 kB four containers down, referred to 100 times
+    bomb = pickle.dumps([deep] * 100, protocol=4)
+    with pytest.raises(PickleBombError):
+        _Plain(io.BytesIO(bomb), len(bomb), budget=len(bomb) + 100_000).load()

@@ -11,6 +11,7 @@ tiny file's own sha256 prefix in a monkeypatched table (computed here with hashl
 from __future__ import annotations
 
 import hashlib
+import os
 import json
 import re
 import shutil
@@ -324,3 +325,20 @@ def test_train_evaluates_and_records_a_known_files_transform_and_analyze_shows_i
     assert given.exit_code == 0, given.output
     assert len([ln for ln in given.output.splitlines() if ln.startswith("warning:")]) == 1
     assert torch.load(tmp_path / "given" / "last.pt", weights_only=True)["data"]["resize"] == 40
+
+
+def test_the_hash_cache_sees_a_file_rewritten_in_place(tmp_path, monkeypatch):
+    """The remembered digest is keyed by the file's (device, inode, size, modification time): the same file
+    rewritten in place with other bytes of the same size (same inode, same size) is hashed again."""
+    monkeypatch.setattr(W, "_HASHES", {})
+    path = tmp_path / "w.pth"
+    path.write_bytes(b"a" * 4096)
+    first = W.file_sha256(path)
+    assert first == sha256_of(path)
+    inode = path.stat().st_ino
+    with open(path, "r+b") as fh:  # in place: no new inode
+        fh.write(b"b" * 4096)
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # a later time, whatever the clock's grain
+    assert path.stat().st_ino == inode and path.stat().st_size == 4096
+    assert W.file_sha256(path) == sha256_of(path) != first
