@@ -56,14 +56,17 @@ def _check_input_paths(args: dict) -> None:
 
 
 def _check_output_paths(args: dict, checkpoints: list) -> None:
-    """An explicit --out of one checkpoint, and --save-embeddings: allowed (cocos's or empty, else --overwrite),
-    and none of the inputs."""
-    from cocos.io import check_output_dir, check_output_file
+    """An explicit --out of one checkpoint (absent, empty, or a report with --overwrite: a report folder of
+    :func:`cocos.io.check_output_dir`), of several (no cocos folder: their reports go inside), and
+    --save-embeddings: allowed, and none of the inputs."""
+    from cocos.io import check_output_dir, check_output_file, check_output_parent
 
     inputs = [p for p in (*checkpoints, args.get("data"), args.get("vocab"), args.get("bert")) if p is not None]
     overwrite = bool(args.get("overwrite"))
     if args.get("out") is not None and len(checkpoints) == 1:
-        check_output_dir(args["out"], inputs, overwrite)
+        check_output_dir(args["out"], inputs, overwrite, kind="report", by="analyze")
+    elif args.get("out") is not None:
+        check_output_parent(args["out"])
     if args.get("save_embeddings") is not None:
         check_output_file(args["save_embeddings"], inputs + ([args["out"]] if args.get("out") else []),
                           overwrite=overwrite, runs=checkpoints)
@@ -117,8 +120,8 @@ def analyze(
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     latex_width: str = typer.Option("column", "--latex-width", metavar="column|page",
                                     help="LaTeX tables fit one LNCS column (12.2 cm, table) or a page (table*)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an --out folder that cocos did not write, "
-                                                              "or an existing --save-embeddings file."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an --out report (never another "
+                                                              "folder), or an existing --save-embeddings file."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
     vocab: Path = typer.Option(None, "--vocab", metavar="PATH",
                                help="Vocabulary of a checkpoint of the original VSE++/VSRN code (model_best.pth.tar): "
@@ -199,11 +202,16 @@ def _check_inputs(checkpoints: list[Path], data: Path | None, vocab: Path | None
 
 def _check_outputs(checkpoints: list[Path], targets: list[Path], inputs: list[Path], save_embeddings: Path | None,
                    overwrite: bool) -> None:
-    """Every report folder and the embeddings file may be written; none holds any checkpoint's input."""
-    from cocos.io import check_output_dir, check_output_file
+    """Every report folder and the embeddings file may be written (:func:`cocos.io.check_output_dir`: absent,
+    empty, or a report replaced with --overwrite); none holds any checkpoint's input, and the folder of several
+    reports is no cocos folder."""
+    from cocos.io import check_output_dir, check_output_file, check_output_parent
 
+    if len(targets) > 1:
+        for parent in {t.parent for t in targets}:
+            check_output_parent(parent)
     for target in targets:
-        check_output_dir(target, inputs, overwrite)
+        check_output_dir(target, inputs, overwrite, kind="report", by="analyze")
         if save_embeddings is not None:
             check_output_file(save_embeddings, inputs + [target], overwrite=overwrite, runs=checkpoints)
 
@@ -243,7 +251,7 @@ def _write(analysis, target, inputs, save_embeddings, overwrite, per_query, late
 
     files = write_results_folder(analysis.results, analysis.run, target, inputs, overwrite,
                                  per_query=per_query, embeddings=analysis.embeddings, latex_width=latex_width,
-                                 logs=analysis.logs)
+                                 logs=analysis.logs, by="analyze")
     if save_embeddings is not None:
         write_embeddings(save_embeddings, analysis.embeddings)
     for line in summary_lines(analysis.results):

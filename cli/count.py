@@ -20,7 +20,8 @@ def _check_paths(args: dict) -> None:
     embeddings, out, json_path = args.get("embeddings"), args.get("out"), args.get("json_path")
     check_input_file(embeddings, "file")
     if out is not None:
-        check_output_dir(out, [embeddings] + ([json_path] if json_path else []), bool(args.get("overwrite")))
+        check_output_dir(out, [embeddings] + ([json_path] if json_path else []), bool(args.get("overwrite")),
+                         kind="report", by="count")
     if json_path is not None:
         check_output_file(json_path, [embeddings] + ([out] if out else []), overwrite=bool(args.get("overwrite")))
 
@@ -52,7 +53,7 @@ def count(
     latex_width: str = typer.Option("column", "--latex-width", metavar="column|page",
                                     help="LaTeX tables fit one LNCS column (12.2 cm, table) or a page (table*)."),
     overwrite: bool = typer.Option(False, "--overwrite",
-                                   help="Replace an --out folder cocos did not write, or an existing --json file."),
+                                   help="Replace an --out report (never another folder), or an existing --json file."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
 ) -> None:
     """Count contributing samples per loss and direction on your own embeddings."""
@@ -76,7 +77,7 @@ def count(
         from cocos.pipelines.folder import write_results_folder
 
         files = write_results_folder(counted.results, counted.run, out, inputs, overwrite, per_query=per_query,
-                                     embeddings=counted.embeddings, latex_width=latex_width)
+                                     embeddings=counted.embeddings, latex_width=latex_width, by="count")
         typer.echo(f"wrote {out}/: {', '.join(f.name for f in files)}")
     if json_path is not None:
         counted.results.write(json_path)
@@ -90,7 +91,7 @@ def _check_outputs(embeddings: Path, out: Path | None, json_path: Path | None, o
 
     inputs = [embeddings] + ([json_path] if json_path else [])
     if out is not None:
-        check_output_dir(out, inputs, overwrite)
+        check_output_dir(out, inputs, overwrite, kind="report", by="count")
     if json_path is not None:
         check_output_file(json_path, [embeddings] + ([out] if out else []), overwrite=overwrite)
     return inputs

@@ -22,7 +22,7 @@ data_app = typer.Typer(
 @data_app.command("synth")
 @handle_errors
 def synth(
-    out_dir: Path = typer.Argument(..., help="Folder to write (must not exist or be empty)."),
+    out_dir: Path = typer.Argument(..., help="Folder to write (absent or empty; a dataset with --overwrite)."),
     n_train: int = typer.Option(None, "--n-train", help="Training images, k captions each (default 3000; "
                                 "1000 with --images)."),
     n_dev: int = typer.Option(None, "--n-dev", help="Validation images (default 500; 200 with --images)."),
@@ -34,7 +34,8 @@ def synth(
         False, "--regions/--global", help="Store (N, R, D) region features instead of (N, D)."
     ),
     seed: int = typer.Option(0, help="Seed; the same seed gives byte-identical files."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty OUT_DIR."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing dataset at OUT_DIR (never "
+                                   "another folder)."),
     images: bool = typer.Option(
         False, "--images", help="Render the scenes as JPEG files in the VSE++ layout (images/ + "
         "dataset_synth.json) instead of writing features; --feature-dim, --n-regions, --regions do not apply."
@@ -158,7 +159,7 @@ def features(
                                   "file's own when cocos knows it, else 224."),
     use_restval: bool = typer.Option(False, "--use-restval", help="Karpathy restval joins train."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an --out folder that cocos did not write."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an --out feature cache (never another folder)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
 ) -> None:
     """Pooled frozen-CNN features of an image dataset as a precomputed folder ({split}_ims.npy, {split}_caps.txt).
@@ -178,6 +179,11 @@ def features(
         fail(f"{cnn_weights}: no such CNN weights file")
     if not image_data.exists():
         fail(f"{image_data}: no such image dataset")
+    if out is not None:  # its kind, before the weights are read (again under the lock when the cache is written)
+        from cocos.io import check_output_dir
+
+        check_output_dir(out, [image_data, cnn_weights], overwrite, kind="features", by="data features",
+                         may_lie_in=[image_data])
     start = time.perf_counter()
     sizes = evaluation_transform(cnn_weights, resize, crop_size, cnn=cnn)  # a known file's own transform
     resize, crop_size = sizes.resize, sizes.crop_size

@@ -34,7 +34,8 @@ def _check_paths(args: dict) -> None:
     for name in ("data", "checkpoints"):
         if paths[name].exists() and not paths[name].is_dir():
             raise CocosError(f"{paths[name]}: exists and is not a folder; choose another --{name}")
-    check_output_dir(paths["out"], [paths["data"], paths["checkpoints"]], bool(args.get("overwrite")))
+    check_output_dir(paths["out"], [paths["data"], paths["checkpoints"]], bool(args.get("overwrite")), kind="report",
+                     by="demo")
 
 
 def _losses(loss: list[str], bert_model: bool) -> list[str]:
@@ -106,8 +107,9 @@ def demo(
     seed: int = typer.Option(default(DemoConfig, "seed"), help="Seed of data, training and counting."),
     device: str = typer.Option(default(DemoConfig, "device"), help="auto, cpu or cuda."),
     retrain: bool = typer.Option(False, "--retrain", help="Train even if matching checkpoints exist."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an --out or --data folder (or a model's "
-                                                              "checkpoint folder) that cocos did not write."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an --out report, a --data dataset or "
+                                                              "a model's run folder that another command wrote "
+                                                              "(the demo's own are rewritten without it)."),
     track_cocos: int = typer.Option(default(DemoConfig, "track_cocos"), metavar="N",
                                     help="Count COCOS on the training batches every N steps."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),

@@ -25,7 +25,7 @@ def report(
                                                    "folders holding them, or folders of cocos.track.Tracker "
                                                    "(cocos_track.csv)."),
     out: Path = typer.Option(Path("reports/summary"), "--out", "-o",
-                             help="Output folder (replaced whole if cocos wrote it)."),
+                             help="Output folder (absent or empty; a report with --overwrite)."),
     counting: str = typer.Option("own", help="Counting mode shown: own (each file's), compat, corrected."),
     counters: str = typer.Option("own", help="COCOS rows: own (each checkpoint's training loss; every counter of "
                                              "a cocos count result) or all."),
@@ -34,10 +34,11 @@ def report(
                                          "12.2 cm LNCS text."),
     label: str = typer.Option(None, metavar="epoch", help="epoch: tell checkpoints of one run apart by their epoch "
                                                          "(cocos train --save-every), with a figure over epochs."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an --out folder that cocos did not write."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an --out report (never another folder)."),
 ) -> None:
     """Tables 1-4 of the COCOS paper (mean ± std over seeds) and COCOS vs rsum, from results.json files."""
     from cocos.errors import CocosError
+    from cocos.io import check_output_dir
     from cocos.report.merge import build_report, write_report
     from cocos.report.tables import to_markdown
 
@@ -46,8 +47,10 @@ def report(
     if counters not in ("own", "all"):
         raise CocosError(f"unknown --counters '{counters}' (choose from own, all)")
     check_latex_width(latex_width)
+    # before any input is read: --out is no input, holds none, and is absent, empty or a report (with --overwrite)
+    check_output_dir(out, results, overwrite, kind="report", by="report", may_lie_in=[r for r in results if r.is_dir()])
     report = build_report(results, compat=COUNTING[counting], counters=counters, label=label)
-    files = write_report(report, out, overwrite=overwrite, latex_width=latex_width)
+    files = write_report(report, out, overwrite=overwrite, latex_width=latex_width, by="report")
     for w in report.warnings:
         typer.echo(f"warning: {w}", err=True)
     if report.tables:

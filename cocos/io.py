@@ -24,7 +24,7 @@ import numpy as np
 
 from cocos.errors import CocosError
 
-MARKER = ".cocos-output"  # written into every folder cocos builds; only such folders are ever replaced
+MARKER = ".cocos-output"  # written into every folder cocos builds, with its kind (output_kind, check_output_dir)
 
 
 def _alive(pid: int) -> bool:
@@ -118,7 +118,9 @@ def check_output_file(path: str | os.PathLike, inputs=(), *, overwrite: bool = F
       after resolving links, even with ``overwrite``;
     - never an existing file in the run folder of an input checkpoint (``runs``: its ``train_log.csv``,
       ``cocos_track.csv``, other checkpoints), even with ``overwrite``;
-    - an existing file only with ``overwrite`` (no command replaces a file it did not create in this run).
+    - an existing file only with ``overwrite`` (no command replaces a file it did not create in this run);
+    - never a file inside a cocos dataset or feature cache (:func:`output_kind`), even with ``overwrite``: their
+      files are what other commands read and hash.
     """
     path = Path(path)
     if path.is_dir() or path.name in ("", ".", ".."):
@@ -130,6 +132,10 @@ def check_output_file(path: str | os.PathLike, inputs=(), *, overwrite: bool = F
         item_path = Path(item).resolve()
         if item_path == resolved or item_path in resolved.parents:
             raise CocosError(f"{path}: would overwrite the input {item}; choose another output path")
+    holder = output_kind(path.parent)
+    if holder in ("dataset", "features"):
+        raise CocosError(f"{path}: lies inside {KINDS[holder]}; cocos writes no file into it: choose another "
+                         "output path")
     if path.exists() or path.is_symlink():
         for run in runs:
             if run is not None and Path(run).resolve().parent == resolved.parent:
@@ -140,42 +146,219 @@ def check_output_file(path: str | os.PathLike, inputs=(), *, overwrite: bool = F
     return path
 
 
-def check_output_dir(path: str | os.PathLike, inputs=(), overwrite: bool = False) -> Path:
-    """Refuse an output folder that would destroy something cocos did not write.
+# -- output folders by kind: what wrote a folder decides what may replace it ---------------------------------
 
-    ``path`` may be absent, empty, or a folder that cocos wrote before (it holds
-    :data:`MARKER`); anything else needs ``overwrite``. A folder that contains one
-    of ``inputs`` is always refused.
+KINDS = {  # kind -> what such a folder is, for messages ("FOLDER: is <description>")
+    "dataset": "a cocos dataset (written by cocos data synth)",
+    "features": "a cocos feature cache (written by cocos data features)",
+    "run": "a cocos training run folder (written by cocos train)",
+    "report": "a cocos report (written by cocos analyze, count, report or demo)",
+    "track": "a cocos tracking folder (written by cocos.track.Tracker)",
+    "sweep": "a cocos sweep folder (written by cocos sweep)",
+    "pretrain": "a cocos pre-trained CNN folder (written by cocos demo's pre-training)",
+    "unknown": "a folder written by an earlier cocos whose kind cannot be told from its files",
+}
+WRITES = {  # kind -> the plural a command writes ("cocos analyze writes reports")
+    "dataset": "datasets", "features": "feature caches", "run": "training runs", "report": "reports",
+    "track": "tracking folders", "sweep": "sweep folders", "pretrain": "pre-trained CNN folders",
+}
+RUN_MARKER = ".cocos-train"  # cocos train's own marker (cocos.training.trainer.RUN_MARKER): kind "run"
+_MARKER_HEAD = "written by cocos; only a cocos command that writes this kind replaces it (with --overwrite)"
+_OLD_SWEEP = "written by cocos sweep"
+REWRITES_OWN = ("demo", "sweep")  # writers that rewrite a folder they wrote without --overwrite (a rerun)
+
+
+def marker_text(kind: str, by: str | None = None) -> str:
+    """The text of :data:`MARKER` for a folder of ``kind`` written by ``by`` (a command name, e.g. ``demo``)."""
+    if kind not in WRITES:
+        raise ValueError(f"unknown output kind {kind!r}")
+    return f"{_MARKER_HEAD}\nkind: {kind}\n" + (f"by: {by}\n" if by else "")
+
+
+def mark_output(folder: str | os.PathLike, kind: str, by: str | None = None) -> Path:
+    """Write :data:`MARKER` (``kind: KIND`` and, if given, ``by: WRITER``) into ``folder``, atomically."""
+    path = Path(folder) / MARKER
+    write_text(path, marker_text(kind, by))
+    return path
+
+
+def _read_marker(folder: Path) -> str | None:
+    """The marker's text (at most 4 KB, never through a link), "" when unreadable, None when there is none."""
+    path = folder / MARKER
+    if not (path.exists() or path.is_symlink()):
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return ""
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return ""
+        return os.read(fd, 4096).decode("utf-8", errors="replace")
+    finally:
+        os.close(fd)
+
+
+def marker_fields(folder: str | os.PathLike) -> dict[str, str]:
+    """The ``key: value`` lines of ``folder``'s :data:`MARKER` (``kind``, ``by``); empty for an old-format marker or
+    none."""
+    text = _read_marker(Path(folder)) or ""
+    if text.startswith(_OLD_SWEEP):  # an earlier cocos sweep's marker
+        return {"kind": "sweep", "by": "sweep"}
+    fields = {}
+    for line in text.splitlines()[1:]:
+        key, sep, value = line.partition(":")
+        if sep and key.strip() in ("kind", "by"):
+            fields[key.strip()] = value.strip()
+    return fields
+
+
+_OLD_KINDS = (  # (kind, whether a folder of an earlier cocos holds its files): read by _old_kind
+    ("features", lambda names, folder: "cocos_features.json" in names),
+    ("report", lambda names, folder: "results.json" in names or {"tables.md", "tables.tex"} <= names),
+    ("report", lambda names, folder: "README.md" in names and (folder / "summary" / "tables.md").is_file()),  # demo
+    ("dataset", lambda names, folder: "synth.json" in names and bool({"train_ims.npy", "images"} & names)),
+    ("pretrain", lambda names, folder: "pretrain.json" in names),
+)
+
+
+def _old_kind(folder: Path, text: str) -> str:
+    """The kind of a folder an earlier cocos marked without one, from its files when only one kind fits, else
+    ``"unknown"``."""
+    if text.startswith(_OLD_SWEEP):
+        return "sweep"
+    try:
+        names = {p.name for p in folder.iterdir()}
+    except OSError:
+        return "unknown"
+    fits = {kind for kind, holds in _OLD_KINDS if holds(names, folder)}
+    return fits.pop() if len(fits) == 1 else "unknown"
+
+
+def output_kind(path: str | os.PathLike) -> str | None:
+    """The kind (a key of :data:`KINDS`) of the cocos folder ``path``; None when it is not a folder cocos wrote.
+
+    A folder holding cocos train's marker ``.cocos-train`` is a ``"run"``; one holding :data:`MARKER` has the kind
+    its ``kind:`` line names. A marker of an earlier cocos (no ``kind:`` line, or an unreadable one) is read from
+    the folder's files when they fit exactly one kind (a feature cache's manifest, a report's ``results.json``
+    or tables, a dataset's ``synth.json`` and features or images, a sweep's marker text), else ``"unknown"``: a
+    cocos folder that no command replaces.
     """
+    folder = Path(path)
+    if not folder.is_dir():
+        return None
+    if (folder / RUN_MARKER).exists() or (folder / RUN_MARKER).is_symlink():
+        return "run"
+    text = _read_marker(folder)
+    if text is None:
+        return None
+    kind = marker_fields(folder).get("kind")
+    if kind in WRITES:
+        return kind
+    return "unknown" if kind else _old_kind(folder, text)
+
+
+def _describe(kind: str) -> str:
+    return KINDS.get(kind, KINDS["unknown"])
+
+
+def _check_inputs(path: Path, inputs, option: str, may_lie_in=()) -> None:
+    """``path`` is not an input, does not contain one and does not lie inside one (links resolved), but for the
+    inputs ``may_lie_in``."""
+    resolved = path.resolve()
+    within = {Path(p).resolve() for p in may_lie_in if p is not None}
+    for item in inputs:
+        if item is None:
+            continue
+        item_path = Path(item).resolve()
+        if item_path == resolved or resolved in item_path.parents:
+            raise CocosError(f"{path}: the output folder would replace the input {item}; choose another {option}")
+        if item_path in resolved.parents and item_path not in within:
+            raise CocosError(f"{path}: lies inside the input {item}; choose another {option}")
+
+
+def _holds_anything(path: Path, option: str) -> bool:
+    """Whether ``path`` is a folder with at least one entry (one line if it cannot be read)."""
+    if not path.is_dir():
+        return False
+    try:
+        return any(path.iterdir())
+    except OSError as exc:
+        raise CocosError(f"{path}: cannot read the folder ({exc.strerror or exc}); choose another {option}") from None
+
+
+def check_output_dir(path: str | os.PathLike, inputs=(), overwrite: bool = False, *, kind: str,
+                     by: str | None = None, option: str = "--out", may_lie_in=()) -> Path:
+    """The one rule for an output folder of ``kind`` (a key of :data:`WRITES`), checked before any work starts:
+
+    - never one of ``inputs``, a folder that contains one, or a folder inside one (links resolved; but inside the
+      inputs ``may_lie_in``: a feature cache in its image dataset), even with ``overwrite``;
+    - absent or empty: allowed;
+    - a cocos folder of the same ``kind`` (:func:`output_kind`): replaced only with ``overwrite``, or without it
+      when ``by`` is one of :data:`REWRITES_OWN` (``demo``, ``sweep``) and the folder's marker records that same
+      writer (a rerun of the demo or a sweep rewrites its own folders);
+    - a cocos folder of any other kind (including an earlier cocos's folder of unknown kind): refused even with
+      ``overwrite``;
+    - a non-empty folder cocos did not write: refused even with ``overwrite`` (never removed).
+
+    ``by`` names the command in messages (``cocos analyze writes reports``); ``option`` the flag that chose
+    ``path``. Every refusal is one :class:`CocosError` line. Returns ``path``.
+    """
+    if kind not in WRITES:
+        raise ValueError(f"unknown output kind {kind!r}")
+    path = Path(path)
+    if path.is_symlink() and not path.exists():
+        raise CocosError(f"{path}: is a dangling link; choose another {option}")
+    if path.exists() and not path.is_dir():
+        raise CocosError(f"{path}: exists and is not a folder; choose another {option}")
+    _check_inputs(path, inputs, option, may_lie_in)
+    if not _holds_anything(path, option):
+        return path
+    found = output_kind(path)
+    writer = f"cocos {by}" if by else "this command"
+    if found is None:
+        raise CocosError(f"{path}: exists, is not empty and was not written by cocos; cocos never replaces it, even "
+                         f"with --overwrite: choose another {option}")
+    if found != kind:
+        raise CocosError(f"{path}: is {_describe(found)}; {writer} writes {WRITES[kind]}: choose another {option}")
+    if overwrite or (by in REWRITES_OWN and marker_fields(path).get("by") == by):
+        return path
+    raise CocosError(f"{path}: holds {_describe(found)} already; pass --overwrite to replace it or choose "
+                     f"another {option}")
+
+
+def check_output_parent(path: str | os.PathLike, option: str = "--out") -> Path:
+    """A folder cocos writes several outputs into (``cocos analyze A.pt B.pt --out DIR``: DIR/A, DIR/B): absent,
+    or a folder that is no cocos output itself (:func:`output_kind` None), so nothing is written inside a dataset,
+    a feature cache, a run or a report. One :class:`CocosError` line otherwise."""
     path = Path(path)
     if path.exists() and not path.is_dir():
-        raise CocosError(f"{path}: exists and is not a folder")
-    resolved = path.resolve()
-    for item in inputs:
-        item = Path(item).resolve()
-        if item == resolved or resolved in item.parents:
-            raise CocosError(f"{path}: the output folder would replace the input {item.name}; choose another --out")
-    if path.is_dir() and any(path.iterdir()) and not (path / MARKER).exists() and not overwrite:
-        raise CocosError(f"{path}: exists and was not written by cocos; choose another --out or pass --overwrite")
+        raise CocosError(f"{path}: exists and is not a folder; choose another {option}")
+    found = output_kind(path)
+    if found is not None:
+        raise CocosError(f"{path}: is {_describe(found)}; cocos writes nothing inside it: choose another {option}")
     return path
 
 
 @contextlib.contextmanager
-def atomic_dir(path: str | os.PathLike, inputs=(), overwrite: bool = False) -> Iterator[Path]:
-    """Build a folder under a temporary name and move it into place at the end.
+def atomic_dir(path: str | os.PathLike, inputs=(), overwrite: bool = False, *, kind: str,
+               by: str | None = None, option: str = "--out", may_lie_in=()) -> Iterator[Path]:
+    """Build a folder of ``kind`` under a temporary name and move it into place at the end.
 
-    If ``path`` exists (and :func:`check_output_dir` allows replacing it) it is
-    replaced only after the new folder is complete; on error nothing is left
-    behind and the old folder is untouched. The output is locked (:func:`output_lock`) from the check to the
-    rename: a second process writing the same folder is refused in one line, never interleaved.
+    :func:`check_output_dir` decides (again, under the lock) whether ``path`` may be written; if it exists it is
+    replaced only after the new folder is complete, which then holds :data:`MARKER` with its ``kind`` (and ``by``);
+    on error nothing is left behind and the old folder is untouched. The output is locked (:func:`output_lock`)
+    from the check to the rename: a second process writing the same folder is refused in one line, never
+    interleaved.
     """
     with output_lock(path):
-        with _atomic_dir(check_output_dir(path, inputs, overwrite)) as tmp:
+        checked = check_output_dir(path, inputs, overwrite, kind=kind, by=by, option=option, may_lie_in=may_lie_in)
+        with _atomic_dir(checked, marker_text(kind, by)) as tmp:
             yield tmp
 
 
 @contextlib.contextmanager
-def _atomic_dir(path: Path) -> Iterator[Path]:
+def _atomic_dir(path: Path, marker: str) -> Iterator[Path]:
     remove_stale(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -186,7 +369,7 @@ def _atomic_dir(path: Path) -> Iterator[Path]:
     try:
         yield tmp
         try:
-            (tmp / MARKER).write_text("written by cocos; cocos may replace this folder\n")
+            (tmp / MARKER).write_text(marker, encoding="utf-8")
         except OSError as exc:
             raise CocosError(f"{path}: cannot write ({exc.strerror or exc})") from None
         swap_into_place(tmp, path)

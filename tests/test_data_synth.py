@@ -156,8 +156,15 @@ def test_refuses_non_empty_folder_and_bad_parameters(tmp_path):
     with pytest.raises(CocosError, match="not empty"):
         make_synthetic(out, **TINY)
     assert (out / "keep.txt").read_text() == "precious"
-    make_synthetic(out, overwrite=True, **TINY)
-    assert not (out / "keep.txt").exists() and (out / "train_ims.npy").exists()
+    with pytest.raises(CocosError, match="not written by cocos"):  # a user's folder: never replaced
+        make_synthetic(out, overwrite=True, **TINY)
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+    world = tmp_path / "world"
+    make_synthetic(world, **TINY)
+    with pytest.raises(CocosError, match="--overwrite"):  # a dataset: replaced only with --overwrite
+        make_synthetic(world, **TINY)
+    make_synthetic(world, overwrite=True, **TINY)
+    assert (world / "train_ims.npy").exists()
     (tmp_path / "file").write_text("x")
     with pytest.raises(CocosError, match="not a folder"):
         make_synthetic(tmp_path / "file", **TINY)
@@ -195,7 +202,7 @@ def test_cli_synth(tmp_path):
     assert PrecompSplit(out, "train").captions == expected.splits["train"].captions
     res = runner.invoke(app, args)  # exists, no --overwrite
     assert res.exit_code == 2
-    assert "not empty" in res.output and len(res.output.strip().splitlines()) == 1
+    assert "--overwrite" in res.output and len(res.output.strip().splitlines()) == 1
     assert PrecompSplit(out, "test").is_regions  # untouched
     res = runner.invoke(app, [*args, "--overwrite"])
     assert res.exit_code == 0, res.output

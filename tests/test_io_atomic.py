@@ -132,7 +132,7 @@ def test_files_and_folders_get_the_usual_permissions(tmp_path, umask):
         with io.atomic_path(tmp_path / f"p{mask:o}.bin") as tmp:
             tmp.write_bytes(b"y")
         assert (tmp_path / f"p{mask:o}.bin").stat().st_mode & 0o777 == 0o666 & ~mask
-        with io.atomic_dir(tmp_path / f"d{mask:o}") as tmp:
+        with io.atomic_dir(tmp_path / f"d{mask:o}", kind="report") as tmp:
             (tmp / "a").write_text("z")
         assert (tmp_path / f"d{mask:o}").stat().st_mode & 0o777 == 0o777 & ~mask
 
@@ -151,7 +151,7 @@ def test_stale_temporaries_of_dead_writers_go_those_of_live_ones_stay(tmp_path):
     for name in (f".run.{dead}.x1y2z3.tmp", f".run.{live}.x1y2z3.tmp"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "part").write_text("partial")
-    with io.atomic_dir(tmp_path / "run") as tmp:
+    with io.atomic_dir(tmp_path / "run", kind="report") as tmp:
         (tmp / "done").write_text("ok")
     assert not (tmp_path / f".run.{dead}.x1y2z3.tmp").exists() and (tmp_path / f".run.{live}.x1y2z3.tmp").is_dir()
     assert (tmp_path / "run" / "done").read_text() == "ok"
@@ -170,18 +170,18 @@ def test_a_temporary_that_is_a_link_is_not_followed_when_stale(tmp_path):
 
 def test_atomic_dir_replaces_a_folder_only_once_complete(tmp_path):
     out = tmp_path / "run"
-    with io.atomic_dir(out) as tmp:
+    with io.atomic_dir(out, overwrite=True, kind="report") as tmp:
         (tmp / "a.txt").write_text("first")
         assert not out.exists() and tmp.parent == tmp_path and tmp.name.startswith(".run.")
     assert (out / "a.txt").read_text() == "first" and (out / io.MARKER).is_file()
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    with pytest.raises(_Boom), io.atomic_dir(out) as tmp:
+    with pytest.raises(_Boom), io.atomic_dir(out, overwrite=True, kind="report") as tmp:
         (tmp / "a.txt").write_text("second")
         (tmp / "b.txt").write_text("second")
         raise _Boom
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert _entries(tmp_path) == ["run"]  # no temporary folder, no lock file
-    with io.atomic_dir(out) as tmp:
+    with io.atomic_dir(out, overwrite=True, kind="report") as tmp:
         (tmp / "b.txt").write_text("third")
     assert _entries(out) == sorted([io.MARKER, "b.txt"]) and _entries(tmp_path) == ["run"]
 
@@ -190,7 +190,7 @@ def test_atomic_dir_keeps_the_old_folder_until_the_new_one_moves_in(tmp_path, mo
     """The old folder is moved aside, not deleted, until the complete new one is renamed into place (a folder
     cannot be swapped by one rename: the old one is deleted only after)."""
     out = tmp_path / "run"
-    with io.atomic_dir(out) as tmp:
+    with io.atomic_dir(out, overwrite=True, kind="report") as tmp:
         (tmp / "a.txt").write_text("old")
     seen, real_replace = [], os.replace
 
@@ -203,7 +203,7 @@ def test_atomic_dir_keeps_the_old_folder_until_the_new_one_moves_in(tmp_path, mo
         return real_replace(src, dst, *a, **kw)
 
     monkeypatch.setattr(os, "replace", spy_replace)
-    with io.atomic_dir(out) as tmp:
+    with io.atomic_dir(out, overwrite=True, kind="report") as tmp:
         (tmp / "b.txt").write_text("new")
     assert seen == [(sorted([io.MARKER, "b.txt"]), 1)]
     assert _entries(out) == sorted([io.MARKER, "b.txt"]) and _entries(tmp_path) == ["run"]
@@ -215,7 +215,7 @@ def test_atomic_dir_puts_the_old_folder_back_when_the_new_one_cannot_move_in(tmp
     import errno
 
     out = tmp_path / "run"
-    with io.atomic_dir(out) as tmp:
+    with io.atomic_dir(out, overwrite=True, kind="report") as tmp:
         (tmp / "a.txt").write_text("old")
     real_replace = os.replace
 
@@ -226,7 +226,7 @@ def test_atomic_dir_puts_the_old_folder_back_when_the_new_one_cannot_move_in(tmp
 
     monkeypatch.setattr(os, "replace", full_disk)
     with pytest.raises(CocosError, match="cannot write"):
-        with io.atomic_dir(out) as tmp:
+        with io.atomic_dir(out, overwrite=True, kind="report") as tmp:
             (tmp / "b.txt").write_text("new")
     assert _entries(tmp_path) == ["run"] and _entries(out) == sorted([io.MARKER, "a.txt"])
     assert (out / "a.txt").read_text() == "old"
@@ -235,7 +235,7 @@ def test_atomic_dir_puts_the_old_folder_back_when_the_new_one_cannot_move_in(tmp
 def test_atomic_dir_holds_the_output_lock(tmp_path):
     out = tmp_path / "run"
     with io.output_lock(out):
-        with pytest.raises(CocosError) as err, io.atomic_dir(out) as tmp:
+        with pytest.raises(CocosError) as err, io.atomic_dir(out, overwrite=True, kind="report") as tmp:
             (tmp / "a.txt").write_text("second writer")
     assert "another cocos process" in str(err.value) and "\n" not in str(err.value)
     assert _entries(tmp_path) == []

@@ -359,12 +359,15 @@ def test_report_never_replaces_what_cocos_did_not_write(tmp_path):
     b = write(inside / "b.json", make_results("ntxent", 0))
     res = runner.invoke(app, ["report", str(b), "--out", str(inside), "--overwrite"])
     assert res.exit_code == 2 and "would replace the input" in res.output and b.exists()
-    # a folder cocos wrote is replaced; --overwrite allows the user's own
+    # a report is replaced only with --overwrite; the user's own folder never, not even with --overwrite
     out = tmp_path / "rep"
     assert runner.invoke(app, ["report", str(a), "--out", str(out)]).exit_code == 0
-    assert runner.invoke(app, ["report", str(a), "--out", str(out)]).exit_code == 0
-    assert runner.invoke(app, ["report", str(a), "--out", str(mine), "--overwrite"]).exit_code == 0
-    assert (mine / "tables.md").exists() and not (mine / "chapter.tex").exists()
+    res = runner.invoke(app, ["report", str(a), "--out", str(out)])
+    assert res.exit_code == 2 and "--overwrite" in res.output
+    assert runner.invoke(app, ["report", str(a), "--out", str(out), "--overwrite"]).exit_code == 0
+    res = runner.invoke(app, ["report", str(a), "--out", str(mine), "--overwrite"])
+    assert res.exit_code == 2 and "not written by cocos" in res.output
+    assert sorted(p.name for p in mine.iterdir()) == ["chapter.tex"]
 
 
 def test_count_results_of_one_file_with_other_labels_or_parameters_are_not_duplicates(tmp_path):

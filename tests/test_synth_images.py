@@ -115,7 +115,7 @@ def test_cli_synth_images(tmp_path):
     assert len(list((out / "images").glob("*.jpg"))) == 8 and load_image_split(out, "dev").n_images == 2
     before = snapshot(tmp_path)
     line = one_error_line(runner.invoke(app, args))  # exists, no --overwrite
-    assert "not empty" in line and snapshot(tmp_path) == before
+    assert "--overwrite" in line and "holds a cocos dataset" in line and snapshot(tmp_path) == before
 
 
 def test_cli_info_on_image_datasets(tmp_path):

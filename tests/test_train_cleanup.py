@@ -116,8 +116,8 @@ def test_a_full_disk_leaves_nothing_or_a_marked_folder_that_resume_finishes(worl
         assert snapshot(tmp_path, data) == before  # nothing left: not the folder, not the lock, no temporary
         return
     assert (run / RUN_MARKER).is_file() and (run / "last.pt").is_file()
-    with pytest.raises(CocosError, match="was not written by cocos"):  # no other command may replace a run folder
-        check_output_dir(run)
+    with pytest.raises(CocosError, match="is a cocos training run folder"):  # no other command replaces a run folder
+        check_output_dir(run, overwrite=True, kind="report")
     assert not [p for p in tmp_path.rglob(".*") if p.name != RUN_MARKER]  # no temporary, no lock file
     assert refusal in one_error_line(_train(data)), case  # the same command says what is there and what to do
     res = _train(data, "--resume")

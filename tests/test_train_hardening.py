@@ -256,7 +256,7 @@ def test_stale_temporaries_of_its_own_outputs_are_removed_and_nothing_else(world
     fresh = tmp_path / "fresh"
     fresh.mkdir()
     (fresh / "notes.txt").write_text("mine")
-    assert "was not written by cocos train" in one_error_line(_train(data, fresh, "--epochs", "1"))
+    assert "was not written by cocos" in one_error_line(_train(data, fresh, "--epochs", "1"))
 
 
 # -- Ctrl-C --------------------------------------------------------------------------------------------------------
@@ -392,20 +392,29 @@ def _demo(tmp_path, *extra):
                                "--checkpoints", str(tmp_path / "ck"), *DEMO, *extra])
 
 
-def test_demo_refuses_a_foreign_data_or_report_folder_unless_overwrite(tmp_path, monkeypatch):
+def test_demo_refuses_a_foreign_data_or_report_folder_even_with_overwrite(tmp_path, monkeypatch):
+    """Outputs by kind: a folder cocos did not write is never replaced (not even with --overwrite); a report of
+    another command is replaced only with --overwrite."""
+    from cocos.io import mark_output
+
     (tmp_path / "syn").mkdir()
     (tmp_path / "syn" / "thesis.tex").write_text("mine")
     before = snapshot(tmp_path)
-    line = one_error_line(_demo(tmp_path))
-    assert "syn: exists, holds no train_ims.npy and was not written by cocos" in line and "--overwrite" in line
-    assert snapshot(tmp_path) == before
+    for extra in ((), ("--overwrite",)):
+        line = one_error_line(_demo(tmp_path, *extra))
+        assert "syn: exists, is not empty and was not written by cocos" in line and "--data" in line
+        assert snapshot(tmp_path) == before
     (tmp_path / "syn" / "thesis.tex").unlink()
     (tmp_path / "rep").mkdir()  # e.g. what an interrupted demo of an earlier version left: no marker
     (tmp_path / "rep" / "triplet").mkdir()
     before = snapshot(tmp_path)
+    for extra in ((), ("--overwrite",)):
+        line = one_error_line(_demo(tmp_path, *extra))
+        assert "rep: exists, is not empty and was not written by cocos" in line
+        assert snapshot(tmp_path) == before
+    mark_output(tmp_path / "rep", "report", by="analyze")  # a report of another command: only with --overwrite
     line = one_error_line(_demo(tmp_path))
-    assert "rep: exists and was not written by cocos" in line
-    assert snapshot(tmp_path) == before
+    assert "rep: holds a cocos report" in line and "--overwrite" in line
     # --overwrite passes the checks (interrupted at the analysis, before the report: the old folder stays)
     import cocos.pipelines.demo
 
@@ -413,7 +422,7 @@ def test_demo_refuses_a_foreign_data_or_report_folder_unless_overwrite(tmp_path,
                         lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
     res = _demo(tmp_path, "--overwrite")
     assert res.exit_code == 130 and "training vsepp" in res.output, res.output
-    assert (tmp_path / "rep" / "triplet").is_dir() and not (tmp_path / "rep" / MARKER).exists()
+    assert (tmp_path / "rep" / "triplet").is_dir() and "by: analyze" in (tmp_path / "rep" / MARKER).read_text()
 
 
 def test_interrupted_demo_leaves_no_report_folder_and_exits_130(tmp_path, monkeypatch):
@@ -442,7 +451,7 @@ def test_demo_checks_model_folders_it_did_not_write(tmp_path):
     (tmp_path / "ck" / "triplet" / "paper.pdf").write_text("mine")
     before = snapshot(tmp_path)
     line = one_error_line(_demo(tmp_path))
-    assert "triplet: exists and was not written by cocos train" in line
+    assert "triplet: exists, is not empty and was not written by cocos" in line
     assert snapshot(tmp_path) == before
 
 

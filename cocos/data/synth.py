@@ -39,7 +39,7 @@ import numpy as np
 
 from cocos.data.text import tokenize
 from cocos.errors import CocosError
-from cocos.io import atomic_dir, available_memory
+from cocos.io import atomic_dir, available_memory, check_output_dir
 
 FORMAT_VERSION = 1
 SPLIT_NAMES = ("train", "dev", "test")
@@ -390,19 +390,17 @@ def make_synthetic(
     regions: bool = False,
     seed: int = 0,
     overwrite: bool = False,
+    by: str = "data synth",
 ) -> Path:
     """Write the synthetic world to ``out_dir`` in the precomputed-feature layout.
 
     Writes ``{train,dev,test}_ims.npy`` (float32; ``(N, R, D)`` if ``regions`` else
     ``(N, D)``), ``{train,dev,test}_caps.txt`` and ``synth.json`` (the parameters).
     The folder is built under a temporary name and moved into place at the end.
-    An existing non-empty ``out_dir`` is refused unless ``overwrite``.
+    An existing non-empty ``out_dir`` is replaced only if it is a cocos dataset and ``overwrite`` (or both it and
+    this write are the demo's, ``by="demo"``): :func:`cocos.io.check_output_dir`, before the world is generated.
     """
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise CocosError(f"{out}: exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise CocosError(f"{out}: folder exists and is not empty (pass --overwrite to replace it)")
+    out = check_output_dir(out_dir, overwrite=overwrite, kind="dataset", by=by, option="output folder")
     world = generate_world(
         n_train=n_train,
         n_dev=n_dev,
@@ -413,13 +411,15 @@ def make_synthetic(
         regions=regions,
         seed=seed,
     )
-    write_world(world, out)
+    write_world(world, out, overwrite=overwrite, by=by)
     return out
 
 
-def write_world(world: SynthWorld, out_dir: str | os.PathLike) -> None:
-    """Write a generated world as one folder, atomically (replaces ``out_dir`` if present)."""
-    with atomic_dir(out_dir, overwrite=True) as tmp:  # the caller checked overwrite
+def write_world(world: SynthWorld, out_dir: str | os.PathLike, *, overwrite: bool = True,
+                by: str = "data synth") -> None:
+    """Write a generated world as one dataset folder, atomically (replaces a cocos dataset at ``out_dir`` with
+    ``overwrite``; any other folder is refused: :func:`cocos.io.check_output_dir`)."""
+    with atomic_dir(out_dir, overwrite=overwrite, kind="dataset", by=by, option="output folder") as tmp:
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it 0700; give it a normal folder's mode

@@ -60,7 +60,7 @@ from cocos.data.synth import (
 )
 from cocos.data.text import tokenize
 from cocos.errors import CocosError
-from cocos.io import atomic_dir
+from cocos.io import atomic_dir, check_output_dir
 from cocos.progress import progress_bar
 
 FORMAT_VERSION = 1
@@ -199,25 +199,24 @@ def generate_image_world(*, n_train: int = 1000, n_dev: int = 200, n_test: int =
 def make_synthetic_images(out_dir: str | os.PathLike, *, n_train: int = 1000, n_dev: int = 200,
                           n_test: int = 200, k: int = 5, image_size: int = 64, seed: int = 0,
                           p_near_duplicate: float = 0.3, overwrite: bool = False,
-                          progress: bool = True) -> Path:
+                          progress: bool = True, by: str = "data synth") -> Path:
     """Render the world into ``out_dir`` (``images/``, ``dataset_synth.json``, ``synth.json``), atomically.
 
-    An existing non-empty ``out_dir`` is refused unless ``overwrite``; it is replaced only
-    once the new folder is complete.
+    An existing non-empty ``out_dir`` is replaced only if it is a cocos dataset and ``overwrite`` (or both it and
+    this write are the demo's, ``by="demo"``: :func:`cocos.io.check_output_dir`), and only once the new folder is
+    complete.
     """
     out = Path(out_dir)
     image_size = _check_int("image_size", image_size, 8)
     if image_size > 1024:
         raise CocosError(f"image_size must be at most 1024, got {image_size}")
-    if out.exists() and not out.is_dir():
-        raise CocosError(f"{out}: exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise CocosError(f"{out}: folder exists and is not empty (pass --overwrite to replace it)")
+    check_output_dir(out, overwrite=overwrite, kind="dataset", by=by, option="output folder")
     world = generate_image_world(n_train=n_train, n_dev=n_dev, n_test=n_test, k=k, seed=seed,
                                  p_near_duplicate=p_near_duplicate)
     total = sum(len(scenes) for scenes, _, _ in world.values())
     entries, sent_id = [], 0
-    with atomic_dir(out, overwrite=True) as tmp, progress_bar(total, "rendering images", enabled=progress) as advance:
+    with atomic_dir(out, overwrite=overwrite, kind="dataset", by=by, option="output folder") as tmp, \
+            progress_bar(total, "rendering images", enabled=progress) as advance:
         (tmp / "images").mkdir()
         for name, (scenes, captions, pix_seq) in world.items():
             rng = np.random.default_rng(pix_seq)

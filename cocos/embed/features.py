@@ -94,6 +94,7 @@ from cocos.io import (
     check_output_dir,
     create_exclusive,
     interrupt_pending,
+    marker_text,
     output_lock,
     read_npy_checked,
     sha256_fd,
@@ -528,18 +529,21 @@ def write_feature_cache(data: str | os.PathLike, out: str | os.PathLike, cnn: to
                         splits=SPLITS, weights_file: str | os.PathLike | None = None, resize: int = RESIZE,
                         crop_size: int = CROP_SIZE, batch_size: int = 64, workers: int = 0,
                         device: torch.device | str = "cpu", use_restval: bool = False, overwrite: bool = False,
-                        progress: bool = False, on_batch: Callable | None = None) -> dict:
+                        progress: bool = False, on_batch: Callable | None = None, by: str = "data features") -> dict:
     """Write the feature cache of ``data``'s ``splits`` computed by ``cnn`` (module docstring); return the manifest.
 
     The output is locked for the whole run (:func:`cocos.io.output_lock`): a second writer of the same ``out`` is
     refused in one line. ``on_batch(split, rows_done)`` is called after each batch is recorded (tests stop a run
-    there).
+    there). ``out`` is checked first (:func:`cocos.io.check_output_dir`, kind ``features``): absent, empty, or a
+    feature cache (replaced only with ``overwrite``, or a cache ``by`` the demo rewritten by the demo); it may lie
+    inside ``data`` (the default cache folder does).
     """
     out = Path(out)
     check_sizes(resize, crop_size, batch_size, workers)
     names = _split_names(splits)
     with output_lock(out):
-        check_output_dir(out, [data] + ([weights_file] if weights_file else []), overwrite)
+        check_output_dir(out, [data] + ([weights_file] if weights_file else []), overwrite, kind="features", by=by,
+                         may_lie_in=[data])
         opened = [load_image_split(data, s, use_restval=use_restval) for s in names]
         captions = {s.split: image_major_captions(s) for s in opened}  # every image with k captions, before work
         cnn.to(device)
@@ -550,7 +554,7 @@ def write_feature_cache(data: str | os.PathLike, out: str | os.PathLike, cnn: to
         staging = _open_staging(out, plan)
         try:
             _fill(cnn, staging, opened, plan, workers=workers, device=device, progress=progress, on_batch=on_batch)
-            manifest = _finish(staging, plan, opened, captions, weights_file)
+            manifest = _finish(staging, plan, opened, captions, weights_file, by)
         except CocosError:  # bad input (a corrupt image): a rerun needs other inputs, so nothing is kept
             if not interrupt_pending():
                 staging.remove()
@@ -596,7 +600,7 @@ def _swap(staging: _Staging, out: Path) -> None:
         raise
 
 
-def _finish(staging: _Staging, plan: dict, opened: list[ImageSplit], captions: dict, weights_file) -> dict:
+def _finish(staging: _Staging, plan: dict, opened: list[ImageSplit], captions: dict, weights_file, by: str) -> dict:
     """Captions, the manifest with every file's sha256, the output marker; the staging marker and progress go.
     What stays is regular files only, in a folder with the usual permissions (not mkdtemp's 0700)."""
     hashes = {}
@@ -610,7 +614,7 @@ def _finish(staging: _Staging, plan: dict, opened: list[ImageSplit], captions: d
     write_json(staging.path / MANIFEST, manifest)
     marker = create_exclusive(MARKER, dir_fd=staging.fd)
     try:
-        _pwrite_all(marker, b"written by cocos; cocos may replace this folder\n", 0)
+        _pwrite_all(marker, marker_text("features", by).encode(), 0)
     finally:
         os.close(marker)
     os.unlink(PROGRESS, dir_fd=staging.fd)

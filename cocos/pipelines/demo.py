@@ -7,7 +7,10 @@ report with the paper's Tables 1-4, figures and a README.md that shows them.
 
 The demo schedule is shorter than the paper's (a few epochs, a higher learning
 rate, a smaller model) so that it runs in minutes on 2 CPU cores; every setting
-is a flag. Checkpoints that already match the requested settings are reused.
+is a flag. Checkpoints that already match the requested settings are reused. A rerun rewrites
+without ``--overwrite`` only the folders the demo itself wrote (their markers record ``by: demo``,
+:func:`cocos.io.check_output_dir`); one of the same kind written by another command needs ``--overwrite``,
+and a folder of another kind, or one cocos did not write, is never replaced.
 
 ``images=True`` (``cocos demo --images``) does the same on raw images, in the paper's setting (a CNN
 pre-trained elsewhere, then frozen), as a user would run it:
@@ -56,7 +59,7 @@ from cocos.embed.features import (
     write_feature_cache,
 )
 from cocos.errors import CocosError
-from cocos.io import MARKER, atomic_dir, check_interrupt, check_output_dir, check_writable_dir, is_own_temporary
+from cocos.io import atomic_dir, check_interrupt, check_output_dir, check_writable_dir, is_own_temporary
 from cocos.models import CNN_TYPES
 from cocos.models.registry import get_family
 from cocos.objectives import get_objective, paper_names
@@ -76,7 +79,14 @@ from cocos.training.checkpoint import load_checkpoint
 from cocos.training.config import DataConfig, TrainConfig, default
 from cocos.training.pixels import eval_resize
 from cocos.training.pretrain import PretrainConfig, Pretrained, find_pretrained, pretrain_cnn
-from cocos.training.trainer import OUTPUT_NAMES, OUTPUT_PATTERNS, Trainer, with_recipe
+from cocos.training.trainer import (
+    OUTPUT_NAMES,
+    OUTPUT_PATTERNS,
+    Trainer,
+    check_run_folder,
+    run_writer,
+    with_recipe,
+)
 
 # `cocos demo --all-losses` adds these runs: GOAL at its best reported setting and at con x con (= Triplet SH), IMC.
 ALL_LOSSES_EXTRA = ("goal:triplet_weight=cir,pair_weight=sig_ms", "goal:triplet_weight=con,pair_weight=con", "imc")
@@ -148,7 +158,8 @@ def pretrained_cnn(cfg: DemoConfig, data: Path, *, progress: bool = True,
         log(f"[pre-training] reusing {found.path}")
         return found, True
     log(f"[pre-training] {cfg.cnn} on the attribute task of {data} ({pcfg.epochs} epochs) ...")
-    return pretrain_cnn(data, folder, pcfg, progress=progress, log=lambda s: log(f"[pre-training] {s}")), False
+    return pretrain_cnn(data, folder, pcfg, progress=progress, log=lambda s: log(f"[pre-training] {s}"),
+                        overwrite=cfg.overwrite, by="demo"), False
 
 
 def demo_features(cfg: DemoConfig, data: Path, weights: Path, *, progress: bool = True,
@@ -172,7 +183,7 @@ def demo_features(cfg: DemoConfig, data: Path, weights: Path, *, progress: bool 
     t0 = time.perf_counter()
     write_feature_cache(data, out, trunk, cnn_type=cfg.cnn, splits=["train", "val", "test"], weights_file=weights,
                         resize=resize, crop_size=crop, workers=cfg.workers, device=resolve_device(cfg.device),
-                        overwrite=True, progress=progress)
+                        overwrite=cfg.overwrite, progress=progress, by="demo")
     log(f"[features] wrote {out} in {time.perf_counter() - t0:.1f} s")
     return out, False
 
@@ -278,8 +289,9 @@ def _has_world(data: Path, images: bool) -> bool:
 
 
 def _check_data_folder(data: Path, overwrite: bool, images: bool = False) -> None:
-    """The synthetic world is generated into ``data`` only if that replaces nothing cocos did not write,
-    and never over a dataset of the other kind (the feature world is not an image world, nor the reverse)."""
+    """The synthetic world is generated into ``data`` only if it is absent, empty, a dataset the demo wrote, or a
+    dataset with ``overwrite`` (:func:`cocos.io.check_output_dir`, kind ``dataset``), and never over a dataset of
+    the other kind (the feature world is not an image world, nor the reverse)."""
 
     if data.exists() and not data.is_dir():
         raise CocosError(f"{data}: exists and is not a folder; choose another --data")
@@ -287,22 +299,22 @@ def _check_data_folder(data: Path, overwrite: bool, images: bool = False) -> Non
         raise CocosError(f"{data}: holds {'precomputed features' if images else 'raw images'}, not the "
                          f"{'image' if images else 'feature'} world of cocos demo{' --images' if images else ''}: "
                          "choose another --data")
-    if data.is_dir() and any(data.iterdir()) and not (data / MARKER).exists() and not overwrite:
-        raise CocosError(f"{data}: exists, holds no train_ims.npy and was not written by cocos; the demo would "
-                         "replace it with the synthetic world: choose another --data or pass --overwrite")
+    check_output_dir(data, overwrite=overwrite, kind="dataset", by="demo", option="--data")
 
 
-def _check_run_folder(folder: Path, overwrite: bool) -> None:
-    """A model's checkpoint folder: absent, empty (but for temporaries a killed run left), or one that cocos
-    train wrote (it holds its files)."""
+def _check_run_folder(folder: Path, overwrite: bool, inputs=()) -> None:
+    """A model's checkpoint folder: absent, empty (but for temporaries a killed run left), a run folder the demo
+    trained (reused or trained again), or, with ``overwrite``, another run folder; never a folder of another kind
+    or one cocos did not write (:func:`cocos.training.trainer.check_run_folder`)."""
 
     if folder.exists() and not folder.is_dir():
         raise CocosError(f"{folder}: exists and is not a folder; choose another --checkpoints")
-    if not folder.is_dir() or overwrite or any((folder / n).exists() for n in OUTPUT_NAMES):
+    check_run_folder(folder, inputs, option="--checkpoints")
+    if overwrite or not folder.is_dir() or run_writer(folder) == "demo":
         return
     if any(not is_own_temporary(p.name, OUTPUT_NAMES, OUTPUT_PATTERNS) for p in folder.iterdir()):
-        raise CocosError(f"{folder}: exists and was not written by cocos train; choose another --checkpoints or "
-                         "pass --overwrite")
+        raise CocosError(f"{folder}: holds a cocos train run the demo did not train; choose another --checkpoints "
+                         "or pass --overwrite to let the demo train it again")
 
 
 def _validate(train_cfg: TrainConfig, generate: bool) -> None:
@@ -343,9 +355,12 @@ def _fix_report_paths(folder: Path, tmp: Path, out: Path) -> None:
 def run_demo(cfg: DemoConfig, *, progress: bool = True, log: Callable[[str], None] = print) -> Path:
     """Run the whole demo; returns the report folder.
 
-    Everything is checked before anything is written: flags, the report folder (absent, empty,
-    or written by cocos, unless ``overwrite``), the data folder (used if it holds ``train_ims.npy``;
-    generated if absent, empty or cocos's, unless ``overwrite``) and the checkpoint folders. The
+    Everything is checked before anything is written: flags, the report folder, the data folder (used if it holds
+    the world; else generated) and the checkpoint folders. Outputs by kind (:func:`cocos.io.check_output_dir`):
+    each output folder may be absent or empty, or a folder of its kind (report, dataset, pre-trained CNN, run)
+    that the demo itself wrote (its marker records ``by: demo``: a rerun rewrites it without ``overwrite``), or,
+    with ``overwrite``, one of its kind that another command wrote; a folder of another kind or one cocos did not
+    write is refused even with ``overwrite``. The
     report folder is built under a temporary name and moved into place at the end, so an
     interrupted demo leaves the previous report as it was. Every output folder must be writable before the
     work starts; a demo that fails removes the data and checkpoint folders it made (Ctrl-C keeps them: the
@@ -357,7 +372,7 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True, log: Callable[[str], Non
     generate = not _has_world(data, cfg.images)
     _check_flags(cfg, runs, generate)
     inputs = [cfg.data, cfg.checkpoints]
-    out = check_output_dir(cfg.out, inputs=inputs, overwrite=cfg.overwrite)
+    out = check_output_dir(cfg.out, inputs=inputs, overwrite=cfg.overwrite, kind="report", by="demo")
     check_writable_dir(out.parent if out.exists() else out, "--out")  # the report is built beside it
     folders = _check_folders(cfg, runs, data, generate)
     fresh = [p for p in (data, Path(cfg.checkpoints), *folders) if not p.exists()]
@@ -406,13 +421,14 @@ def _check_folders(cfg: DemoConfig, runs: dict, data: Path, generate: bool) -> l
         check_writable_dir(data, "--data")
     check_writable_dir(cfg.checkpoints, "--checkpoints")
     if cfg.images:  # the pre-trained CNN's folder: absent, or one cocos wrote (replaced when it does not match)
-        check_output_dir(Path(cfg.checkpoints) / PRETRAIN_DIR, [cfg.data], cfg.overwrite)
+        check_output_dir(Path(cfg.checkpoints) / PRETRAIN_DIR, [cfg.data], cfg.overwrite, kind="pretrain", by="demo",
+                         option="--checkpoints")
         check_writable_dir(Path(cfg.checkpoints) / PRETRAIN_DIR, "--checkpoints")
     if cfg.images and not generate:
         read_scenes(data, "train")  # pre-training needs the rendered world's scene records: one line if absent
     folders = [Path(_train_config(cfg, run).out) for run in runs.values()]
     for folder in folders:
-        _check_run_folder(folder, cfg.overwrite)
+        _check_run_folder(folder, cfg.overwrite, [cfg.data])
         check_writable_dir(folder, "--checkpoints")
     return folders
 
@@ -425,7 +441,7 @@ def _run(cfg: DemoConfig, runs: dict, out: Path, inputs: list, data: Path, gener
     if generate:
         log(f"generating the synthetic {'image ' if cfg.images else ''}world in {data} ...")
         sizes = {"n_train": cfg.n_train, "n_dev": cfg.n_dev, "n_test": cfg.n_test, "seed": cfg.seed,
-                 "overwrite": True}  # checked above: absent, empty, cocos's, or --overwrite
+                 "overwrite": cfg.overwrite, "by": "demo"}  # checked above: absent, empty, the demo's, or --overwrite
         if cfg.images:
             make_synthetic_images(data, image_size=cfg.image_size, progress=progress, **sizes)
         else:
@@ -445,7 +461,7 @@ def _run(cfg: DemoConfig, runs: dict, out: Path, inputs: list, data: Path, gener
             resume = state == "interrupted"
             log(f"[{loss}] " + (f"resuming the interrupted run in {train_cfg.out} (last.pt)" if resume
                                 else f"training {train_cfg.model.name} for {train_cfg.optim.epochs} epochs"))
-            Trainer(train_cfg, resume=resume, overwrite=not resume, progress=progress,
+            Trainer(train_cfg, resume=resume, overwrite=not resume, progress=progress, by="demo",
                     log=lambda s, _l=loss: log(f"[{_l}] {s}")).fit()
         t1 = time.perf_counter()
         check_interrupt()
@@ -461,14 +477,15 @@ def _run(cfg: DemoConfig, runs: dict, out: Path, inputs: list, data: Path, gener
     check_interrupt()
     triplets = {loss: diagram_points(a.results, a.embeddings) for loss, a in analyses.items()}
     extent = common_extent(list(triplets.values()))
-    with atomic_dir(out, inputs=inputs, overwrite=cfg.overwrite) as tmp:  # the old report stays until this is whole
+    # the old report stays until this one is whole
+    with atomic_dir(out, inputs=inputs, overwrite=cfg.overwrite, kind="report", by="demo") as tmp:
         for loss, analysis in analyses.items():
             check_interrupt()
             write_results_folder(analysis.results, analysis.run, tmp / loss, embeddings=analysis.embeddings,
-                                 diagram_extent=extent, triplets=triplets[loss], logs=analysis.logs)
+                                 diagram_extent=extent, triplets=triplets[loss], logs=analysis.logs, by="demo")
             results_paths.append(tmp / loss / "results.json")
         report = build_report(results_paths)
-        write_report(report, tmp / "summary", readme=None)
+        write_report(report, tmp / "summary", readme=None, by="demo")
         _fix_report_paths(tmp / "summary", tmp, out)
         readme = demo_readme(cfg, report, timings, time.perf_counter() - start, reused, stages)
         (tmp / "README.md").write_text(readme, encoding="utf-8")

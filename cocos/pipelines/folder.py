@@ -119,8 +119,12 @@ def write_results_folder(
     diagram_extent: tuple[float, float] | None = None,
     triplets: dict | None = None,
     logs=None,
+    by: str | None = None,
 ) -> list[Path]:
-    """Write the folder (see the module docstring); ``out`` is replaced only if cocos wrote it (or ``overwrite``).
+    """Write the folder (see the module docstring) as a cocos report written ``by`` a command (``analyze``,
+    ``count``, ``demo``, ``sweep``): ``out`` may be absent or empty, and an existing report is replaced only with
+    ``overwrite`` (the demo's and a sweep's own without it); any other folder is refused
+    (:func:`cocos.io.check_output_dir`).
 
     ``diagram_extent`` and ``triplets`` (the run's training triplets, if already computed) are for callers that
     draw several models on one square, as the demo does. ``logs`` (:class:`~cocos.report.training.TrainingLogs`)
@@ -131,7 +135,7 @@ def write_results_folder(
     shown = "compat" if results.counting.compat else "corrected"
     name = f"{results.model.label} on {results.data.name}"
     out = Path(out)
-    with atomic_dir(out, inputs, overwrite) as tmp:
+    with atomic_dir(out, inputs, overwrite, kind="report", by=by) as tmp:
         results.write(tmp / "results.json")
         run.to_frame().to_csv(tmp / "batches.csv", index=False, float_format=CSV_FLOAT)
         if per_query:

@@ -62,7 +62,7 @@ from cocos.data.precomp import SPLIT_ALIASES, _open_features, data_fingerprint, 
 from cocos.defaults import DEFAULT_EPS
 from cocos.device import resolve_device
 from cocos.errors import CocosError
-from cocos.io import MARKER, check_output_dir, output_lock, sha256_file
+from cocos.io import check_output_dir, mark_output, output_kind, output_lock, sha256_file
 from cocos.models.registry import get_family
 from cocos.objectives import get_objective
 from cocos.pipelines.analyze import analyze_checkpoint
@@ -483,7 +483,7 @@ def _train_and_analyse(run: SweepRun, status: dict, log, *, resume: bool, retrai
         cont = state == "partial" and resume
         log(f"[{run.name}] {'resuming' if cont else 'training'} {run.train['model']} {run.train['loss']} "
             f"seed {run.train['seed']}")
-        Trainer(TrainConfig.of(**run.train), resume=cont, overwrite=not cont, progress=progress,
+        Trainer(TrainConfig.of(**run.train), resume=cont, overwrite=not cont, progress=progress, by="sweep",
                 log=lambda s: log(f"[{run.name}] {s}")).fit()
         status["trained"] = "resumed" if cont else "trained"
     if status["trained"] != "skipped" or not analysis_current(run):
@@ -493,7 +493,7 @@ def _train_and_analyse(run: SweepRun, status: dict, log, *, resume: bool, retrai
                                       split=a["split"], eps=a["eps"], device=run.train.get("device", "auto"),
                                       label=run.label, progress=progress)
         write_results_folder(analysis.results, analysis.run, run.report, embeddings=analysis.embeddings,
-                             logs=analysis.logs, overwrite=True)
+                             logs=analysis.logs, overwrite=True, by="sweep")
         status["analysed"] = "analysed"
         log(f"[{run.name}] analysed into {run.report}")
     status["rsum"] = run_results(run).evaluation.metrics["rsum"]
@@ -667,11 +667,15 @@ def _split_rows(data: Path, split: str, where: str) -> int:
 
 
 def check_outputs(grid: Grid) -> None:
-    """Every folder the sweep writes can be written, and none holds its data; nothing is created here."""
+    """Every folder the sweep writes can be written, and none holds its data; nothing is created here.
+
+    The sweep's two folders (``<reports>/S``, ``<checkpoints>/S``) are absent, empty or a sweep's own (a rerun
+    continues them: :func:`cocos.io.check_output_dir`, kind ``sweep``); any other folder is refused in one line.
+    """
 
     data = Path(grid.data)
-    for folder in (grid.report_dir, grid.checkpoints / grid.name):
-        check_output_dir(folder, inputs=[data])
+    for folder, option in ((grid.report_dir, "--reports"), (grid.checkpoints / grid.name, "--checkpoints")):
+        check_output_dir(folder, inputs=[data], kind="sweep", by="sweep", option=f"{option} or grid name")
         probe = folder
         while not probe.exists():
             probe = probe.parent
@@ -732,7 +736,7 @@ def merge_report(grid: Grid) -> Path:
     if not paths:
         raise CocosError("no run finished: nothing to merge")
     report = build_report(paths)
-    write_report(report, grid.summary, readme=None)
+    write_report(report, grid.summary, readme=None, overwrite=True, by="sweep")  # in the sweep's own folder
     return grid.summary
 
 
@@ -779,9 +783,10 @@ def _run_sweep(grid: Grid, executor: str, jobs: int, params: dict, resume: bool,
     for run, step in steps:
         log(f"  {run.name}: {step}")
 
-    for folder in (grid.report_dir, grid.checkpoints / grid.name):  # cocos's: a later sweep may write here
+    for folder in (grid.report_dir, grid.checkpoints / grid.name):  # a sweep's: a later sweep continues it
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / MARKER).write_text("written by cocos sweep; cocos may replace this folder\n")
+        if output_kind(folder) is None:
+            mark_output(folder, "sweep", by="sweep")
     logs = grid.report_dir / "logs"
     logs.mkdir(exist_ok=True)
     kw = {"resume": resume, "retrain": retrain, "progress": progress}

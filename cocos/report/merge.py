@@ -179,12 +179,14 @@ def render_report(report: Report, latex_width: str = "column") -> tuple[str, str
 
 
 def write_report(report: Report, out: str | os.PathLike, readme: str | None = None,
-                 overwrite: bool = False, latex_width: str = "column") -> list[Path]:
-    """Write tables.md, tables.tex and cocos_vs_rsum.{png,pdf} (and README.md) as one atomic folder."""
+                 overwrite: bool = False, latex_width: str = "column", by: str | None = "report") -> list[Path]:
+    """Write tables.md, tables.tex and cocos_vs_rsum.{png,pdf} (and README.md) as one atomic folder, a cocos report
+    written ``by`` a command: an existing report is replaced only with ``overwrite`` (the demo's and a sweep's own
+    without it), any other folder is refused (:func:`cocos.io.check_output_dir`)."""
 
     md, tex = render_report(report, latex_width)
     out = Path(out)
-    with atomic_dir(out, report.sources, overwrite) as tmp:
+    with atomic_dir(out, report.sources, overwrite, kind="report", by=by) as tmp:
         (tmp / "tables.md").write_text(md, encoding="utf-8")
         (tmp / "tables.tex").write_text(tex, encoding="utf-8")
         rows = cocos_vs_rsum_rows(report.groups, compat=report.compat)

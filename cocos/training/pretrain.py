@@ -60,7 +60,7 @@ from cocos.data.synth_images import (
 )
 from cocos.data.transforms import batch_pixel_bytes, check_image_sizes, eval_transform
 from cocos.errors import CocosError
-from cocos.io import atomic_dir, available_memory, check_interrupt, sha256_file
+from cocos.io import atomic_dir, available_memory, check_interrupt, check_output_dir, sha256_file
 from cocos.models.cnn import build_cnn, cnn_family
 from cocos.progress import progress_bar
 
@@ -223,15 +223,20 @@ def weights_name(cnn: str, digest: str) -> str:
     return f"{cnn}-{digest[:8]}.pth"
 
 
-def pretrain_cnn(data, out, cfg: PretrainConfig, *, progress: bool = True,
-                 log: Callable[[str], None] = print) -> Pretrained:
-    """Pre-train, evaluate on the dev split and write ``out`` atomically (module docstring)."""
+def pretrain_cnn(data, out, cfg: PretrainConfig, *, progress: bool = True, log: Callable[[str], None] = print,
+                 overwrite: bool = True, by: str | None = None) -> Pretrained:
+    """Pre-train, evaluate on the dev split and write ``out`` atomically (module docstring).
+
+    ``out`` is a folder of kind ``pretrain`` (:func:`cocos.io.check_output_dir`, checked before the training and
+    again when it is written): absent, empty, or a pre-trained CNN folder, replaced with ``overwrite`` (or when
+    ``by`` is the demo and the demo wrote it); any other folder is refused."""
     cfg.validate()
+    check_output_dir(out, [data], overwrite, kind="pretrain", by=by)
     start = time.perf_counter()
     fingerprint = load_image_split(data, "train").fingerprint()
     model, info = train_attributes(data, cfg, progress=progress)
     accuracy = evaluate_attributes(model, data, cfg, "dev")
-    with atomic_dir(out, overwrite=True) as tmp:
+    with atomic_dir(out, [data], overwrite, kind="pretrain", by=by) as tmp:
         staged = tmp / "weights.pth"
         torch.save(model.state_dict(), staged)
         digest = sha256_file(staged)

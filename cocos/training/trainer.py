@@ -29,20 +29,22 @@ of each epoch and cut back to the checkpoint's epoch on resume.
 The run folder (:meth:`Trainer.fit`): one writer at a time, the main process holding
 :func:`cocos.io.output_lock` on it for the whole run (``cocos train``: from its checks to its last figure), so a
 second run into the same folder is refused in one line. It is marked as cocos train's
-(:data:`RUN_MARKER`, ``.cocos-train``; not :data:`cocos.io.MARKER`, which would let any cocos command replace the
-folder) before anything else is written into it, and **a failed run (a full disk at any write,
-a CocosError, Ctrl-C) leaves either nothing or a resumable run folder, marked**: until the first epoch's
-``last.pt`` is on disk a failure removes the folder (if the run made it) or what the run added to it; after that
-the folder holds a ``last.pt`` that ``--resume`` continues (a run that failed at its figures: ``--resume`` trains
-nothing and writes them), and the same command without ``--resume`` is refused with a line that says what the
-folder holds. ``--overwrite`` starts over: the previous run's files (its checkpoints, logs and figures; nothing
-else) are removed when training starts.
+(:data:`RUN_MARKER`, ``.cocos-train``: a folder of kind ``run`` for :func:`cocos.io.check_output_dir`, which no
+other command replaces; a dataset, feature cache, report or user's folder is refused as ``--out``, even
+with ``--overwrite``: :func:`check_run_folder`) before anything else is written into it, and **a failed run
+(a full disk at any write, a CocosError, Ctrl-C) leaves either nothing or a resumable run folder, marked**: until
+the first epoch's ``last.pt`` is on disk a failure removes the folder (if the run made it) or what the run added
+to it; after that the folder holds a ``last.pt`` that ``--resume`` continues (a run that failed at its figures:
+``--resume`` trains nothing and writes them), and the same command without ``--resume`` is refused with a line
+that says what the folder holds. ``--overwrite`` starts over: the previous run's files (its checkpoints, logs and
+figures; nothing else) are removed when training starts.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import os
 import re
 import time
 from pathlib import Path
@@ -66,8 +68,10 @@ from cocos.distributed import all_gather_with_grad, average_gradients, barrier, 
 from cocos.errors import CocosError, check_params
 from cocos.io import (
     check_interrupt,
+    check_output_dir,
     is_own_temporary,
     make_dirs,
+    output_kind,
     output_lock,
     remove_created,
     remove_stale_temporaries,
@@ -108,8 +112,8 @@ from cocos.training.track import Tracker
 
 TRAIN_LOG = "train_log.csv"
 TRACK_LOG = "cocos_track.csv"
-# a run folder's marker, its first file. Not cocos.io.MARKER: that one tells every cocos command it may replace the
-# folder (cocos.io.check_output_dir), and a trained model is replaced only by cocos train --overwrite
+# a run folder's marker, its first file: cocos.io.output_kind reads it as kind "run" (only cocos train --overwrite
+# starts over in it, no other command replaces it); a "by: WRITER" line names the demo or a sweep that trained it
 RUN_MARKER = ".cocos-train"
 RUN_MARKER_TEXT = ("written by cocos train: a training run folder (cocos train --resume continues it, --overwrite "
                    "starts over)\n")
@@ -353,13 +357,15 @@ class Trainer:
     """Train one model with one loss; call :meth:`fit`.
 
     ``locked``: the caller holds :func:`cocos.io.output_lock` on ``cfg.out`` already (``cocos train`` does, for the
-    whole command); otherwise :meth:`fit` takes it for the run.
+    whole command); otherwise :meth:`fit` takes it for the run. ``by``: the command training (``demo``, ``sweep``),
+    recorded in a new run folder's marker (a ``by:`` line, as in :data:`cocos.io.MARKER`).
     """
 
     def __init__(self, cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False,
-                 progress: bool = True, log=print, locked: bool = False):
+                 progress: bool = True, log=print, locked: bool = False, by: str | None = None):
 
         cfg.validate()
+        self.by = by  # the writer recorded in a new run folder's marker (``demo``, ``sweep``; None: cocos train)
         self.group = current()  # under torchrun: this rank; rank 0 alone prints and writes
         self.resume, self.overwrite, self.locked = resume, overwrite, locked
         self.cfg, self.progress = cfg, progress and self.group.is_main
@@ -478,6 +484,7 @@ class Trainer:
             raise CocosError(f"{self.out}: exists and is not a folder; choose another --out")
         if data.exists() and self.out.resolve() == data.resolve():
             raise CocosError(f"{self.out}: is the data folder; choose another --out")
+        check_run_folder(self.out, [data])  # no other kind of cocos folder, no user's folder: even with --overwrite
         if self.out.is_dir() and not (self.resume or self.overwrite):
             self._check_new_folder()
         if self.resume and not self.last_path.exists():
@@ -647,10 +654,7 @@ class Trainer:
         entries = self._foreign_entries()
         if not entries:
             return
-        out, epochs = self.out, self.cfg.optim.epochs
-        if not (out / RUN_MARKER).exists() and not any(is_output(p.name) for p in entries):
-            raise CocosError(f"{out}: exists and was not written by cocos train; choose another --out or pass "
-                             "--overwrite to train into it")
+        out, epochs = self.out, self.cfg.optim.epochs  # a run folder: check_run_folder refused any other
         epoch = peek_epoch(self.last_path)
         if epoch is None:
             raise CocosError(f"{out}: holds a cocos train run with no last.pt to resume from; pass --overwrite to "
@@ -1011,7 +1015,7 @@ class Trainer:
 
         if (self.out / RUN_MARKER).exists() or not (created or all(is_output(p.name) for p in existed)):
             return
-        write_text(self.out / RUN_MARKER, RUN_MARKER_TEXT)
+        write_text(self.out / RUN_MARKER, RUN_MARKER_TEXT + (f"by: {self.by}\n" if self.by else ""))
 
     def _remove_added(self, created: list[Path], existed: set[Path]) -> None:
         """Undo a run that saved no ``last.pt``: the folder it made, or the files of its own that it added."""
@@ -1074,6 +1078,37 @@ class Trainer:
         write_csv(self.out / TRAIN_LOG, pd.DataFrame(self.step_log), float_format="%.10g")
         for hook in self.hooks:
             hook.write_logs(self.out)
+
+
+def check_run_folder(out: str | os.PathLike, inputs=(), option: str = "--out") -> Path:
+    """The kind rule (:func:`cocos.io.check_output_dir`, kind ``run``) for a training run folder, before any work:
+    ``out`` is absent, empty, a run folder (cocos train's marker :data:`RUN_MARKER`), or an unmarked folder that
+    holds cocos train's files or their temporaries (a run of an earlier version); a cocos folder of any other kind
+    (dataset, feature cache, report, ...) and a folder cocos did not write are refused in one line even with
+    ``--overwrite``, and so is one that is, holds or lies inside an input. What a run folder may be without
+    ``--resume`` or ``--overwrite`` is :meth:`Trainer._check_new_folder`'s."""
+    out = Path(out)
+    try:
+        own = out.is_dir() and output_kind(out) is None and any(is_output(p.name) for p in out.iterdir())
+    except OSError:
+        own = False
+    if not own:
+        check_output_dir(out, inputs, overwrite=True, kind="run", by="train", option=option)
+    return out
+
+
+def run_writer(out: str | os.PathLike) -> str | None:
+    """The writer a run folder's :data:`RUN_MARKER` records (``demo``, ``sweep``), None for cocos train's own or
+    an earlier version's."""
+    try:
+        text = (Path(out) / RUN_MARKER).read_text(encoding="utf-8", errors="replace")[:4096]
+    except OSError:
+        return None
+    for line in text.splitlines()[1:]:
+        key, sep, value = line.partition(":")
+        if sep and key.strip() == "by":
+            return value.strip() or None
+    return None
 
 
 def is_output(name: str) -> bool:
