@@ -68,7 +68,7 @@ def test_temperature_moves_back_from_the_clamp():
     assert path[0] <= CLAMP  # clamped after the first step
     assert all(s <= CLAMP for s in path)
     assert path[-1] < CLAMP - 0.5  # the loss wanted a higher temperature: it left the clamp
-    assert all(b <= a for a, b in zip(path, path[1:]))
+    assert all(b <= a for a, b in zip(path, path[1:], strict=False))
     # the same steps with the forward-pass clamp of before: the gradient above the clamp is exactly zero
     scale = torch.nn.Parameter(torch.tensor(5.0))
     images, captions = easy_batch()

@@ -11,8 +11,8 @@ tiny file's own sha256 prefix in a monkeypatched table (computed here with hashl
 from __future__ import annotations
 
 import hashlib
-import os
 import json
+import os
 import re
 import shutil
 import warnings
