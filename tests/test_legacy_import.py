@@ -428,6 +428,31 @@ def test_what_cocos_cannot_represent_is_refused(vsepp_run, tmp_path, change, wor
     assert words in line and "c.pth.tar" in line
 
 
+def test_an_opt_nested_5000_deep_is_one_line(vsepp_run, tmp_path):
+    """An original VSE++ checkpoint whose ``opt`` holds a list nested 5,000 deep: one line naming the field (before,
+    a RecursionError traceback from the converter's copy of ``opt``), from ``analyze`` and ``import`` alike."""
+    import sys
+
+    ckpt, vocab, folder, _ = vsepp_run
+    good = torch.load(ckpt, weights_only=False)
+    deep: list = []
+    for _ in range(5000):
+        deep = [deep]
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(30_000)
+    try:
+        torch.save({**good, "opt": argparse.Namespace(**{**vars(good["opt"]), "lr_update": deep})},
+                   tmp_path / "c.pth.tar")
+    finally:
+        sys.setrecursionlimit(limit)
+    line = one_error_line(analyze(tmp_path / "c.pth.tar", tmp_path / "r", "--vocab", vocab, "--data", folder))
+    assert "opt.lr_update is nested more than 16 deep" in line and not (tmp_path / "r").exists()
+    imported = runner.invoke(app, ["import", str(tmp_path / "c.pth.tar"), "--vocab", str(vocab), "--data",
+                                   str(folder), "--out", str(tmp_path / "x.pt")])
+    assert "opt.lr_update is nested more than 16 deep" in one_error_line(imported)
+    assert not (tmp_path / "x.pt").exists()
+
+
 def test_bad_weights_are_refused_naming_the_file(vsepp_run, tmp_path):
     ckpt, vocab, folder, _ = vsepp_run
     good = torch.load(ckpt, weights_only=False)

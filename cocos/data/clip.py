@@ -1,10 +1,14 @@
 """A CLIP folder on disk: its captions (CLIP's byte-level BPE) and its images (CLIP's preprocessing).
 
 A Hugging Face CLIP folder (what ``CLIPModel.save_pretrained`` and ``CLIPProcessor.save_pretrained`` write) holds
-``config.json`` (``model_type`` ``clip``), the weights (``model.safetensors`` or ``pytorch_model.bin``), the
-tokenizer (``tokenizer.json``, or ``vocab.json`` + ``merges.txt``) and ``preprocessor_config.json``.
-:meth:`CLIPFolder.read` reads all but the weights, with ``transformers``/``tokenizers`` and nothing downloaded
-(definitions file, section 21).
+``config.json`` (``model_type`` ``clip``), the weights (``model.safetensors`` or ``pytorch_model.bin``, or their
+sharded index), the tokenizer (``tokenizer.json``, or ``vocab.json`` + ``merges.txt``) and the image preprocessing:
+``preprocessor_config.json``, or ``processor_config.json`` with the same settings nested under ``image_processor``
+(what transformers 5's ``CLIPProcessor.save_pretrained`` writes). :meth:`CLIPFolder.read` reads all but the
+weights, with ``transformers``/``tokenizers`` and nothing downloaded (definitions file, section 21), after checking
+every size of ``config.json`` (:func:`check_clip_config`: positive integers, at most :data:`cocos.hf.MAX_LAYERS`
+layers a tower, the parameters they imply within the memory available) and the tokenizer files' sizes against
+the vocabulary it states; the weights are read completely or not at all (:func:`cocos.hf.read_weights`).
 
 **Captions** (:class:`CLIPCoder`): the folder's own tokenizer (its normaliser, pre-tokeniser, BPE and
 post-processor: ``<|startoftext|> ... <|endoftext|>``), cut to the text tower's positions
@@ -25,7 +29,6 @@ normalisation; every draw from the item's generator (:mod:`cocos.data.transforms
 from __future__ import annotations
 
 import functools
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -34,15 +37,37 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from cocos.data.transforms import MAX_RESIZED_PIXELS, normalize, random_resized_crop_params, resized_size, to_tensor
+from cocos.data.transforms import (
+    MAX_RESIZED_PIXELS,
+    MAX_SIDE,
+    normalize,
+    random_resized_crop_params,
+    resized_size,
+    to_tensor,
+)
 from cocos.errors import CocosError
-from cocos.hf import MAX_CONFIG_BYTES, is_clip_folder
+from cocos.hf import (
+    MAX_TOKENIZER_BYTES,
+    check_file_size,
+    check_heads,
+    check_layers,
+    check_memory,
+    check_vocab,
+    config_int,
+    is_clip_folder,
+    read_json,
+    weights_files,
+)
 
 INSTALL = "CLIP models need transformers and tokenizers: pip install 'cocos[clip]'"
-WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 TRAIN_SCALE = (0.9, 1.0)  # open_clip's RandomResizedCrop scale for fine-tuning
 RESAMPLING = {0: Image.NEAREST, 1: Image.LANCZOS, 2: Image.BILINEAR, 3: Image.BICUBIC, 4: Image.BOX, 5: Image.HAMMING}
-MAX_TOKENIZER_BYTES = 64 << 20
+# transformers' CLIPTextConfig and CLIPVisionConfig defaults, for sizes a config.json leaves out
+TEXT_SIZES = {"vocab_size": 49408, "hidden_size": 512, "intermediate_size": 2048, "num_hidden_layers": 12,
+              "num_attention_heads": 8, "max_position_embeddings": 77}
+VISION_SIZES = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
+                "num_channels": 3, "image_size": 224, "patch_size": 32}
+TOKEN_IDS = ("eos_token_id", "bos_token_id", "pad_token_id")
 
 
 class CLIPCoder:
@@ -75,14 +100,17 @@ class CLIPCoder:
         self._tokens = tokens
 
     @classmethod
-    def from_folder(cls, folder: str | os.PathLike, max_length: int) -> CLIPCoder:
+    def from_folder(cls, folder: str | os.PathLike, max_length: int, entries: int | None = None) -> CLIPCoder:
         """The folder's ``tokenizer.json``, else its ``vocab.json`` + ``merges.txt`` through transformers'
-        ``CLIPTokenizer`` (``local_files_only``)."""
+        ``CLIPTokenizer`` (``local_files_only``); each file at most 64 MiB, and at most 1 KiB per entry of the
+        ``entries`` the model's config states (+ 1 MiB), checked before it is parsed."""
         folder = Path(folder)
         path = folder / "tokenizer.json"
+        names = ("tokenizer.json",) if path.is_file() else ("vocab.json", "merges.txt")
+        for name in names:
+            if (folder / name).is_file():
+                check_file_size(folder / name, entries if entries is not None else MAX_TOKENIZER_BYTES, "tokenizer")
         if path.is_file():
-            if path.stat().st_size > MAX_TOKENIZER_BYTES:
-                raise CocosError(f"{path}: {path.stat().st_size:,} bytes, too large for a tokenizer")
             try:
                 return cls(path.read_text(encoding="utf-8"), max_length)
             except (CocosError, UnicodeDecodeError) as exc:
@@ -165,6 +193,9 @@ class Preprocess:
             raise CocosError(f"a CLIP preprocess record needs resize, crop_size, mean, std, got {record!r}") from None
         if min(out.resize, out.crop_size) < 1 or len(out.mean) != 3 or len(out.std) != 3 or min(out.std) <= 0:
             raise CocosError(f"a CLIP preprocess record has sizes >= 1 and 3 means and positive stds, got {record!r}")
+        if max(out.resize, out.crop_size) > MAX_SIDE:
+            raise CocosError(f"a CLIP preprocess record resizes or crops to at most {MAX_SIDE} pixels, got "
+                             f"{max(out.resize, out.crop_size)}")
         if out.resample not in RESAMPLING:
             raise CocosError(f"unknown resampling {out.resample} (PIL's 0..5)")
         return out
@@ -178,8 +209,13 @@ class Preprocess:
 
 
 def read_preprocess(path: Path) -> Preprocess:
-    """``preprocessor_config.json`` -> :class:`Preprocess` (absent entries: OpenAI CLIP's)."""
+    """``preprocessor_config.json`` -> :class:`Preprocess` (absent entries: OpenAI CLIP's); given a
+    ``processor_config.json``, the settings of its ``image_processor`` entry."""
     cfg = _read_json(path)
+    if path.name == "processor_config.json":
+        cfg = cfg.get("image_processor")
+        if not isinstance(cfg, dict):
+            raise CocosError(f"{path}: no image_processor settings (a JSON object)")
     _check_restated(cfg, path)
     size, crop = cfg.get("size", {}), cfg.get("crop_size", {})
     shortest = size.get("shortest_edge") if isinstance(size, dict) else size
@@ -251,17 +287,52 @@ def clip_train_transform(img: Image.Image, generator: torch.Generator, *, crop_s
 
 
 def _read_json(path: Path) -> dict:
-    if not path.is_file():
-        raise CocosError(f"{path}: missing")
-    if path.stat().st_size > MAX_CONFIG_BYTES:
-        raise CocosError(f"{path}: {path.stat().st_size:,} bytes, too large for a configuration")
-    try:
-        out = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CocosError(f"{path}: not JSON ({_first(exc)})") from None
-    if not isinstance(out, dict):
-        raise CocosError(f"{path}: not a JSON object")
-    return out
+    return read_json(path)
+
+
+def clip_parameters(text: dict, vision: dict, projection: int) -> int:
+    """About how many parameters a CLIP of these (checked) sizes has: per tower its embeddings (words and positions;
+    the patch convolution, patch positions and class token) and, per layer, attention (4 h²) and feed-forward
+    (2 h·i) weights, and the two projections (biases and norms left out)."""
+    def layers(sizes):
+        h = sizes["hidden_size"]
+        return sizes["num_hidden_layers"] * (4 * h * h + 2 * h * sizes["intermediate_size"])
+
+    th, vh = text["hidden_size"], vision["hidden_size"]
+    patches = (vision["image_size"] // vision["patch_size"]) ** 2 + 1
+    return ((text["vocab_size"] + text["max_position_embeddings"]) * th + layers(text)
+            + (vision["num_channels"] * vision["patch_size"] ** 2 + patches + 1) * vh + layers(vision)
+            + (th + vh) * projection)
+
+
+def check_clip_config(config: dict, where: str, copies: int = 2) -> tuple[dict, dict, int]:
+    """Every size of a CLIP ``config.json`` (:data:`TEXT_SIZES`, :data:`VISION_SIZES`, ``projection_dim``; absent:
+    transformers' defaults) a positive integer, its token ids integers, each tower's ``hidden_size`` a multiple of
+    its heads and ``patch_size`` at most ``image_size``, at most :data:`cocos.hf.MAX_LAYERS` layers a tower and
+    :data:`cocos.hf.MAX_VOCAB` tokens, and
+    ``copies`` float32 copies of the parameters they imply within the memory available (2: the model and the
+    weights read into it); one line naming the key, before anything is built. Returns the towers' sizes and the
+    projection's."""
+    towers = []
+    for tower, defaults in (("text_config", TEXT_SIZES), ("vision_config", VISION_SIZES)):
+        section = config.get(tower)
+        if not isinstance(section, dict):
+            raise CocosError(f"{where}: no {tower}")
+        sizes = {key: config_int(section, key, where, default, prefix=f"{tower}.") for key, default in defaults.items()}
+        check_heads(sizes["hidden_size"], sizes["num_attention_heads"], where, f"{tower}.")
+        check_layers(sizes["num_hidden_layers"], where, f"{tower}.num_hidden_layers")
+        towers.append(sizes)
+    text, vision = towers
+    check_vocab(text["vocab_size"], where, "text_config.vocab_size")
+    for key in TOKEN_IDS:
+        config_int(config["text_config"], key, where, 0, minimum=0, prefix="text_config.")
+    if vision["patch_size"] > vision["image_size"]:
+        raise CocosError(f"{where}: vision_config.patch_size {vision['patch_size']} is larger than its image_size "
+                         f"{vision['image_size']}")
+    projection = config_int(config, "projection_dim", where, 512)
+    check_memory(clip_parameters(text, vision, projection), text["num_hidden_layers"] + vision["num_hidden_layers"],
+                 copies, where, "a CLIP model", "to train" if copies > 2 else "")
+    return text, vision, projection
 
 
 @dataclass
@@ -276,23 +347,34 @@ class CLIPFolder:
     weights: Path = field(default=Path())
 
     @classmethod
-    def read(cls, folder: str | os.PathLike) -> CLIPFolder:
+    def read(cls, folder: str | os.PathLike, copies: int = 2) -> CLIPFolder:
+        """The folder, every part checked (module docstring); ``copies``: the float32 copies of its parameters that
+        must fit in memory (2 to analyse: the model and the weights read into it; 4 to fine-tune: the weights,
+        their gradient and AdamW's two moments)."""
         path = Path(folder)
         if not path.is_dir():
             raise CocosError(f"{path}: no such CLIP folder (a Hugging Face CLIP model saved on disk: config.json, "
                              "model.safetensors, tokenizer files, preprocessor_config.json)")
         config = _read_json(path / "config.json")
         if config.get("model_type") != "clip":
-            raise CocosError(f"{path / 'config.json'}: model_type is {config.get('model_type')!r}, not 'clip'")
-        for tower in ("text_config", "vision_config"):
-            if not isinstance(config.get(tower), dict):
-                raise CocosError(f"{path / 'config.json'}: no {tower}")
-        weights = next((path / w for w in WEIGHTS if (path / w).is_file()), None)
-        if weights is None:
-            raise CocosError(f"{path}: no weights ({' or '.join(WEIGHTS)})")
-        max_length = int(config["text_config"].get("max_position_embeddings", 77))
-        return cls(path, config, read_preprocess(path / "preprocessor_config.json"),
-                   CLIPCoder.from_folder(path, max_length), weights)
+            raise CocosError(f"{path / 'config.json'}: model_type is {str(config.get('model_type'))[:40]!r}, "
+                             "not 'clip'")
+        text, vision, _ = check_clip_config(config, str(path / "config.json"), copies)
+        weights = weights_files(path)[0]
+        preprocess = read_preprocess(_preprocessor_file(path))
+        if preprocess.crop_size != vision["image_size"]:
+            raise CocosError(f"{path}: its preprocessing crops {preprocess.crop_size} pixels but its vision tower "
+                             f"takes images of {vision['image_size']}")
+        return cls(path, config, preprocess,
+                   CLIPCoder.from_folder(path, text["max_position_embeddings"], text["vocab_size"]), weights)
+
+
+def _preprocessor_file(folder: Path) -> Path:
+    """``preprocessor_config.json``, else ``processor_config.json``; one line naming both when neither is there."""
+    for name in ("preprocessor_config.json", "processor_config.json"):
+        if (folder / name).is_file():
+            return folder / name
+    raise CocosError(f"{folder}: no image preprocessing (preprocessor_config.json or processor_config.json)")
 
 
 def coder_options(options: dict | None) -> CLIPCoder | None:

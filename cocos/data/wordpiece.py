@@ -3,12 +3,16 @@
 A caption is split as a BERT tokenizer splits it (the ``tokenizers`` library's ``BertNormalizer`` and
 ``BertPreTokenizer``: clean, lowercase and strip accents when the model is uncased, split punctuation off; then
 WordPiece over each word), and coded ``[CLS] pieces [SEP]`` (ids of the BERT's ``vocab.txt``; ``[PAD]`` must be
-id 0, which VSE∞'s attention mask ``tokens != 0`` assumes).
+id 0, which VSE∞'s attention mask ``tokens != 0`` assumes). A folder without ``vocab.txt`` (what transformers 5's
+``BertTokenizer.save_pretrained`` writes) is read from its ``tokenizer.json``: the WordPiece vocabulary of its
+``model.vocab`` and ``lowercase`` of its ``BertNormalizer``; a ``tokenizer.json`` that splits otherwise than this
+restatement (another normaliser, pre-tokeniser or model, accents kept while lowercasing, added tokens beyond the
+vocabulary) is refused in one line.
 
 **Augmentation** (training only; VSE∞'s ``process_caption``, definitions file section 20): each *word* is, with
 probability 0.2, changed: with probability 0.5 of that every piece becomes ``[MASK]``, with 0.1 every piece a
-random word piece of the vocabulary, with 0.4 the word is dropped. The draws use torch's RNG (seeded with the
-run; theirs used Python's ``random`` in the data loader workers).
+random word piece of the vocabulary (an independent draw per piece), with 0.4 the word is dropped. The draws use
+torch's RNG (seeded with the run; theirs used Python's ``random`` in the data loader workers).
 
 A :class:`WordPieceCoder` is to a BERT family what :class:`cocos.data.text.Vocabulary` is to a GRU one: ``tokens``
 (the id -> piece table a checkpoint records), ``encode(text)`` (what evaluation and counting feed the model) and
@@ -20,7 +24,6 @@ of pieces of each word, so a batch is augmented without tokenising again.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,6 +32,16 @@ from pathlib import Path
 import torch
 
 from cocos.errors import CocosError
+from cocos.hf import (
+    MAX_TOKENIZER_BYTES,
+    check_file_size,
+    check_heads,
+    check_layers,
+    check_memory,
+    check_vocab,
+    config_int,
+    read_json,
+)
 
 INSTALL = "BERT captions need the tokenizers library: pip install 'cocos[bert]'"
 SPECIAL = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -71,11 +84,11 @@ class WordPieceCoder:
         self._tokenizer = _tokenizer(index, self.lowercase)
 
     @classmethod
-    def from_folder(cls, folder: str | os.PathLike) -> WordPieceCoder:
+    def from_folder(cls, folder: str | os.PathLike, entries: int | None = None) -> WordPieceCoder:
         """The coder of a Hugging Face BERT folder: its ``vocab.txt`` and, where given, ``tokenizer_config.json``'s
-        ``do_lower_case`` (default: lowercase, as bert-base-uncased)."""
-        folder = Path(folder)
-        return cls(read_vocab_txt(folder / "vocab.txt"), lowercase=_lowercase(folder))
+        ``do_lower_case`` (default: lowercase, as bert-base-uncased); without ``vocab.txt``, its ``tokenizer.json``
+        (module docstring). ``entries``: the vocabulary size its ``config.json`` states (bounds the files' sizes)."""
+        return cls(*read_pieces(Path(folder), entries))
 
     @property
     def tokens(self) -> list[str]:
@@ -162,10 +175,20 @@ def _tokenizer(index: dict[str, int], lowercase: bool):
     return tokenizer
 
 
+def read_pieces(folder: Path, entries: int | None = None) -> tuple[list[str], bool]:
+    """A BERT folder's word pieces (id -> piece) and whether it lowercases: ``vocab.txt`` (and
+    ``tokenizer_config.json``), else ``tokenizer.json``; one line for neither."""
+    if (folder / "vocab.txt").is_file() or not (folder / "tokenizer.json").is_file():
+        if entries is not None and (folder / "vocab.txt").is_file():
+            check_file_size(folder / "vocab.txt", entries, "vocab.txt")
+        return read_vocab_txt(folder / "vocab.txt"), _lowercase(folder)
+    return read_tokenizer_json(folder / "tokenizer.json", entries)
+
+
 def read_vocab_txt(path: Path) -> list[str]:
     """A BERT ``vocab.txt``: one word piece per line, the line number its id; one line for a bad file."""
     if not path.is_file():
-        raise CocosError(f"{path}: no such file (a BERT folder holds its vocab.txt)")
+        raise CocosError(f"{path}: no such file (a BERT folder holds its vocab.txt or tokenizer.json)")
     if path.stat().st_size > MAX_VOCAB_BYTES:
         raise CocosError(f"{path}: {path.stat().st_size:,} bytes is too large for a vocab.txt")
     try:
@@ -181,15 +204,49 @@ def read_vocab_txt(path: Path) -> list[str]:
     return tokens
 
 
+# what cocos's own tokenizer (:func:`_tokenizer`) does; a tokenizer.json must say the same
+RESTATED = {"normalizer": {"type": "BertNormalizer", "clean_text": True, "handle_chinese_chars": True},
+            "pre_tokenizer": {"type": "BertPreTokenizer"},
+            "model": {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
+                      "max_input_chars_per_word": 100}}
+
+
+def read_tokenizer_json(path: Path, entries: int | None = None) -> tuple[list[str], bool]:
+    """A BERT ``tokenizer.json``: the word pieces of its WordPiece ``model.vocab`` (ids 0..n-1, each once) and its
+    ``BertNormalizer``'s ``lowercase``; one line for a file that is not such a tokenizer (module docstring)."""
+    if entries is not None and path.is_file():
+        check_file_size(path, entries, "tokenizer.json")
+    spec = read_json(path, "tokenizer", MAX_TOKENIZER_BYTES)
+    for part, settings in RESTATED.items():
+        given = spec.get(part)
+        wrong = [k for k, v in settings.items() if not isinstance(given, dict) or given.get(k) != v]
+        if wrong:
+            shown = given.get(wrong[0]) if isinstance(given, dict) else given
+            raise CocosError(f"{path}: its {part} has {wrong[0]} {str(shown)[:60]!r}; cocos reads BERT tokenizers "
+                             f"with {part} {settings[wrong[0]]!r} ({settings['type']})")
+    lowercase, accents = spec["normalizer"].get("lowercase", True), spec["normalizer"].get("strip_accents")
+    if not isinstance(lowercase, bool) or accents not in (None, lowercase):
+        raise CocosError(f"{path}: its normalizer has lowercase {lowercase!r} and strip_accents {accents!r}; cocos "
+                         "strips accents exactly when it lowercases (strip_accents null)")
+    vocab = spec["model"].get("vocab")
+    if not isinstance(vocab, dict) or not vocab:
+        raise CocosError(f"{path}: its model has no vocab (piece -> id)")
+    tokens = [""] * len(vocab)
+    for piece, i in vocab.items():
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(vocab) or tokens[i]:
+            raise CocosError(f"{path}: its vocab's ids must be 0..{len(vocab) - 1}, each once ({piece[:40]!r}: {i!r})")
+        tokens[i] = piece
+    for added in spec.get("added_tokens") or []:
+        if not isinstance(added, dict) or vocab.get(added.get("content")) != added.get("id"):
+            raise CocosError(f"{path}: added token {str(added)[:80]} is not a word piece of its vocab with that id")
+    return tokens, lowercase
+
+
 def _lowercase(folder: Path) -> bool:
     config = folder / "tokenizer_config.json"
     if not config.is_file():
         return True
-    try:
-        value = json.loads(config.read_text(encoding="utf-8")).get("do_lower_case", True)
-    except (OSError, ValueError, AttributeError):
-        raise CocosError(f"{config}: not a JSON object") from None
-    return bool(value)
+    return bool(read_json(config, "tokenizer configuration").get("do_lower_case", True))
 
 
 @dataclass(frozen=True)
@@ -207,50 +264,57 @@ class BertFolder:
         path = Path(folder)
         if not path.is_dir():
             raise CocosError(f"{path}: no such BERT folder (a Hugging Face model folder: config.json, weights, "
-                             "vocab.txt)")
+                             "vocab.txt or tokenizer.json)")
         config_path = path / "config.json"
         if not config_path.is_file():
             raise CocosError(f"{config_path}: no such file (a BERT folder holds its config.json)")
-        try:
-            config = json.loads(config_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError, UnicodeDecodeError):
-            raise CocosError(f"{config_path}: not a JSON file") from None
-        if not isinstance(config, dict):
-            raise CocosError(f"{config_path}: not a JSON object")
+        config = read_json(config_path)
         if config.get("model_type", "bert") != "bert":
-            raise CocosError(f"{config_path}: a {config.get('model_type')!r} model; VSE∞ takes a BERT "
+            raise CocosError(f"{config_path}: a {str(config.get('model_type'))[:40]!r} model; VSE∞ takes a BERT "
                              "(model_type 'bert')")
-        for key in ("hidden_size", "vocab_size", "num_hidden_layers", "num_attention_heads"):
-            if not isinstance(config.get(key), int) or isinstance(config.get(key), bool) or config[key] < 1:
-                raise CocosError(f"{config_path}: {key} must be a positive integer, got {config.get(key)!r}")
-        _check_size(config, config_path)
-        coder = WordPieceCoder.from_folder(path)
+        check_bert_config(config, config_path)
+        coder = WordPieceCoder.from_folder(path, config["vocab_size"])  # its files' sizes bounded by vocab_size
         if config["vocab_size"] != len(coder):
-            raise CocosError(f"{path}: config.json has vocab_size {config['vocab_size']} but vocab.txt "
+            source = "vocab.txt" if (path / "vocab.txt").is_file() else "tokenizer.json"
+            raise CocosError(f"{path}: config.json has vocab_size {config['vocab_size']} but {source} "
                              f"{len(coder)} word pieces")
         return cls(path, config, coder)
 
 
+BERT_SIZES = {"hidden_size": None, "vocab_size": None, "num_hidden_layers": None, "num_attention_heads": None,
+              "intermediate_size": 3072, "max_position_embeddings": 512, "type_vocab_size": 2}  # None: required
+
+
+def check_bert_config(config: dict, where: Path | str, memory: bool = True) -> None:
+    """Every size of a BERT ``config.json`` a positive integer (the four of :data:`BERT_SIZES` without a default
+    required), ``hidden_size`` a multiple of the heads, at most :data:`cocos.hf.MAX_LAYERS` layers and
+    :data:`cocos.hf.MAX_VOCAB` word pieces, and (``memory``) the model within the memory available to train it
+    (:func:`_check_size`): one line naming the key, before anything is built."""
+    for key, default in BERT_SIZES.items():
+        config_int(config, key, str(where), default)
+    check_heads(config["hidden_size"], config["num_attention_heads"], str(where))
+    check_layers(config["num_hidden_layers"], str(where))
+    check_vocab(config["vocab_size"], str(where))
+    if memory:
+        _check_size(config, where)
+
+
 def bert_parameters(config: dict) -> int:
     """About how many parameters a BERT of ``config`` has: the embeddings (words, positions, types) and, per layer,
-    attention (4 h²) and feed-forward (2 h·i) weights (biases and norms left out)."""
+    attention (4 h²) and feed-forward (2 h·i) weights (biases and norms left out; ``intermediate_size`` 3072 where
+    absent, as ``BertConfig``)."""
     h = int(config["hidden_size"])
-    inner = int(config.get("intermediate_size") or 4 * h)
+    inner = int(config.get("intermediate_size") or 3072)
     embeddings = (int(config["vocab_size"]) + int(config.get("max_position_embeddings") or 512)
                   + int(config.get("type_vocab_size") or 2)) * h
     return embeddings + int(config["num_hidden_layers"]) * (4 * h * h + 2 * h * inner)
 
 
-def _check_size(config: dict, where: Path) -> None:
-    """A BERT that fits in memory as it trains (float32 weights, their gradient and AdamW's two moments: 4 copies):
-    one line before it is built, not an allocation failure (or the OOM killer) later."""
-    from cocos.io import available_memory
-
-    need = 16 * bert_parameters(config)
-    if need > available_memory():
-        raise CocosError(f"{where}: a BERT of about {bert_parameters(config) / 1e6:,.0f}M parameters needs at least "
-                         f"{need / 2**30:,.1f} GB to train, more than the {available_memory() / 2**30:,.1f} GB of "
-                         "memory available")
+def _check_size(config: dict, where: Path | str) -> None:
+    """A BERT that fits in memory as it trains (float32 weights, their gradient and AdamW's two moments: 4 copies,
+    and the Python objects of each layer, :func:`cocos.hf.check_memory`): one line before it is built, not an
+    allocation failure (or the OOM killer) later."""
+    check_memory(bert_parameters(config), int(config["num_hidden_layers"]), 4, str(where), "a BERT", "to train")
 
 
 def coder_of(tokens: Sequence[str], options: dict | None):
@@ -270,4 +334,5 @@ def coder_of(tokens: Sequence[str], options: dict | None):
     return Vocabulary.from_tokens(tokens)
 
 
-__all__ = ["AUGMENT_P", "BertFolder", "Pieces", "WordPieceCoder", "coder_of", "read_vocab_txt"]
+__all__ = ["AUGMENT_P", "BertFolder", "Pieces", "WordPieceCoder", "check_bert_config", "coder_of", "read_pieces",
+           "read_tokenizer_json", "read_vocab_txt"]

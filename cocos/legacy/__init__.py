@@ -272,12 +272,43 @@ def _image_family(sd: dict, opt: dict, path: Path):
     return found[0]
 
 
+MAX_OPT_DEPTH = 16  # the original code's opt holds numbers, strings and short lists
+
+
+def _depth(value, limit: int) -> int:
+    """The nesting depth of a value of lists, tuples, sets and dicts (a scalar 0), counted without recursion and
+    stopping once it exceeds ``limit``."""
+    deepest, stack = 0, [(value, 0)]
+    while stack and deepest <= limit:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children = [*item.keys(), *item.values()]
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, depth + 1)
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def check_opt(opt: dict, path: Path) -> None:
+    """Every value of ``opt`` nested at most :data:`MAX_OPT_DEPTH` deep (its repr and every check of it then
+    recurse no deeper); one line naming the field otherwise."""
+    for key, value in opt.items():
+        if _depth(value, MAX_OPT_DEPTH) > MAX_OPT_DEPTH:
+            raise CocosError(f"{path}: opt.{str(key)[:40]} is nested more than {MAX_OPT_DEPTH} deep; the original "
+                             "code's settings are numbers, strings and short lists")
+
+
 def opt_dict(raw: dict, path: Path) -> dict:
+    """The checkpoint's ``opt`` (argparse.Namespace or dict) as a dict, every value nested at most
+    :data:`MAX_OPT_DEPTH` deep (:func:`check_opt`), before anything else reads it."""
     opt = raw.get("opt")
-    if isinstance(opt, argparse.Namespace):
-        return dict(vars(opt))
-    if isinstance(opt, dict):
-        return dict(opt)
+    if isinstance(opt, (argparse.Namespace, dict)):
+        found = dict(vars(opt)) if isinstance(opt, argparse.Namespace) else dict(opt)
+        check_opt(found, path)
+        return found
     if opt is None:
         raise CocosError(f"{path}: the checkpoint lacks 'opt' (the run's hyper-parameters)")
     raise CocosError(f"{path}: 'opt' is a {type(opt).__name__}, expected the run's argparse.Namespace")

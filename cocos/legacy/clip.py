@@ -1,9 +1,10 @@
 """A Hugging Face CLIP folder as a cocos checkpoint (``cocos analyze CLIP_DIR --data IMAGES``, ``cocos import``).
 
-The folder (:class:`cocos.data.clip.CLIPFolder`: ``config.json``, weights, tokenizer, ``preprocessor_config.json``)
-becomes, in memory, the checkpoint ``cocos train --model clip`` would write for a model that was never trained
-by cocos: the ``clip`` family with the folder's config and preprocessing, its weights (read with
-``transformers``' ``local_files_only``, safetensors or a ``weights_only`` torch file: no code runs), its tokenizer
+The folder (:class:`cocos.data.clip.CLIPFolder`: ``config.json``, weights, tokenizer, ``preprocessor_config.json``
+or ``processor_config.json``) becomes, in memory, the checkpoint ``cocos train --model clip`` would write for a
+model that was never trained by cocos: the ``clip`` family with the folder's config and preprocessing, its weights
+(read completely or not at all by :func:`cocos.hf.read_weights`: safetensors or a ``weights_only`` torch file, no
+code runs, nothing downloaded, every tensor of the model present, of its shape and dtype kind), its tokenizer
 as the caption coder, and as its loss CLIP's own: InfoNCE at its learned temperature, NT-Xent with
 ``tau = 1 / exp(logit_scale)`` (clamped at 100, as CLIP). The loss is counted as cocos counts (``compat`` off:
 a caption of the same image is not a negative; CLIP's training batches hold one caption per image, so its loss is

@@ -28,7 +28,9 @@ of the ``vse_infty`` family (``opt.precomp_enc_type`` ``basic``: region features
 
 BatchNorm state of a torch before 0.4.1 (no ``num_batches_tracked``) gets a zero counter. ``opt.no_imgnorm`` or
 ``opt.no_txtnorm`` (embeddings not L2-normalised) cannot be represented and are refused, as is anything else that
-does not fit, each in one line naming the file and the field.
+does not fit, each in one line naming the file and the field; so is an ``opt`` value nested more than
+:data:`cocos.legacy.MAX_OPT_DEPTH` deep (vse_infty's settings are numbers, strings and short lists), before
+anything reads it.
 """
 
 from __future__ import annotations
@@ -93,7 +95,7 @@ def convert_checkpoint(raw: dict, path: str | os.PathLike, bert: str | os.PathLi
                        k: int | None = None) -> dict:
     """The cocos checkpoint (plain types and tensors) of a vse_infty ``model_best.pth`` (module docstring)."""
     path = Path(path)
-    opt = opt_dict(raw, path)
+    opt = opt_dict(raw, path)  # every value nested at most MAX_OPT_DEPTH deep
     _refuse_unrepresentable(opt, path)
     folder = BertFolder.read(bert)
     img_sd = _state_dict(raw["model"][0], path, "image encoder")

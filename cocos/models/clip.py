@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from cocos.data.clip import INSTALL, Preprocess
+from cocos.data.clip import INSTALL, Preprocess, check_clip_config
 from cocos.defaults import MAX_LOGIT_SCALE
 from cocos.errors import CocosError
 from cocos.models.image import PixelModel
@@ -70,6 +70,10 @@ class CLIPDual(PixelModel):
         super().__init__()
         transformers = _transformers()
         check_freeze(freeze, unfrozen_blocks)
+        if not isinstance(clip_config, dict):
+            raise CocosError(f"a CLIP configuration is a dict, got {type(clip_config).__name__}")
+        on_meta = torch.empty(()).device.type == "meta"  # a checkpoint's model checked, not allocated
+        check_clip_config(clip_config, "the CLIP configuration", copies=0 if on_meta else 1)
         try:
             config = transformers.CLIPConfig.from_dict(dict(clip_config))
         except Exception as exc:  # noqa: BLE001 - whatever a damaged config makes transformers raise
@@ -81,7 +85,11 @@ class CLIPDual(PixelModel):
         if embed_size is not None and embed_size != config.projection_dim:
             raise CocosError(f"embed_size {embed_size} is not the CLIP model's projection_dim {config.projection_dim}")
         self.preprocess = Preprocess.of(preprocess)
-        self.clip = transformers.CLIPModel(config)
+        try:
+            self.clip = transformers.CLIPModel(config)
+        except Exception as exc:  # noqa: BLE001 - a setting transformers cannot build (hidden_act "nosuch")
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+            raise CocosError(f"cannot build the CLIP model of its configuration ({first})") from None
         self.img_dim = int(config.vision_config.hidden_size)
         self.hparams = {"vocab_size": int(vocab_size), "clip_config": dict(clip_config),
                         "preprocess": self.preprocess.record(), "freeze": freeze,
@@ -109,22 +117,18 @@ class CLIPDual(PixelModel):
     # -- weights --------------------------------------------------------------------------------------------
 
     def load_pretrained(self, folder: str | os.PathLike) -> CLIPDual:
-        """The weights of a CLIP folder (``local_files_only``: nothing downloaded); one line if they do not fit."""
-        transformers = _transformers()
+        """The weights of a CLIP folder, read completely or not at all (:func:`cocos.hf.read_weights`: every tensor
+        of ``CLIPModel``'s state dict present, of its shape, floating point and finite; nothing downloaded, no code
+        from the file run); one line naming the tensor otherwise."""
+        from cocos.hf import read_weights
+
         folder = Path(folder)
+        state = read_weights(folder, self.clip.state_dict(), what="CLIP")
         try:
-            loaded = transformers.CLIPModel.from_pretrained(str(folder), local_files_only=True)
-        except Exception as exc:  # noqa: BLE001 - a damaged or foreign weights file
-            raise CocosError(f"{folder}: its CLIP weights cannot be read ({str(exc).splitlines()[0][:160]})") from None
-        state = loaded.state_dict()
-        for key, value in state.items():
-            if value.dtype.is_floating_point and not bool(torch.isfinite(value).all()):
-                raise CocosError(f"{folder}: {key} holds NaN or Inf")
-        own = self.clip.state_dict()
-        wrong = [k for k in own if k not in state or tuple(state[k].shape) != tuple(own[k].shape)]
-        if wrong:
-            raise CocosError(f"{folder}: its weights do not fit its config.json ({wrong[0]})")
-        self.clip.load_state_dict({k: state[k] for k in own})
+            self.clip.load_state_dict(state)
+        except RuntimeError as exc:
+            raise CocosError(f"{folder}: its weights do not fit its config.json ({str(exc).splitlines()[-1].strip()})"
+                             ) from None
         return self
 
     @property

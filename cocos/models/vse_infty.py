@@ -153,12 +153,18 @@ class EncoderImageAggr(nn.Module):
 
 
 def bert_model(config: dict):
-    """An untrained ``transformers.BertModel`` of ``config`` (a ``config.json`` as a dict); one line if transformers
-    is missing or the config is not a BERT's."""
+    """An untrained ``transformers.BertModel`` of ``config`` (a ``config.json`` as a dict, its sizes checked by
+    :func:`cocos.data.wordpiece.check_bert_config`); one line if transformers is missing or the config is not a
+    BERT's."""
     try:
         from transformers import BertConfig, BertModel
     except ImportError:
         raise CocosError(BERT_INSTALL) from None
+    from cocos.data.wordpiece import check_bert_config
+
+    if not isinstance(config, dict):
+        raise CocosError(f"a BERT's config is a dict, got {type(config).__name__}")
+    check_bert_config(config, "the BERT's config", memory=False)  # sizes and depth; the memory when a folder is read
     try:
         return BertModel(BertConfig(**{k: v for k, v in config.items() if not k.startswith("_")}))
     except Exception as exc:  # noqa: BLE001 - whatever a nonsense config.json makes transformers raise
@@ -398,30 +404,13 @@ class VSEInftyFull(PixelModel):
 
 def load_bert_weights(bert: nn.Module, path: str | os.PathLike) -> nn.Module:
     """The pre-trained weights of a Hugging Face BERT folder (``config.json`` and ``model.safetensors`` or
-    ``pytorch_model.bin``, read with ``local_files_only``: nothing is fetched, no code in the file runs) into
-    ``bert``; a folder of another architecture or sizes is one line naming it."""
-    try:
-        from transformers import BertModel
-        from transformers.utils import logging as hf_logging
-    except ImportError:
-        raise CocosError(BERT_INSTALL) from None
-    hf_logging.disable_progress_bar()  # cocos prints its own progress, not transformers'
-    hf_logging.set_verbosity_error()
-    try:
-        pretrained = BertModel.from_pretrained(str(path), local_files_only=True)
-    except (OSError, ValueError, RuntimeError) as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise CocosError(f"{path}: cannot load its BERT weights ({first})") from None
-    state = {k: v for k, v in pretrained.state_dict().items() if k in bert.state_dict()}
-    missing = [k for k in bert.state_dict() if k not in state]
-    if missing:
-        raise CocosError(f"{path}: its BERT lacks {missing[0]} ({len(missing)} tensors missing)")
-    for key, value in state.items():
-        if value.dtype.is_floating_point and not bool(torch.isfinite(value).all()):
-            raise CocosError(f"{path}: its BERT's {key} holds NaN or Inf")
-        if value.shape != bert.state_dict()[key].shape:
-            raise CocosError(f"{path}: its BERT's {key} has shape {tuple(value.shape)}, the config says "
-                             f"{tuple(bert.state_dict()[key].shape)}")
+    ``pytorch_model.bin``, read by :func:`cocos.hf.read_weights`: nothing is fetched, no code in the file runs)
+    into ``bert``: every tensor of ``bert``'s state dict (names of ``BertModel``, or behind ``bert.`` as a
+    pre-training model saves them), of its shape, floating point and finite; one line naming the tensor
+    otherwise (never a tensor left at its random initialisation)."""
+    from cocos.hf import read_weights
+
+    state = read_weights(path, bert.state_dict(), what="BERT", base_prefix="bert.")
     try:
         bert.load_state_dict(state)
     except RuntimeError as exc:

@@ -425,7 +425,7 @@ class Trainer:
         ``--vocab`` file or a vocabulary of the training captions."""
         cfg, family = self.cfg, get_family(self.cfg.model.name)
         self.bert = BertFolder.read(cfg.model.bert) if family.text == "wordpiece" and resume_ckpt is None else None
-        self.clip = CLIPFolder.read(cfg.model.clip) if family.text == "clip" and resume_ckpt is None else None
+        self.clip = CLIPFolder.read(cfg.model.clip, copies=4) if family.text == "clip" and resume_ckpt is None else None
         self.bert_config, self.pretrained = None, {}  # the module's records of its folder (CLIP's config, preprocess)
         if resume_ckpt is not None:
             hparams = resume_ckpt["model"]["hparams"]
