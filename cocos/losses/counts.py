@@ -71,6 +71,18 @@ class Counter:
     def count(self, view: QueryView) -> Count:
         raise NotImplementedError
 
+    def blocks(self, direction: str, compat: bool) -> bool:
+        """Whether the view's queries may be counted in blocks of rows (each block against all candidates): every
+        per-query value of :meth:`count` is a function of its query's row alone, and :meth:`batch_of` gives the
+        batch values from the blocks' rows. False here: a counter that does not say so is counted whole (what lets
+        :func:`cocos.counting.blocks.count_batch_values` bound the memory of a big batch)."""
+        return False
+
+    def batch_of(self, values: dict[str, torch.Tensor], compat: bool) -> dict[str, torch.Tensor]:
+        """``count(view).batch`` from ``count(view).per_query`` (all the view's queries), computed as :meth:`count`
+        computes it: the same values, bit for bit, for the counters whose :meth:`blocks` is True."""
+        raise NotImplementedError(f"{type(self).__name__} does not count in blocks")
+
     def sweep(self, view: QueryView, eps_values) -> dict[float, Count]:
         """Counts as a function of the threshold ``eps`` (for counters that use one)."""
         raise CocosError(f"{type(self).__name__} has no threshold to sweep")

@@ -13,7 +13,16 @@ import torch
 from cocos.data.layout import QueryView
 from cocos.defaults import DEFAULT_TAU_NTXENT
 from cocos.errors import check_params
-from cocos.losses.counts import COMPANIONS, DEFAULT_EPS, Count, Counter, companion_rows, companions, nanmean
+from cocos.losses.counts import (
+    COMPANIONS,
+    DEFAULT_EPS,
+    Count,
+    Counter,
+    companion_rows,
+    companions,
+    nanmean,
+    nanmeans,
+)
 from cocos.losses.functional import ntxent_direction, ntxent_log_probs
 from cocos.losses.kernels import per_query, per_view, positives, thresholded_sums_stacked, view_key
 from cocos.losses.spec import Note, Objective
@@ -55,6 +64,15 @@ class NTXentCounter(Counter):
 
     def count(self, view: QueryView) -> Count:
         return self._count(self.probabilities(view), view, self.eps)
+
+    def blocks(self, direction: str, compat: bool) -> bool:
+        """Row by row: a query's probabilities are a softmax over its own row."""
+        return True
+
+    def batch_of(self, values: dict[str, torch.Tensor], compat: bool) -> dict[str, torch.Tensor]:
+        """The means over the queries, the companions' over those with weight (as :meth:`_count`)."""
+        stats = {k: v.mean(-1) for k, v in values.items() if k not in COMPANIONS}
+        return {**stats, **nanmeans({k: v for k, v in values.items() if k in COMPANIONS})}
 
     def sweep(self, view: QueryView, eps_values) -> dict[float, Count]:
         p = self.probabilities(view)

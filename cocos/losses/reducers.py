@@ -171,6 +171,14 @@ class TermsCounter(Counter):
             return super().count_sweep(view, eps_values)
         return self._count(view, keep_weights=False), {}
 
+    def blocks(self, direction: str, compat: bool) -> bool:
+        """Row by row (the counter's terms of a query are on its row); a family that groups otherwise says no."""
+        return True
+
+    def batch_of(self, values: dict[str, torch.Tensor], compat: bool) -> dict[str, torch.Tensor]:
+        """``C^B``, ``C^0``, ``C^q`` of the per-query counts and the companions' means (as :meth:`_count`)."""
+        return {**batch_counts(values["C_q"]), **nanmeans({k: v for k, v in values.items() if k != "C_q"})}
+
     def _grouped(self, view: QueryView) -> tuple[torch.Tensor, dict, dict, str | None]:
         """``(per-item counts, companions per item, their batch values, item kind)``: per query here."""
         q = self._memo(view, "terms_queries", self._per_query)

@@ -121,6 +121,15 @@ class SmoothAPCounter(Counter):
         w, divisor = self.pair_weights(view)
         return self._count(w, divisor, view, self.eps)
 
+    def blocks(self, direction: str, compat: bool) -> bool:
+        """Row by row, but for the published t2i layout, whose anchors are read from the query's index."""
+        return not (compat and direction == "t2i")
+
+    def batch_of(self, values: dict[str, torch.Tensor], compat: bool) -> dict[str, torch.Tensor]:
+        """:meth:`_batch` of the per-query counts and the companions' means (as :meth:`_count`)."""
+        return {**self._batch(values["C_q"], compat),
+                **nanmeans({k: v for k, v in values.items() if k != "C_q"})}
+
     def sweep(self, view: QueryView, eps_values) -> dict[float, Count]:
         w, divisor = self.pair_weights(view)
         return {float(e): self._count(w, divisor, view, float(e), extras=False) for e in eps_values}

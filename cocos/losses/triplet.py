@@ -42,6 +42,10 @@ class TripletCounter(TermsCounter):
         a query's hardest negative where it violates)."""
         return self.weights(view)
 
+    def blocks(self, direction: str, compat: bool) -> bool:
+        """Not the published t2i grouping: its counts are per negative image, over every query."""
+        return not (compat and not self.hardest and direction == "t2i")
+
     def _grouped(self, view: QueryView) -> tuple:
         if view.compat and not self.hardest and view.direction == "t2i":  # by negative image
             return *by_candidate(self, view), "image"

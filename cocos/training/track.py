@@ -22,8 +22,9 @@ Definitions (``docs/definitions.md``, "Notation"):
 - **Which batches.** Counts depend on the batch size, so only batches of one size
   are comparable: the batch size is ``batch_size`` (images per batch) if given, else
   that of the first counted batch, and captions per batch are those of the first
-  counted batch. A due batch of another shape is not counted; :attr:`Tracker.skipped`
-  counts them (as ``cocos train`` skips an epoch's short final batch).
+  counted batch. A due batch of another shape (another number of images *or* of
+  captions) is not counted; :attr:`Tracker.skipped` counts them (as ``cocos train``
+  skips an epoch's short final batch). A batch has at least one image and one caption.
 - **Layout.** A batch of ``B`` images and ``M = B`` captions is a pair batch (caption
   ``c`` of image ``c``, or of ``caption_image[c]``); ``M = kB`` captions is a ranking
   batch (``k`` per image: ``caption_image`` given, or implied as ``c // k``). A pair
@@ -40,14 +41,29 @@ Definitions (``docs/definitions.md``, "Notation"):
 - **Value.** One row per (step, epoch, loss, direction, stat); ``value`` is the
   statistic's mean over the batch's queries (the value a row of ``batches.csv``
   holds; NaN where undefined, e.g. ``C_q`` when no query has a gradient).
+- **Memory.** A batch whose whole count would need more than
+  :data:`cocos.counting.blocks.BLOCK_BUDGET` bytes of temporaries (256 MB; about 64 bytes per query-candidate pair
+  and positive: 4 GB for 8192 x 8192) is counted in blocks of query rows against all candidates, with the same
+  values (:func:`cocos.counting.blocks.count_batch_values`; counters that cannot be blocked are counted whole).
 
 Observing has no effect on the caller's training: the embeddings are detached and
 counted under ``torch.no_grad`` (the grad mode is restored on return), no random
 numbers are drawn, and the model is never called. A counted observation costs one
-device sync. With ``out_dir``, ``cocos_track.csv`` (columns ``step, epoch, loss,
-direction, stat, value``, as ``cocos train`` writes it) is rewritten atomically
-after each counted observation (``autoflush``) and at :meth:`Tracker.flush` /
-:meth:`Tracker.close`; a folder that holds a track already is refused unless ``overwrite=True``.
+device sync.
+
+Files (with ``out_dir``): ``cocos_track.csv`` (columns ``step, epoch, loss, direction, stat,
+value``, as ``cocos train`` writes it) is created when the tracker opens (atomically: the header, or the rows
+of :meth:`Tracker.restore`) and kept open; each counted observation's rows are *appended* to it and flushed
+(``autoflush``; otherwise at :meth:`Tracker.flush` and :meth:`Tracker.close`), so an observation costs the same
+at any length of the track. ``cocos_track.json`` (the settings and how reports show each counter) is
+replaced atomically when it changes. The folder is locked for the tracker's life
+(:func:`cocos.io.output_lock`, ``.NAME.lock`` beside it, released at :meth:`Tracker.close`, when the tracker is
+garbage-collected, and by the kernel when the process dies): a second live tracker, ``cocos train`` or other
+cocos writer of the same folder is refused in one line. ``out_dir`` may be new or empty (it is then marked a
+cocos ``track`` folder), a tracking folder, or a folder of the caller's own (an open_clip run folder: the
+tracker adds its two files, and TensorBoard's, and never removes anything); another kind of cocos folder (a
+dataset, feature cache, report, ``cocos train`` run) is refused even with ``overwrite``, and a folder that holds
+a track already needs ``overwrite=True``. Every argument is checked before the folder is created.
 With ``tensorboard`` the same values go to a ``SummaryWriter`` (one written into
 ``out_dir``, or any object with ``add_scalar(tag, value, global_step)``) under
 :func:`tensorboard_tag`. On several processes, observe on one (rank 0).
@@ -55,6 +71,9 @@ With ``tensorboard`` the same values go to a ``SummaryWriter`` (one written into
 
 from __future__ import annotations
 
+import csv
+import io
+import math
 import os
 import re
 from pathlib import Path
@@ -63,10 +82,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from cocos.counting import count_queries
+from cocos.counting.blocks import count_batch_values
 from cocos.counting.engine import counter_settings, resolve_losses
 from cocos.errors import CocosError
-from cocos.io import write_csv, write_json
+from cocos.io import KINDS, make_dirs, mark_output, output_kind, output_lock, remove_created, write_csv, write_json
 from cocos.objectives import counter_params, get_objective, names, order, paper_names
 from cocos.presentation import LAST
 from cocos.training.logs import TRACK_COLUMNS, TRACK_LOG, TRACK_META
@@ -74,6 +93,8 @@ from cocos.training.logs import TRACK_COLUMNS, TRACK_LOG, TRACK_META
 COLUMNS = list(TRACK_COLUMNS)
 META_FORMAT, META_VERSION = "cocos-track", 1
 TENSORBOARD_HINT = "pip install tensorboard (or 'cocos[tensorboard]')"
+FLOAT_FORMAT = "%.10g"  # the values' format in cocos_track.csv (as cocos train writes it)
+TRACK_KIND = "track"  # the kind of cocos folder a Tracker writes (cocos.io.KINDS)
 
 
 def tensorboard_tag(loss: str, direction: str, stat: str) -> str:
@@ -89,30 +110,37 @@ def _positive_int(value, what: str) -> int:
     return int(value)
 
 
-def _folder(out_dir, overwrite: bool) -> Path | None:
-    """``out_dir`` as a folder that exists (created with its parents); None stays None. A folder that holds a
-    track already (an earlier run's, or a ``cocos train`` run's) is refused unless ``overwrite``."""
-    if out_dir is None:
-        return None
-    out_dir = Path(out_dir)
+# ---------------------------------------------------------------------- the folder
+
+
+def _check_folder(out_dir: Path, overwrite: bool, kinds: tuple[str, ...]) -> bool:
+    """Whether the Tracker may write into ``out_dir`` (see the module docstring; one :class:`CocosError` line
+    otherwise); returns whether it is new or empty (then marked a ``track`` folder)."""
+    if out_dir.is_symlink() and not out_dir.exists():
+        raise CocosError(f"{out_dir}: is a dangling link; choose another out_dir")
     if out_dir.exists() and not out_dir.is_dir():
         raise CocosError(f"{out_dir}: exists and is not a folder")
-    held = [name for name in (TRACK_LOG, TRACK_META) if (out_dir / name).exists()]
+    if not out_dir.exists():
+        return True
+    kind = output_kind(out_dir)
+    if kind is not None and kind not in kinds:
+        raise CocosError(f"{out_dir}: is {KINDS.get(kind, KINDS['unknown'])}; a Tracker writes into a new or empty "
+                         "folder, a tracking folder or a folder of your own: choose another out_dir")
+    held = [name for name in (TRACK_LOG, TRACK_META) if (out_dir / name).exists() or (out_dir / name).is_symlink()]
     if held and not overwrite:
         raise CocosError(f"{out_dir}: holds {' and '.join(held)} already; choose another folder or pass "
                          "overwrite=True to replace them")
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
+        return not any(out_dir.iterdir())
     except OSError as exc:
-        raise CocosError(f"{out_dir}: cannot create the folder ({exc.strerror or exc})") from None
-    return out_dir
+        raise CocosError(f"{out_dir}: cannot read the folder ({exc.strerror or exc})") from None
 
 
-def _sink(tensorboard, out_dir: Path | None):
-    """The TensorBoard sink: None, a ``SummaryWriter`` of our own into ``out_dir`` (``True``), or the caller's
-    object with ``add_scalar``. Returns ``(sink, owned)``."""
+def _writer_class(tensorboard, out_dir):
+    """Check the TensorBoard sink before anything is written: ``SummaryWriter`` (the class) for ``True``, else
+    None; one :class:`CocosError` line for a sink that cannot be used."""
     if tensorboard is None or tensorboard is False:
-        return None, False
+        return None
     if tensorboard is True:
         if out_dir is None:
             raise CocosError("tensorboard=True writes into out_dir; give an out_dir or pass your own SummaryWriter")
@@ -120,11 +148,27 @@ def _sink(tensorboard, out_dir: Path | None):
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
             raise CocosError(f"tensorboard=True needs the tensorboard package: {TENSORBOARD_HINT}") from None
-        return SummaryWriter(log_dir=str(out_dir)), True
+        return SummaryWriter
     if not callable(getattr(tensorboard, "add_scalar", None)):
         raise CocosError(f"tensorboard must be True, False or an object with add_scalar(tag, value, global_step) "
                          f"(a SummaryWriter), got {type(tensorboard).__name__}")
-    return tensorboard, False
+    return None
+
+
+def csv_lines(rows) -> str:
+    """``rows`` (tuples of :data:`COLUMNS`) as the lines ``write_csv(frame, float_format=FLOAT_FORMAT)`` writes
+    for them: integers as they are, values in :data:`FLOAT_FORMAT`, NaN as an empty field, text quoted as pandas
+    quotes it (only where it holds a comma, a quote or a line break)."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator=os.linesep)
+    for step, epoch, loss, direction, stat, value in rows:
+        value = float(value)
+        writer.writerow((int(step), int(epoch), loss, direction, stat,
+                         "" if math.isnan(value) else FLOAT_FORMAT % value))
+    return out.getvalue()
+
+
+# ---------------------------------------------------------------------- the tracker
 
 
 class Tracker:
@@ -132,16 +176,17 @@ class Tracker:
     table, ``cocos_track.csv`` in ``out_dir`` (None: kept in memory only, :meth:`write` writes it).
 
     ``losses``/``params``/``eps`` choose the counters, ``compat`` the counting mode, ``batch_size`` the images per
-    counted batch (None: the first counted batch's), ``tensorboard`` a TensorBoard sink, ``autoflush`` whether the
-    CSV is rewritten after every counted observation (the whole file each time: ``autoflush=False`` and an
-    occasional :meth:`flush` for a very long track), ``overwrite`` whether an ``out_dir`` that holds a track
-    already may be replaced (otherwise one :class:`CocosError` line).
+    counted batch (None: the first counted batch's), ``tensorboard`` a TensorBoard sink, ``autoflush`` whether
+    each counted observation's rows are appended to the CSV (and flushed) at once, ``overwrite`` whether an
+    ``out_dir`` that holds a track already may be replaced (otherwise one :class:`CocosError` line). The tracker
+    holds ``out_dir``'s lock until :meth:`close` (a ``with`` block closes it).
     """
 
     def __init__(self, out_dir: str | os.PathLike | None = None, every: int = 1, losses=None, *,
                  params: dict | None = None, eps: float | None = None, compat: bool = False,
                  batch_size: int | None = None, tensorboard=False, autoflush: bool = True,
-                 overwrite: bool = False) -> None:
+                 overwrite: bool = False, _kinds: tuple[str, ...] = (TRACK_KIND,)) -> None:
+        self._closed, self._lock, self._csv = True, None, None  # until opened (a refused tracker holds nothing)
         self.every = _positive_int(every, "every (count every N steps)")
         self.compat, self.autoflush = bool(compat), bool(autoflush)
         self.batch_size = None if batch_size is None else _positive_int(batch_size, "batch_size")
@@ -154,16 +199,40 @@ class Tracker:
         self.skipped = 0
         self.rows: list[tuple] = []
         self._last = (0, 0)  # the last (step, epoch) observed
+        self._written, self._meta_written = 0, None  # rows in the CSV, the cocos_track.json written
+        self.out_dir = None if out_dir is None else Path(out_dir)
+        writer = _writer_class(tensorboard, self.out_dir)  # every argument checked before the folder exists
+        self.sink, self._owns_sink = (None if tensorboard is True or tensorboard is False else tensorboard), False
+        if self.out_dir is not None:
+            self._open(overwrite, _kinds, writer)
         self._closed = False
-        self.out_dir = _folder(out_dir, overwrite)
-        self.sink, self._owns_sink = _sink(tensorboard, self.out_dir)
+
+    def _open(self, overwrite: bool, kinds: tuple[str, ...], writer) -> None:
+        """Lock ``out_dir``, check it under the lock, create and mark it (new or empty), start the files and the
+        TensorBoard writer; on failure nothing this call made is left and the lock is released."""
+        lock = output_lock(self.out_dir.absolute())  # beside the folder's own name (also for ".")
+        lock.__enter__()
+        self._lock, created = lock, []
+        try:
+            mark = _check_folder(self.out_dir, overwrite, kinds)
+            created = make_dirs(self.out_dir)
+            if mark:
+                mark_output(self.out_dir, TRACK_KIND)
+            self._write_files()
+            if writer is not None:
+                self.sink, self._owns_sink = writer(log_dir=str(self.out_dir)), True
+        except BaseException:
+            self._release()
+            remove_created(created)
+            raise
 
     @classmethod
     def for_training(cls, every: int, loss: str, loss_params: dict, batch_layout: str, compat: bool = False,
                      **kw) -> Tracker:
         """``cocos train``'s tracker: the training loss first, then the paper's counters the run's batches serve
         (a pair run has no SmoothAP), each at the paper's defaults or the training loss's own parameters where it
-        shares them (:func:`cocos.objectives.counter_params`); ``batch_layout`` is the run's."""
+        shares them (:func:`cocos.objectives.counter_params`); ``batch_layout`` is the run's. An ``out_dir`` may
+        be a ``cocos train`` run folder."""
         if isinstance(every, bool) or not isinstance(every, (int, np.integer)) or every < 1:
             raise CocosError(f"--track-cocos must be at least 1 (count every N steps), got {every}")
         names = order([loss, *paper_names()])
@@ -171,7 +240,7 @@ class Tracker:
             names = [n for n in names if n == loss or get_objective(n).layout == "pair"]
         params = counter_params(loss, loss_params, names)
         tracker = cls(every=every, losses=names, params={n: params[n] for n in names if params.get(n)},
-                      compat=compat, **kw)
+                      compat=compat, _kinds=(TRACK_KIND, "run"), **kw)
         tracker.layout = batch_layout
         return tracker
 
@@ -214,31 +283,38 @@ class Tracker:
         """
         step, epoch = self._advance(step, epoch)
         fresh = step > self._last[0]  # a due step is counted once: its first batch
-        counted = False
-        if self.due(step) and fresh:
+        counted = due = self.due(step) and fresh
+        if due:
             images, captions = self._tensors(step, image_emb, caption_emb)
-            if self._fits(images, captions):
+            counted = self._fits(images, captions)
+            if counted:
                 self._count(step, epoch, images, captions, caption_image, image_ids)
-                counted = True
             else:
                 self.skipped += 1
         self._last = (step, epoch)  # after the checks: a refused observation leaves the tracker as it was
-        if counted and self.autoflush:
+        if due and self.autoflush:  # the rows of a counted one, the skip count of a skipped one
             self.flush()
         return counted
 
     def _tensors(self, step: int, image_emb, caption_emb) -> tuple[torch.Tensor, torch.Tensor]:
-        """Both embeddings as detached 2-D tensors of one width on one device (one error line otherwise)."""
+        """Both embeddings as detached 2-D tensors of one width on one device, each with at least one row (one
+        error line otherwise)."""
         images = torch.as_tensor(image_emb.detach() if isinstance(image_emb, torch.Tensor) else image_emb)
         captions = torch.as_tensor(caption_emb.detach() if isinstance(caption_emb, torch.Tensor) else caption_emb,
                                    device=images.device)
-        if images.ndim != 2 or captions.ndim != 2 or images.shape[1] != captions.shape[1] or not len(images):
+        if images.ndim != 2 or captions.ndim != 2 or images.shape[1] != captions.shape[1]:
             raise CocosError(f"Tracker.observe at step {step}: image_emb (B, d) and caption_emb (M, d) must be 2-D "
                              f"with the same d, got {tuple(images.shape)} and {tuple(captions.shape)}")
+        for what, x in (("images", images), ("captions", captions)):
+            if not len(x):
+                raise CocosError(f"Tracker.observe at step {step}: the batch has 0 {what} (image_emb "
+                                 f"{tuple(images.shape)}, caption_emb {tuple(captions.shape)}); a batch needs at "
+                                 "least one image and one caption")
         return images, captions
 
     def _fits(self, images: torch.Tensor, captions: torch.Tensor) -> bool:
-        """Whether the batch has the tracked shape; the first batch that fits ``batch_size`` fixes it."""
+        """Whether the batch has the tracked shape (images and captions); the first batch that fits
+        ``batch_size`` fixes it."""
         shape = (int(images.shape[0]), int(captions.shape[0]))
         if self.shape is None:  # fixed by _count once the batch is counted (a refused one fixes nothing)
             return self.batch_size is None or shape[0] == self.batch_size
@@ -283,14 +359,14 @@ class Tracker:
                 continue
             args = views["ranking" if objective.layout == "ranking" else "pair"]
             try:
-                counts = count_queries(args[0], args[1], objective, compat=self.compat, caption_image=args[2],
-                                       image_ids=args[3], **self.losses[name])
+                counts = count_batch_values(args[0], args[1], objective, compat=self.compat, caption_image=args[2],
+                                            image_ids=args[3], **self.losses[name])
             except CocosError as exc:
                 raise CocosError(f"Tracker.observe at step {step}: {exc}") from None
-            for direction, count in counts.items():
+            for direction, batch in counts.items():
                 for stat in objective.stats:
                     keys.append((name, direction, stat))
-                    values.append(count.batch[stat].reshape(()).double())
+                    values.append(batch[stat].reshape(()).double())
         values = torch.stack(values).cpu().tolist()  # one device sync per observation
         self.shape = self.shape or (int(images.shape[0]), int(captions.shape[0]))  # the batch shape tracked
         self.rows.extend((step, epoch, *key, value) for key, value in zip(keys, values, strict=True))
@@ -305,14 +381,21 @@ class Tracker:
         return pd.DataFrame(self.rows, columns=COLUMNS)
 
     def restore(self, frame: pd.DataFrame) -> None:
-        """Rows of an earlier, resumed part of the run (observations continue after its last step)."""
+        """Rows of an earlier, resumed part of the run (observations continue after its last step); with an
+        ``out_dir``, ``cocos_track.csv`` is rewritten with them at the next flush."""
         self.rows = [tuple(r) for r in frame[COLUMNS].itertuples(index=False, name=None)]
         if self.rows:
             self._last = (int(frame["step"].max()), int(frame["epoch"].max()))
+        self._close_csv()  # the file no longer holds a prefix of the rows: rewritten whole, then appended to
+        self._written = 0
 
     def write(self, path: str | os.PathLike) -> Path:
-        """The table as CSV at ``path``, atomically (the float format ``cocos train`` writes)."""
-        write_csv(path, self.frame(), float_format="%.10g")
+        """The table as CSV at ``path``, atomically (the float format ``cocos train`` writes); the tracker's own
+        ``cocos_track.csv`` is then appended to from there."""
+        write_csv(path, self.frame(), float_format=FLOAT_FORMAT)
+        if self._csv is not None and Path(path).resolve() == self.path.resolve():  # our own file, replaced
+            self._close_csv()
+            self._open_csv()
         return Path(path)
 
     def meta(self) -> dict:
@@ -329,23 +412,67 @@ class Tracker:
                 "presentation": {n: o.presentation(ranks.get(n, LAST)).to_dict()
                                  for n, o in self._objectives.items() if n in self.counted}}
 
+    def _write_files(self) -> None:
+        """Bring ``cocos_track.csv`` up to :attr:`rows` (created atomically with every row so far where it is not
+        open, appended to and flushed where it is) and ``cocos_track.json`` up to :meth:`meta` (replaced
+        atomically when it changed)."""
+        try:
+            if self._csv is None:
+                write_csv(self.path, self.frame(), float_format=FLOAT_FORMAT)
+                self._open_csv()
+            elif self._written < len(self.rows):
+                self._csv.write(csv_lines(self.rows[self._written:]))  # one write: whole lines
+                self._csv.flush()
+                self._written = len(self.rows)
+        except OSError as exc:
+            raise CocosError(f"{self.path}: cannot write ({exc.strerror or exc})") from None
+        meta = self.meta()
+        if meta != self._meta_written:
+            write_json(self.out_dir / TRACK_META, meta)
+            self._meta_written = meta
+
     def flush(self) -> None:
-        """Rewrite ``cocos_track.csv`` and ``cocos_track.json`` (with an ``out_dir``) and flush the TensorBoard
-        sink."""
-        if self.out_dir is not None:
-            self.write(self.path)
-            write_json(self.out_dir / TRACK_META, self.meta())
+        """Append the rows not yet in ``cocos_track.csv``, rewrite ``cocos_track.json`` if it changed (with an
+        ``out_dir``), and flush the TensorBoard sink."""
+        if self.out_dir is not None and self._lock is not None:
+            self._write_files()
         if self.sink is not None and callable(getattr(self.sink, "flush", None)):
             self.sink.flush()
 
+    def _open_csv(self) -> None:
+        """Open ``cocos_track.csv``, which holds every row so far, to append to it."""
+        try:
+            self._csv = open(self.path, "a", encoding="utf-8", newline="")  # kept open: rows are appended
+        except OSError as exc:
+            raise CocosError(f"{self.path}: cannot write ({exc.strerror or exc})") from None
+        self._written = len(self.rows)
+
+    def _close_csv(self) -> None:
+        csv_file, self._csv = getattr(self, "_csv", None), None
+        if csv_file is not None:
+            csv_file.close()
+
+    def _release(self) -> None:
+        """Close the CSV and release the folder's lock (no flush)."""
+        try:
+            self._close_csv()
+        finally:
+            lock, self._lock = getattr(self, "_lock", None), None
+            if lock is not None:
+                lock.__exit__(None, None, None)
+
     def close(self) -> None:
-        """Flush, and close a ``SummaryWriter`` the tracker opened (the caller's own stays open)."""
+        """Flush, close a ``SummaryWriter`` the tracker opened (the caller's own stays open) and release
+        ``out_dir``'s lock."""
         if self._closed:
             return
-        self.flush()
-        if self._owns_sink:
-            self.sink.close()
         self._closed = True
+        try:
+            self.flush()
+            if self._owns_sink:
+                self.sink.close()
+        finally:
+            self._release()
 
     def __enter__(self) -> Tracker:
         return self
@@ -353,3 +480,11 @@ class Tracker:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def __del__(self) -> None:  # a tracker dropped without close(): flushed and unlocked all the same
+        try:
+            self.close()
+        except Exception:  # nothing to report to at garbage collection
+            try:
+                self._release()
+            except Exception:
+                pass
