@@ -291,3 +291,20 @@ def test_the_folders_a_tracker_writes_into(tmp_path):
     with Tracker(own, every=1, losses="triplet", overwrite=True):  # its own two files replaced, nothing else
         pass
     assert len(pd.read_csv(own / "cocos_track.csv")) == 0 and (own / "out.log").read_text() == "epoch 1\n"
+
+
+def test_a_track_with_no_counted_step_is_reported(tmp_path):
+    """A Tracker that opened (its CSV is the header alone) but counted nothing: `cocos report` lists it as such,
+    where the log reader refused the header-only file before ("column step must hold positive integers")."""
+    from typer.testing import CliRunner
+
+    from cocos_cli.main import app
+
+    with Tracker(tmp_path / "track", every=5) as tracker:
+        assert not tracker.observe(2, torch.randn(4, 8), torch.randn(4, 8))  # not due: nothing counted
+    assert (tmp_path / "track" / "cocos_track.csv").read_text().splitlines() == [",".join(track_module.COLUMNS)]
+    assert read_logs(tmp_path / "track").track.empty
+    res = CliRunner().invoke(app, ["report", str(tmp_path / "track"), "--out", str(tmp_path / "rep")])
+    assert res.exit_code == 0, res.output
+    assert "- `" + str(tmp_path / "track") + "` (no counted step yet)" in (tmp_path / "rep" / "tables.md").read_text()
+    assert not (tmp_path / "rep" / "cocos_track.png").exists()

@@ -166,7 +166,7 @@ def render_report(report: Report, latex_width: str = "column") -> tuple[str, str
     md += [f"- `{r.where}`" for r in report.results] or ["(none)"]
     if report.tracks:
         md += ["", "COCOS tracked during training (`cocos_track.csv`, in the figure `cocos_track.png`):", ""]
-        md += [f"- `{folder}`" for folder, _, _ in report.tracks]
+        md += [f"- `{folder}`" + ("" if len(track) else " (no counted step yet)") for folder, track, _ in report.tracks]
     if report.warnings:
         md += ["", "Warnings:", ""] + [f"- {w}" for w in report.warnings]
     md.append("")

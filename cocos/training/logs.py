@@ -53,6 +53,8 @@ def _read(path: Path, columns, numeric, complete) -> pd.DataFrame | None:
     missing = [c for c in columns if c not in frame]
     if missing:
         raise CocosError(f"{path}: lacks the column(s) {', '.join(missing)}")
+    if frame.empty:  # a header alone: a log of no rows yet (a tracker that has counted nothing writes one)
+        return frame
     _check_counters(path, frame)
     _check_values(path, frame, numeric, complete)
     _check_order(path, frame)
