@@ -161,7 +161,7 @@ def test_demo_resumes_an_interrupted_model(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         demo._run(cfg, {"triplet_sh": demo.parse_run("triplet_sh")}, tmp_path / "rep", [], Path(cfg.data), False,
                   False, lambda s: None)
-    assert made == [{"resume": True, "overwrite": False, "progress": False, "log": made[0]["log"]}]
+    assert made == [{"resume": True, "overwrite": False, "progress": False, "log": made[0]["log"], "by": "demo"}]
 
 
 # -- inputs before the heavy imports -----------------------------------------------------------------------------
