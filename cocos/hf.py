@@ -88,10 +88,15 @@ def read_json(path: str | os.PathLike, what: str = "configuration", max_bytes: i
     return out
 
 
-def check_file_size(path: Path, entries: int, what: str) -> None:
+def check_file_size(path: Path, entries: int | None, what: str) -> None:
     """A tokenizer file of at most :data:`MAX_TOKENIZER_BYTES`, and of at most :data:`TOKEN_BYTES` per entry of the
-    ``entries`` its model's config states (+ 1 MiB): one line before it is parsed."""
+    ``entries`` its model's config states (+ 1 MiB; None: no config to read them from): one line before it is
+    parsed."""
     size = path.stat().st_size
+    if entries is None:
+        if size > MAX_TOKENIZER_BYTES:
+            raise CocosError(f"{path}: {size:,} bytes, too large for a {what} (at most {MAX_TOKENIZER_BYTES:,})")
+        return
     limit = min(MAX_TOKENIZER_BYTES, (1 << 20) + TOKEN_BYTES * entries)
     if size > limit:
         raise CocosError(f"{path}: {size:,} bytes, too large for the {what} of a vocabulary of {entries:,} entries "
@@ -252,10 +257,13 @@ def _torch_file(path: Path, expected: Mapping, base_prefix: str, budget: int) ->
     return found
 
 
-def read_weights(folder: str | os.PathLike, expected: Mapping, *, what: str, base_prefix: str = "") -> dict:
+def read_weights(folder: str | os.PathLike, expected: Mapping, *, what: str, base_prefix: str = "",
+                 unused: tuple[str, ...] = ()) -> dict:
     """The state dict of a Hugging Face folder for a model whose own state dict is ``expected`` (module
     docstring): every tensor present, of its shape and dtype kind, finite, cast to the model's dtype; one line
-    naming the file and the tensor otherwise."""
+    naming the file and the tensor otherwise. ``unused``: name prefixes of tensors no output of the model reads
+    (BERT's pooler in VSE∞, which reads the last hidden states): where the folder has none they are zeros, never
+    left at a random initialisation."""
     import torch
 
     folder = Path(folder)
@@ -267,11 +275,14 @@ def read_weights(folder: str | os.PathLike, expected: Mapping, *, what: str, bas
         part = (_safetensors(path, expected, base_prefix) if path.suffix == ".safetensors"
                 else _torch_file(path, expected, base_prefix, budget))
         found.update({k: (path, *v) for k, v in part.items()})
-    missing = [k for k in expected if k not in found]
+    zeros = {k: torch.zeros_like(v) for k, v in expected.items() if k not in found and unused and k.startswith(unused)}
+    missing = [k for k in expected if k not in found and k not in zeros]
     if missing:
         raise CocosError(f"{folder}: its {what} weights lack {missing[0]} ({len(missing)} of {len(expected)} tensors "
                          "missing); cocos loads a model completely or not at all")
     for key, want in expected.items():
+        if key in zeros:
+            continue
         path, floating, dtype, shape, _ = found[key]
         if shape != tuple(want.shape):
             raise CocosError(f"{path}: {key} has shape {shape}, its config.json says {tuple(want.shape)}")
@@ -279,8 +290,10 @@ def read_weights(folder: str | os.PathLike, expected: Mapping, *, what: str, bas
             kind = "floating point" if want.dtype.is_floating_point else "integer"
             raise CocosError(f"{path}: {key} is stored as {dtype}; the model's is {kind} "
                              f"({str(want.dtype).removeprefix('torch.')})")
-    state = {}
+    state = dict(zeros)
     for key, want in expected.items():
+        if key in zeros:
+            continue
         path = found[key][0]
         try:
             tensor = found[key][-1]()

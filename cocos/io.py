@@ -119,8 +119,8 @@ def check_output_file(path: str | os.PathLike, inputs=(), *, overwrite: bool = F
     - never an existing file in the run folder of an input checkpoint (``runs``: its ``train_log.csv``,
       ``cocos_track.csv``, other checkpoints), even with ``overwrite``;
     - an existing file only with ``overwrite`` (no command replaces a file it did not create in this run);
-    - never a file inside a cocos dataset or feature cache (:func:`output_kind`), even with ``overwrite``: their
-      files are what other commands read and hash.
+    - never a file inside a cocos dataset, feature cache or pre-trained CNN folder, at any depth
+      (:func:`check_ancestors`), even with ``overwrite``: their files are what other commands read and hash.
     """
     path = Path(path)
     if path.is_dir() or path.name in ("", ".", ".."):
@@ -132,10 +132,7 @@ def check_output_file(path: str | os.PathLike, inputs=(), *, overwrite: bool = F
         item_path = Path(item).resolve()
         if item_path == resolved or item_path in resolved.parents:
             raise CocosError(f"{path}: would overwrite the input {item}; choose another output path")
-    holder = output_kind(path.parent)
-    if holder in ("dataset", "features"):
-        raise CocosError(f"{path}: lies inside {KINDS[holder]}; cocos writes no file into it: choose another "
-                         "output path")
+    check_ancestors(path, None, "output path")
     if path.exists() or path.is_symlink():
         for run in runs:
             if run is not None and Path(run).resolve().parent == resolved.parent:
@@ -262,7 +259,31 @@ def _describe(kind: str) -> str:
     return KINDS.get(kind, KINDS["unknown"])
 
 
-def _check_inputs(path: Path, inputs, option: str, may_lie_in=()) -> None:
+NESTS = {  # kind -> the kinds of output folder a cocos folder of that kind may hold (check_ancestors)
+    "sweep": ("run", "report"),  # a sweep's runs, their analyses and its summary
+    "run": ("report",),  # an analysis of a run beside its checkpoints (cocos train --overwrite keeps subfolders)
+    "report": ("report",),  # cocos report's summary of the reports it reads (reports/x/summary)
+    "dataset": ("features",),  # the default feature cache of an image dataset, DATA/features/<key>
+}
+
+
+def check_ancestors(path: str | os.PathLike, kind: str | None, option: str = "--out") -> None:
+    """``path`` (links resolved) lies inside no cocos folder but one whose kind holds outputs of ``kind``
+    (:data:`NESTS`; the nearest cocos folder above ``path`` decides; ``kind`` None: a single file, which may lie
+    inside none but a run, report, sweep or tracking folder). Otherwise one :class:`CocosError` line: a report
+    written inside a dataset would be deleted with it by ``cocos data synth --overwrite``."""
+    for parent in Path(path).resolve().parents:
+        found = output_kind(parent)
+        if found is None:
+            continue
+        allowed = NESTS.get(found, ()) if kind is not None else ("run", "report", "sweep", "track")
+        if (kind if kind is not None else found) in allowed:
+            return
+        raise CocosError(f"{path}: lies inside {_describe(found)} ({parent}); cocos writes nothing inside it: "
+                         f"choose another {option}")
+
+
+def check_inputs(path: Path, inputs, option: str, may_lie_in=()) -> None:
     """``path`` is not an input, does not contain one and does not lie inside one (links resolved), but for the
     inputs ``may_lie_in``."""
     resolved = path.resolve()
@@ -293,10 +314,13 @@ def check_output_dir(path: str | os.PathLike, inputs=(), overwrite: bool = False
 
     - never one of ``inputs``, a folder that contains one, or a folder inside one (links resolved; but inside the
       inputs ``may_lie_in``: a feature cache in its image dataset), even with ``overwrite``;
+    - never inside a cocos folder but one whose kind holds outputs of ``kind`` (:func:`check_ancestors`,
+      :data:`NESTS`: a sweep's runs and reports, a report beside a run's checkpoints), even with ``overwrite``;
     - absent or empty: allowed;
     - a cocos folder of the same ``kind`` (:func:`output_kind`): replaced only with ``overwrite``, or without it
       when ``by`` is one of :data:`REWRITES_OWN` (``demo``, ``sweep``) and the folder's marker records that same
-      writer (a rerun of the demo or a sweep rewrites its own folders);
+      writer, or is an earlier cocos's, which records none (a rerun of the demo or a sweep rewrites its own
+      folders);
     - a cocos folder of any other kind (including an earlier cocos's folder of unknown kind): refused even with
       ``overwrite``;
     - a non-empty folder cocos did not write: refused even with ``overwrite`` (never removed).
@@ -307,11 +331,14 @@ def check_output_dir(path: str | os.PathLike, inputs=(), overwrite: bool = False
     if kind not in WRITES:
         raise ValueError(f"unknown output kind {kind!r}")
     path = Path(path)
+    if path.name in ("", ".", ".."):  # the folder is replaced by a rename: it needs a name of its own
+        raise CocosError(f"{path}: name the output folder itself (not '.' or '..'); choose another {option}")
     if path.is_symlink() and not path.exists():
         raise CocosError(f"{path}: is a dangling link; choose another {option}")
     if path.exists() and not path.is_dir():
         raise CocosError(f"{path}: exists and is not a folder; choose another {option}")
-    _check_inputs(path, inputs, option, may_lie_in)
+    check_inputs(path, inputs, option, may_lie_in)
+    check_ancestors(path, kind, option)
     if not _holds_anything(path, option):
         return path
     found = output_kind(path)
@@ -321,7 +348,8 @@ def check_output_dir(path: str | os.PathLike, inputs=(), overwrite: bool = False
                          f"with --overwrite: choose another {option}")
     if found != kind:
         raise CocosError(f"{path}: is {_describe(found)}; {writer} writes {WRITES[kind]}: choose another {option}")
-    if overwrite or (by in REWRITES_OWN and marker_fields(path).get("by") == by):
+    fields = marker_fields(path)  # {} for an earlier cocos's marker: its writer unknown, a rerun's own folder
+    if overwrite or (by in REWRITES_OWN and (fields.get("by") == by or not fields)):
         return path
     raise CocosError(f"{path}: holds {_describe(found)} already; pass --overwrite to replace it or choose "
                      f"another {option}")
@@ -337,6 +365,7 @@ def check_output_parent(path: str | os.PathLike, option: str = "--out") -> Path:
     found = output_kind(path)
     if found is not None:
         raise CocosError(f"{path}: is {_describe(found)}; cocos writes nothing inside it: choose another {option}")
+    check_ancestors(path / "report", "report", option)  # the reports it will hold: inside no dataset, ...
     return path
 
 

@@ -54,6 +54,17 @@ def test_which_counters_say_they_may_be_blocked():
     assert {key for key, v in said.items() if not v} == {("triplet", "t2i", True), ("smoothap", "t2i", True)}
     plugin = Objective(name="plug", label="Plug", layout="pair", direction_loss=lambda view: view.scores.sum())
     assert not get_counter(plugin).blocks("i2t", False)  # a counter that does not say is counted whole
+    # a family of hinge terms may read more than its query's row (here each candidate's column maximum): its
+    # TermsCounter is not blocked, else a big batch's count would change with the block size
+    column = Objective(name="colmax", label="Column max", layout="pair", direction_loss=None, terms=lambda view, margin=0.2: (
+        margin + view.scores - view.scores.amax(-2, keepdim=True)).clamp(min=0)[..., None, :],
+        defaults={"margin": 0.2})
+    assert not any(get_counter(column).blocks(d, c) for d in DIRECTIONS for c in (False, True))
+    images, captions = batch(n_images=24, k=1)
+    whole = count_queries(images, captions, column)
+    got = blocks.count_batch_values(images, captions, column, budget=3000)
+    for d in DIRECTIONS:
+        assert_same(got[d], dict(whole[d].batch))
 
 
 @pytest.mark.parametrize("compat", [False, True])

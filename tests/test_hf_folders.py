@@ -462,3 +462,28 @@ def test_fine_tuning_a_clip_checks_the_memory_of_training_not_of_analysis(world,
     out = clip.parent / "clip-run"
     refused(["train", "--model", "clip", "--clip", clip, "--data", world[1], "--out", out, "--epochs", 1,
              "--batch-size", 4, "--no-progress"], out, "to train", "more than")
+
+
+def test_a_bert_saved_without_its_pooler_loads_with_the_pooler_zeroed(world, tmp_path):
+    """A masked-LM BERT (``BertForMaskedLM.save_pretrained``: ``bert.*`` without ``bert.pooler.*``) reads as
+    transformers' own encoder (VSE∞ reads the last hidden states, never the pooler), its pooler zeros; any other
+    tensor missing is still refused."""
+    bert = copy_of(world[4], tmp_path / "mlm")
+    config = transformers.BertConfig.from_pretrained(str(bert), local_files_only=True)
+    torch.manual_seed(1)
+    mlm = transformers.BertForMaskedLM(config).eval()
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        (bert / name).unlink(missing_ok=True)
+    mlm.save_pretrained(str(bert))
+    folder = BertFolder.read(bert)
+    ours = load_bert_weights(bert_model(folder.config), bert).eval()
+    assert all(float(p.abs().sum()) == 0 for n, p in ours.named_parameters() if n.startswith("pooler."))
+    tok = transformers.BertTokenizer.from_pretrained(str(bert), local_files_only=True)
+    batch = tok(["A man rides a red horses.", "Two squares"], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        got = ours(input_ids=batch.input_ids, attention_mask=batch.attention_mask)[0]
+        want = mlm.bert(input_ids=batch.input_ids, attention_mask=batch.attention_mask)[0]
+    assert torch.allclose(got, want, atol=1e-5)
+    key = "bert.encoder.layer.0.output.dense.weight"
+    rewrite_weights(bert, lambda state: {k: v for k, v in state.items() if k != key})
+    train(world, bert, "lack", "encoder.layer.0.output.dense.weight")

@@ -78,21 +78,32 @@ def test_temperature_moves_back_from_the_clamp():
     assert float(scale.grad) == 0.0  # why the old clamp froze the temperature at 0.01
 
 
-def test_clip_fine_tuned_from_above_the_clamp(tmp_path):
-    """A CLIP folder saved with ``logit_scale = 5.0`` fine-tuned with ``--learn-tau``: the checkpoint ends at or
-    below ``log 100``, and its recorded temperature is ``exp(-logit_scale)``."""
+def test_clip_fine_tuned_from_above_the_clamp(tmp_path, monkeypatch):
+    """A CLIP folder saved with ``logit_scale = 5.0`` fine-tuned with ``--learn-tau``: the scale is clamped when the
+    run starts and after every optimizer step (the trainer's calls counted), the checkpoint ends at or below
+    ``log 100``, and its recorded temperature is ``exp(-logit_scale)``."""
     pytest.importorskip("transformers")
     from cocos.data.synth_images import make_synthetic_images
     from cocos_cli.main import app
     from tests.helpers import make_clip_folder
 
     clip = make_clip_folder(tmp_path / "clip", logit_scale=5.0)
+    clamped, real = [], LearnedTemperature.project_
+
+    def project_(self):
+        real(self)
+        clamped.append(float(self._scale[0].detach()))
+
+    monkeypatch.setattr(LearnedTemperature, "project_", project_)
     data = make_synthetic_images(tmp_path / "images", n_train=16, n_dev=8, n_test=8, image_size=40, seed=0,
                                  progress=False)
     result = runner.invoke(app, ["train", "--model", "clip", "--clip", str(clip), "--data", str(data), "--out",
                                  str(tmp_path / "run"), "--epochs", "1", "--batch-size", "8", "--no-progress",
                                  "--lr", "1e-3", "--loss", "ntxent", "--learn-tau"])
     assert result.exit_code == 0, result.output
+    steps = len((tmp_path / "run" / "train_log.csv").read_text().splitlines()) - 1
+    assert steps >= 2 and len(clamped) == steps + 1  # at the start, then after each step
+    assert all(0.0 <= s <= CLAMP for s in clamped)
     ckpt = torch.load(tmp_path / "run" / "last.pt", weights_only=True)
     learned = float(ckpt["state_dict"]["clip.logit_scale"])
     assert 0.0 <= learned <= CLAMP

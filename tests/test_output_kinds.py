@@ -129,7 +129,8 @@ def test_analyze_into_a_feature_cache_names_both_kinds(kinds):
 def test_analyze_refuses_its_input_and_a_folder_inside_it(kinds):
     _refused(["analyze", kinds["ckpt"], "--data", kinds["data"], "--out", kinds["data"], "--overwrite"], kinds["data"],
              "input")
-    _refused(["analyze", kinds["ckpt"], "--out", kinds["data"] / "report", "--overwrite"], kinds["data"], "input")
+    _refused(["analyze", kinds["ckpt"], "--out", kinds["data"] / "report", "--overwrite"], kinds["data"],
+             "lies inside a cocos dataset")
 
 
 def test_analyze_of_several_checkpoints_writes_into_no_cocos_folder(kinds):
@@ -328,6 +329,69 @@ def test_the_demo_and_a_sweep_rewrite_only_their_own_folders(tmp_path):
 
 
 def test_no_file_is_written_into_a_dataset(kinds):
-    with pytest.raises(CocosError, match="cocos writes no file into it"):
+    with pytest.raises(CocosError, match="cocos writes nothing inside it"):
         check_output_file(kinds["dataset"] / "metrics.json", overwrite=True)
+    with pytest.raises(CocosError, match="lies inside a cocos dataset"):  # at any depth
+        check_output_file(kinds["dataset"] / "sub" / "deeper" / "metrics.json", overwrite=True)
     check_output_file(kinds["report"] / "extra.json")  # a report may take a file beside its own
+
+
+@pytest.mark.parametrize("holder", ["dataset", "features"])
+def test_nothing_is_written_inside_a_folder_of_another_kind_at_any_depth(kinds, holder):
+    """A report inside a dataset would be deleted with it by `cocos data synth --overwrite`: `--out DATASET/rep`
+    (and deeper) is refused like `--out DATASET`, for every command that writes a folder."""
+    target = kinds[holder]
+    for out in (target / "rep", target / "a" / "b"):
+        line = _refused(["count", kinds["emb"], "--out", out, "--batch-size", "8", "--no-progress"], target,
+                        "lies inside a cocos")
+        assert str(target) in line and not out.exists()
+    _refused(["analyze", kinds["ckpt"], "--out", target / "rep", "--no-progress"], target, "lies inside a cocos")
+    _refused(["train", "--data", kinds["data"], "--out", target / "run", "--epochs", "1", "--no-progress"], target,
+             "lies inside a cocos")
+    _refused(["data", "synth", target / "more"], target, "lies inside a cocos")
+
+
+def test_a_report_may_lie_beside_a_run_s_checkpoints_and_in_a_sweep(kinds, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(kinds["run"], run)
+    res = runner.invoke(app, ["count", str(kinds["emb"]), "--out", str(run / "analysis"), "--batch-size", "8",
+                              "--loss", "triplet", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    assert output_kind(run / "analysis") == "report" and output_kind(run) == "run"
+    check_output_dir(kinds["sweep"] / "new-run", kind="run")  # a sweep holds its runs and reports
+    with pytest.raises(CocosError, match="lies inside a cocos sweep folder"):
+        check_output_dir(kinds["sweep"] / "data", kind="dataset")
+
+
+@pytest.mark.parametrize("name", [".", ".."])
+def test_an_output_folder_needs_a_name_of_its_own(kinds, tmp_path, monkeypatch, name):
+    """`--out .` was refused only after the whole count, when the rename of the finished folder failed."""
+    monkeypatch.chdir(kinds["report"])
+    _refused(["count", kinds["emb"], "--out", name, "--batch-size", "8", "--no-progress", "--overwrite"],
+             kinds["report"], "not '.' or '..'")
+
+
+def test_a_demo_rerun_after_an_upgrade_takes_its_earlier_folders(kinds, tmp_path):
+    """Folders an earlier cocos wrote name no writer: where the demo puts them they are the demo's (reused or
+    rewritten without --overwrite, as before), and a run the demo trains again records the demo from then on; a
+    run cocos train wrote now says so (``by: train``) and stays the user's."""
+    from cocos.pipelines.demo import _check_run_folder
+    from cocos.training.trainer import run_writer
+
+    old = tmp_path / "reports-demo"
+    old.mkdir()
+    (old / MARKER).write_text(OLD_MARKER)
+    (old / "README.md").write_text("x")
+    (old / "summary").mkdir()
+    (old / "summary" / "tables.md").write_text("x")
+    check_output_dir(old, kind="report", by="demo")  # the demo's earlier report: no --overwrite needed
+    with pytest.raises(CocosError, match="--overwrite"):
+        check_output_dir(old, kind="report", by="analyze")
+    run = tmp_path / "triplet_sh"
+    shutil.copytree(kinds["run"], run)
+    (run / RUN_MARKER).write_text("written by cocos train\n")  # an earlier version's marker: no writer
+    assert run_writer(run) is None
+    _check_run_folder(run, overwrite=False)
+    assert run_writer(kinds["run"]) == "train"  # written by this version's cocos train
+    with pytest.raises(CocosError, match="the demo did not train"):
+        _check_run_folder(kinds["run"], overwrite=False)

@@ -134,13 +134,18 @@ def test_overwrite_removes_the_previous_runs_files_and_a_failure_then_leaves_not
     for old in ("last.pt", "epoch_007.pt", "cocos_track.csv", "training.png"):  # an older run (no marker)
         (run / old).write_text("old")
     (run / "notes.txt").write_text("the user's")
+    # a folder with a file of the user's is not an earlier run, whatever names its other files have (an open_clip
+    # folder holds epoch_1.pt, ...): refused even with --overwrite, and nothing in it is touched
+    before = snapshot(run)
+    assert "run: exists, is not empty and was not written by cocos" in _error_line(_train(data, "--overwrite"))
+    assert snapshot(run) == before
+    (run / "notes.txt").unlink()  # cocos train's files alone: an earlier run, replaced with --overwrite
     with monkeypatch.context() as mp:
         _disk_full_at(mp, "last.pt")
         line = _error_line(_train(data, "--overwrite"))
     assert "run/last.pt: cannot write (No space left on device)" in line
-    # the old run's files went when training started (a folder never mixes two runs); the user's stay, and a
-    # folder with the user's files is not marked as cocos's to replace
-    assert [p.name for p in tmp_path.rglob("*")] == ["run", "notes.txt"]
+    # the old run's files went when training started (a folder never mixes two runs); the failed run's went too
+    assert [p.name for p in tmp_path.rglob("*")] == ["run"]
 
 
 def test_a_second_writer_of_a_run_folder_is_refused_and_the_first_finishes(world, tmp_path, monkeypatch):

@@ -47,7 +47,6 @@ from cocos.data.transforms import (
 )
 from cocos.errors import CocosError
 from cocos.hf import (
-    MAX_TOKENIZER_BYTES,
     check_file_size,
     check_heads,
     check_layers,
@@ -109,7 +108,7 @@ class CLIPCoder:
         names = ("tokenizer.json",) if path.is_file() else ("vocab.json", "merges.txt")
         for name in names:
             if (folder / name).is_file():
-                check_file_size(folder / name, entries if entries is not None else MAX_TOKENIZER_BYTES, "tokenizer")
+                check_file_size(folder / name, entries, "tokenizer")
         if path.is_file():
             try:
                 return cls(path.read_text(encoding="utf-8"), max_length)

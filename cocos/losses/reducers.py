@@ -172,8 +172,9 @@ class TermsCounter(Counter):
         return self._count(view, keep_weights=False), {}
 
     def blocks(self, direction: str, compat: bool) -> bool:
-        """Row by row (the counter's terms of a query are on its row); a family that groups otherwise says no."""
-        return True
+        """False: nothing in a family's ``terms`` says a query's terms read its own row alone (a plugin's may read a
+        column's maximum); a family whose terms are row by row says so (Triplet, Triplet SH)."""
+        return False
 
     def batch_of(self, values: dict[str, torch.Tensor], compat: bool) -> dict[str, torch.Tensor]:
         """``C^B``, ``C^0``, ``C^q`` of the per-query counts and the companions' means (as :meth:`_count`)."""

@@ -43,7 +43,8 @@ class TripletCounter(TermsCounter):
         return self.weights(view)
 
     def blocks(self, direction: str, compat: bool) -> bool:
-        """Not the published t2i grouping: its counts are per negative image, over every query."""
+        """Row by row (a query's hinge terms are on its row), but for the published t2i grouping: its counts are
+        per negative image, over every query."""
         return not (compat and not self.hardest and direction == "t2i")
 
     def _grouped(self, view: QueryView) -> tuple:

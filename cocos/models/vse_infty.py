@@ -407,10 +407,12 @@ def load_bert_weights(bert: nn.Module, path: str | os.PathLike) -> nn.Module:
     ``pytorch_model.bin``, read by :func:`cocos.hf.read_weights`: nothing is fetched, no code in the file runs)
     into ``bert``: every tensor of ``bert``'s state dict (names of ``BertModel``, or behind ``bert.`` as a
     pre-training model saves them), of its shape, floating point and finite; one line naming the tensor
-    otherwise (never a tensor left at its random initialisation)."""
+    otherwise (never a tensor left at its random initialisation). VSE∞ reads BERT's last hidden states, never its
+    pooler: a folder saved without one (``BertForMaskedLM``, as a masked-LM fine-tuning saves it) loads with the
+    pooler zeroed."""
     from cocos.hf import read_weights
 
-    state = read_weights(path, bert.state_dict(), what="BERT", base_prefix="bert.")
+    state = read_weights(path, bert.state_dict(), what="BERT", base_prefix="bert.", unused=("pooler.",))
     try:
         bert.load_state_dict(state)
     except RuntimeError as exc:

@@ -310,8 +310,8 @@ def _check_run_folder(folder: Path, overwrite: bool, inputs=()) -> None:
     if folder.exists() and not folder.is_dir():
         raise CocosError(f"{folder}: exists and is not a folder; choose another --checkpoints")
     check_run_folder(folder, inputs, option="--checkpoints")
-    if overwrite or not folder.is_dir() or run_writer(folder) == "demo":
-        return
+    if overwrite or not folder.is_dir() or run_writer(folder) in ("demo", None):  # None: an earlier cocos's
+        return  # marker, which names no writer (the demo's own folder, where the demo puts it: reused or retrained)
     if any(not is_own_temporary(p.name, OUTPUT_NAMES, OUTPUT_PATTERNS) for p in folder.iterdir()):
         raise CocosError(f"{folder}: holds a cocos train run the demo did not train; choose another --checkpoints "
                          "or pass --overwrite to let the demo train it again")

@@ -67,6 +67,8 @@ from cocos.device import check_device_name, resolve_device
 from cocos.distributed import all_gather_with_grad, average_gradients, barrier, block, broadcast_buffers, current
 from cocos.errors import CocosError, check_params
 from cocos.io import (
+    check_ancestors,
+    check_inputs,
     check_interrupt,
     check_output_dir,
     is_own_temporary,
@@ -362,10 +364,10 @@ class Trainer:
     """
 
     def __init__(self, cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False,
-                 progress: bool = True, log=print, locked: bool = False, by: str | None = None):
+                 progress: bool = True, log=print, locked: bool = False, by: str = "train"):
 
         cfg.validate()
-        self.by = by  # the writer recorded in a new run folder's marker (``demo``, ``sweep``; None: cocos train)
+        self.by = by  # the writer recorded in a new run folder's marker (``train``, ``demo``, ``sweep``)
         self.group = current()  # under torchrun: this rank; rank 0 alone prints and writes
         self.resume, self.overwrite, self.locked = resume, overwrite, locked
         self.cfg, self.progress = cfg, progress and self.group.is_main
@@ -404,6 +406,8 @@ class Trainer:
         self.best_metrics: dict = {}  # of this process's run (rank 0 returns the file's, which also covers a resume)
         if resume_ckpt is not None:
             self._resume_from(resume_ckpt)
+            if isinstance(self.loss_fn, LearnedTemperature):  # a run saved above the clamp (an earlier cocos
+                self.loss_fn.project_()  # clamped in the forward pass only) resumes from the clamp
 
     def _learn_temperature(self) -> None:
         """``--learn-tau``: the loss's temperature is the model's ``logit_scale``, trained with it (CLIP); without
@@ -413,7 +417,7 @@ class Trainer:
             scale.requires_grad_(bool(self.cfg.loss.learn_tau))
         if self.cfg.loss.learn_tau:
             self.loss_fn = LearnedTemperature(self.loss_fn, scale)
-            self.loss_fn.project_()  # a folder saved above CLIP's clamp trains from the clamp (no-op on a resume)
+            self.loss_fn.project_()  # a folder saved above CLIP's clamp trains from the clamp
         if not any(p.requires_grad for p in self.model.parameters()):
             raise CocosError(f"--model {self.cfg.model.name}: nothing to train (every weight is frozen"
                              f"{'' if scale is None else ', and the temperature is not learned'})")
@@ -1013,9 +1017,13 @@ class Trainer:
         """The marker, first: written into a folder this run made or one that holds only cocos train's files (never
         into a user's folder that ``--overwrite`` trains into: it would then pass for a run folder)."""
 
-        if (self.out / RUN_MARKER).exists() or not (created or all(is_output(p.name) for p in existed)):
+        text = RUN_MARKER_TEXT + (f"by: {self.by}\n" if self.by else "")
+        if (self.out / RUN_MARKER).exists():  # a run starting over records who trains it now (an earlier
+            if not self.resume and run_writer(self.out) != self.by:  # version's marker has no writer)
+                write_text(self.out / RUN_MARKER, text)
             return
-        write_text(self.out / RUN_MARKER, RUN_MARKER_TEXT + (f"by: {self.by}\n" if self.by else ""))
+        if created or all(is_output(p.name) for p in existed):
+            write_text(self.out / RUN_MARKER, text)
 
     def _remove_added(self, created: list[Path], existed: set[Path]) -> None:
         """Undo a run that saved no ``last.pt``: the folder it made, or the files of its own that it added."""
@@ -1089,17 +1097,20 @@ def check_run_folder(out: str | os.PathLike, inputs=(), option: str = "--out") -
     ``--resume`` or ``--overwrite`` is :meth:`Trainer._check_new_folder`'s."""
     out = Path(out)
     try:
-        own = out.is_dir() and output_kind(out) is None and any(is_output(p.name) for p in out.iterdir())
+        entries = list(out.iterdir()) if out.is_dir() and output_kind(out) is None else []
     except OSError:
-        own = False
-    if not own:
+        entries = []
+    if entries and all(is_output(p.name) for p in entries):  # only cocos train's file names: an earlier run
+        check_inputs(out, inputs, option)
+        check_ancestors(out, "run", option)
+    else:  # a user's folder that merely holds a last.pt or an epoch_1.pt among its own files is not a run
         check_output_dir(out, inputs, overwrite=True, kind="run", by="train", option=option)
     return out
 
 
 def run_writer(out: str | os.PathLike) -> str | None:
-    """The writer a run folder's :data:`RUN_MARKER` records (``demo``, ``sweep``), None for cocos train's own or
-    an earlier version's."""
+    """The writer a run folder's :data:`RUN_MARKER` records (``train``, ``demo``, ``sweep``), None for a folder of an
+    earlier version (its marker names no writer)."""
     try:
         text = (Path(out) / RUN_MARKER).read_text(encoding="utf-8", errors="replace")[:4096]
     except OSError:
