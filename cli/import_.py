@@ -92,7 +92,7 @@ def _runs(checkpoint: Path) -> list[Path]:
 
 
 def _read(checkpoint: Path, vocab: Path | None, bert: Path | None, data: Path, trust: bool) -> tuple[dict, bool]:
-    """The checkpoint to write: a CLIP folder's (:mod:`cocos.legacy.clip`), or an original one converted."""
+    """The checkpoint to write: a CLIP folder's (:mod:`cocos.models.clip_folder`), or an original one converted."""
     from cocos.errors import CocosError
     from cocos.hf import is_clip_folder
     from cocos.legacy import load_any_checkpoint
@@ -101,7 +101,7 @@ def _read(checkpoint: Path, vocab: Path | None, bert: Path | None, data: Path, t
         return load_any_checkpoint(checkpoint, vocab=vocab, data=data, trust=trust, bert=bert)
     if vocab is not None or bert is not None:
         raise CocosError(f"{checkpoint}: a CLIP folder carries its tokenizer; --vocab and --bert do not apply")
-    from cocos.legacy.clip import clip_checkpoint
+    from cocos.models.clip_folder import clip_checkpoint
 
     return clip_checkpoint(checkpoint, data), True
 

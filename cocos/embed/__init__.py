@@ -31,7 +31,7 @@ from cocos.legacy import (
     load_any_checkpoint,
     read_checkpoint_file,
 )
-from cocos.legacy.clip import clip_checkpoint, is_clip_folder
+from cocos.models.clip_folder import clip_checkpoint, is_clip_folder
 from cocos.models.registry import get_family
 from cocos.training.checkpoint import load_checkpoint
 from cocos.training.evaluate import encode_split, evaluate_model, tokenize_split
@@ -59,7 +59,7 @@ class FrozenModel:
              device: str = "auto", vocab: str | os.PathLike | None = None, trust: bool = False,
              image_options: dict | None = None, bert: str | os.PathLike | None = None) -> FrozenModel:
         """A cocos checkpoint, or a ``model_best.pth.tar`` of the original VSE++/VSRN code (a
-        ``model_best.pth`` of the original VSE∞ code), or a Hugging Face CLIP folder (:mod:`cocos.legacy.clip`:
+        ``model_best.pth`` of the original VSE∞ code), or a Hugging Face CLIP folder (:mod:`cocos.models.clip_folder`:
         ``data`` needed).
 
         The original's checkpoint is converted in memory (:mod:`cocos.legacy`) and

@@ -45,7 +45,9 @@ def check_freeze(freeze: str, unfrozen_blocks: int) -> None:
 
 
 def temperature_of(logit_scale: torch.Tensor) -> torch.Tensor:
-    """CLIP's temperature ``tau = exp(-min(logit_scale, log 100))`` (its gradient flows to ``logit_scale``)."""
+    """CLIP's temperature ``tau = exp(-min(logit_scale, log 100))``: the one a CLIP folder's loss is counted at (a
+    scale above CLIP's clamp counts as the clamp). Training does not clamp in the forward pass:
+    :class:`cocos.losses.base.LearnedTemperature` clamps the parameter after each step, as open_clip."""
     return torch.exp(-logit_scale.clamp(max=MAX_LOGIT_SCALE))
 
 

@@ -10,6 +10,9 @@ as the caption coder, and as its loss CLIP's own: InfoNCE at its learned tempera
 a caption of the same image is not a negative; CLIP's training batches hold one caption per image, so its loss is
 the same on them). The data folder is the one given (``--data``): a CLIP folder names none. Nothing records a
 training batch size: an analysis counts at 128 unless told (``--batch-size``).
+
+A reader of the model family's own pre-trained source (a folder as transformers saves it), not of the original
+code's files: it lives with the family, not in :mod:`cocos.legacy`.
 """
 
 from __future__ import annotations
