@@ -50,6 +50,42 @@ MUTANTS = {
         "        return torch.where(n > 0, total / n.clamp_min(1), torch.full_like(total, neutral))",
         "        return (neutral + total) / (1 + n)",
         ["tests/test_goal.py"]),
+    # issue 37: trust at the edges
+    "VSE-infinity augmentation: one random piece repeated for a replaced word": (
+        "cocos/data/wordpiece.py",
+        "                out += torch.randint(len(self._tokens), (n,), generator=generator).tolist()",
+        "                out += torch.randint(len(self._tokens), (1,), generator=generator).tolist() * n",
+        ["tests/test_hf_folders.py"]),
+    "Tracker counts a due batch whose number of captions changed": (
+        "cocos/training/track.py",
+        "        return shape == self.shape",
+        "        return shape[0] == self.shape[0]",
+        ["tests/test_tracker_edges.py"]),
+    "budgeted unpickler does not charge DUP": (
+        "cocos/safeload.py",
+        "for _code in (pickle.GET, pickle.BINGET, pickle.LONG_BINGET, pickle.DUP):",
+        "for _code in (pickle.GET, pickle.BINGET, pickle.LONG_BINGET):",
+        ["tests/test_hostile_memory.py"]),
+    "budgeted unpickler weighs a container one level deep": (
+        "cocos/safeload.py",
+        "if isinstance(c, _LEAVES) else self._weights[id(c)][1] for c in children)",
+        "for c in children)",
+        ["tests/test_hostile_memory.py"]),
+    "weights-hash cache keyed without the modification time": (
+        "cocos/models/weights.py",
+        "            key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)",
+        "            key = (st.st_dev, st.st_ino, st.st_size)",
+        ["tests/test_weights.py"]),
+    "learned temperature not clamped after each step": (
+        "cocos/training/trainer.py",
+        "        if isinstance(self.loss_fn, LearnedTemperature):\n            self.loss_fn.project_()  # open_clip",
+        "        if False:\n            self.loss_fn.project_()  # open_clip",
+        ["tests/test_learned_temperature.py"]),
+    "hinge-term plugins counted in blocks": (
+        "cocos/losses/reducers.py",
+        "        return False",
+        "        return True",
+        ["tests/test_counting_blocks.py"]),
 }
 
 
