@@ -128,4 +128,7 @@ def _check_inputs(checkpoint: Path, vocab: Path | None, bert: Path | None, data:
 
 
 def _words(ckpt: dict) -> str:
-    return {"wordpiece": "word pieces", "clip": "BPE tokens"}.get((ckpt.get("text") or {}).get("kind"), "words")
+    """What the checkpoint's caption tokens are ("words", "word pieces", ...): its coder says."""
+    from cocos.data.wordpiece import coder_of
+
+    return coder_of(ckpt["vocab"], ckpt.get("text")).units

@@ -74,6 +74,7 @@ class CLIPCoder:
     ``vocab`` records), ``options()`` (its ``text`` record: the tokenizer's JSON and the length), ``encode``."""
 
     kind = "clip"
+    units = "BPE tokens"  # what its tokens are, in words
 
     def __init__(self, tokenizer_json: str, max_length: int):
         try:

@@ -77,6 +77,8 @@ def tokenize(text: str) -> list[str]:
 class Vocabulary:
     """Word <-> id map with the four special tokens at ids 0..3."""
 
+    units = "words"  # what its tokens are, in words
+
     def __init__(self, tokens: Sequence[str]):
         tokens = list(tokens)
         if tuple(tokens[: len(SPECIALS)]) != SPECIALS:

@@ -65,6 +65,7 @@ class WordPieceCoder:
     """A BERT's word-piece vocabulary as a caption coder (module docstring)."""
 
     kind = "wordpiece"
+    units = "word pieces"  # what its tokens are, in words
 
     def __init__(self, tokens: Sequence[str], lowercase: bool = True):
         tokens = list(tokens)
