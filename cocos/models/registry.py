@@ -1,10 +1,11 @@
 """The registry of model families: one :class:`~cocos.models.family.ModelFamily` per family, looked up by name.
 
-The built-in families (``vsepp``, ``vsrn``, ``vsepp_full``) register in :mod:`cocos.models.builtin`. A family in
-any installed package registers through the ``cocos.models`` entry-point group
-(``[project.entry-points."cocos.models"] linear = "mypkg.models:family"``, the entry point naming a
-:class:`ModelFamily` or a list of them), or through ``COCOS_PLUGINS=module[,module]`` (a module on the path that
-defines ``model_family`` or ``model_families``); both load with the registry (:func:`load_plugins`).
+The built-in families (``vsepp``, ``vsrn``, ``vsepp_full``, ``vse_infty``, ``vse_infty_full``, ``clip``)
+register in :mod:`cocos.models.builtin`. A family in any installed package registers through the
+``cocos.models`` entry-point group (``[project.entry-points."cocos.models"] linear = "mypkg.models:family"``,
+the entry point naming a :class:`ModelFamily` or a list of them), or through ``COCOS_PLUGINS=module[,module]``
+(a module on the path that defines ``model_family`` or ``model_families``); both load with the registry
+(:func:`load_plugins`).
 
 Loading, plugins and refusals are the loss registry's (:mod:`cocos.plugins`): a plugin that fails to load is one
 error line naming it; a plugin family whose name is a built-in's is refused with one warning line naming its
