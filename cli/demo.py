@@ -26,10 +26,10 @@ def _check_paths(args: dict) -> None:
         defaults = {k: (FINETUNE_DEFAULTS if args.get("finetune") else IMAGE_DEFAULTS)[k] for k in defaults}
     paths = {k: Path(args.get(k) or v) for k, v in defaults.items()}
     if not args.get("out") and args.get("model", "vsepp") != "vsepp" and not images:
-        from cocos.models.registry import get_family
+        from cocos.pipelines.demo import bert_family
         from cocos.pipelines.demo_config import BERT_DEFAULTS
 
-        if get_family(args["model"]).text == "wordpiece":
+        if bert_family(args["model"]):
             paths["out"] = Path(BERT_DEFAULTS["out"])
     for name in ("data", "checkpoints"):
         if paths[name].exists() and not paths[name].is_dir():

@@ -273,7 +273,7 @@ def test_clip_needs_its_folder_and_others_refuse_it(world, tmp_path):
     assert none.exit_code == 2 and "--clip DIR" in none.output
     other = runner.invoke(app, ["train", "--model", "vsepp", "--clip", str(clip), "--data", str(data), "--finetune",
                                 "--out", str(tmp_path / "b")])
-    assert other.exit_code == 2 and "--clip applies to the CLIP families (clip)" in other.output
+    assert other.exit_code == 2 and "--clip applies to clip, not to --model vsepp" in other.output
     learn = runner.invoke(app, ["train", "--model", "vsepp", "--learn-tau", "--loss", "ntxent", "--finetune",
                                 "--data", str(data), "--out", str(tmp_path / "c")])
     assert learn.exit_code == 2 and "no logit_scale" in learn.output

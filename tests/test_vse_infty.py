@@ -226,7 +226,7 @@ def test_train_resume_evaluate_and_refusals(world, tmp_path):
     # refusals: one line, exit 2, nothing written
     for args, message in [
         (["--model", "vse_infty"], "needs --bert DIR"),
-        (["--model", "vsepp", "--bert", bert], "--bert applies to the BERT families"),
+        (["--model", "vsepp", "--bert", bert], "--bert applies to vse_infty, vse_infty_full, not to --model vsepp"),
         (["--model", "vse_infty", "--bert", tmp_path / "nope"], "no such BERT folder"),
         (["--model", "vse_infty", "--bert", bert, "--region-drop", 1.5], "--region-drop must be in"),
     ]:

@@ -15,7 +15,7 @@ from cocos.models import original
 from cocos.models.clip import CLIPDual, check_freeze
 from cocos.models.clip import describe as describe_clip
 from cocos.models.cnn import CNN_TYPES
-from cocos.models.family import ModelFamily, OriginalImage
+from cocos.models.family import ModelFamily, OriginalImage, Source
 from cocos.models.image import VSEPPFull
 from cocos.models.registry import register
 from cocos.models.vse_infty import REGION_DROP, VSEInfty, VSEInftyFull
@@ -97,6 +97,32 @@ def describe_vse_infty_full(hparams: dict) -> str:
     return model_label("vse_infty_full", hparams)
 
 
+def _read_bert(path: str):
+    from cocos.data.wordpiece import BertFolder
+
+    return BertFolder.read(path)
+
+
+def _read_clip(path: str):
+    from cocos.data.clip import CLIPFolder
+
+    return CLIPFolder.read(path, copies=4)  # to train: the weights, their gradient and AdamW's two moments
+
+
+# VSE∞'s caption encoder: a Hugging Face BERT folder (its config, word pieces and weights)
+BERT_SOURCE = Source(
+    name="bert", what="a Hugging Face BERT folder (config.json, weights, vocab.txt or tokenizer.json), e.g. "
+                      "bert-base-uncased saved on disk",
+    read=_read_bert, records=lambda folder: {"bert_config": dict(folder.config)}, recorded=("bert_config",),
+    load=lambda model, folder: model.load_text_encoder(folder.path), coder_words="its BERT's word pieces")
+# a CLIP dual encoder's starting point: a Hugging Face CLIP folder (config, preprocessing, tokenizer, weights)
+CLIP_SOURCE = Source(
+    name="clip", what="a Hugging Face CLIP folder (config.json, weights, tokenizer files, preprocessor_config.json "
+                      "or processor_config.json) saved on disk",
+    read=_read_clip, records=lambda folder: {"clip_config": folder.config, "preprocess": folder.preprocess.record()},
+    recorded=("clip_config", "preprocess"), load=lambda model, folder: model.load_pretrained(folder.path),
+    coder_words="its CLIP tokenizer")
+
 # VSE∞'s training (woodfrog/vse_infty train_region.sh, vse.py): AdamW with weight decay 1e-4, lr 5e-4 with the BERT at a
 # tenth, x0.1 after 15 of 25 epochs, batch 128, gradient norm clipped at 2, one epoch of the sum-of-hinges warm-up
 VSE_INFTY_RECIPE = {"optimizer": "adamw", "weight_decay": 1e-4, "lr": 5e-4, "lr_groups": {"txt_enc.bert": 0.1},
@@ -105,13 +131,14 @@ VSE_INFTY_FAMILY = ModelFamily(
     name="vse_infty", label="VSE∞", module=VSEInfty, input="features", text="wordpiece",
     defaults={"embed_size": DEFAULT_EMBED_SIZE, "region_drop": REGION_DROP}, check=check_vse_infty, min_batch=2,
     images_family="vse_infty_full", recipe=VSE_INFTY_RECIPE, imports="vse_infty's model_best.pth (--bert)",
+    sources=(BERT_SOURCE,),
     description="VSE∞ (Chen et al. 2021): region features + MLP residual and a BERT (--bert DIR), each pooled by GPO")
 VSE_INFTY_FULL_FAMILY = ModelFamily(
     name="vse_infty_full", label="VSE∞", module=VSEInftyFull, input="images", text="wordpiece",
     defaults={"cnn_type": "resnext101_32x8d", "finetune": False, "embed_size": DEFAULT_EMBED_SIZE,
               "embedding_warmup_epochs": 2, "backbone_warmup_epochs": 5},
     check=check_vse_infty_full, describe=describe_vse_infty_full, imports="vse_infty's model_best.pth (--bert)",
-    recipe={**VSE_INFTY_RECIPE, "lr_groups": {"txt_enc.bert": 0.1, "img_enc.backbone": 0.01}},
+    recipe={**VSE_INFTY_RECIPE, "lr_groups": {"txt_enc.bert": 0.1, "img_enc.backbone": 0.01}}, sources=(BERT_SOURCE,),
     description="VSE∞ on raw images: a ResNeXt backbone's grid (WSL, --cnn-weights) and a BERT, each pooled by GPO")
 
 
@@ -126,6 +153,7 @@ CLIP_RECIPE = {"optimizer": "adamw", "weight_decay": 0.1, "lr": 1e-5, "grad_clip
 CLIP_FAMILY = ModelFamily(
     name="clip", label="CLIP", module=CLIPDual, input="images", text="clip",
     defaults={"freeze": "none", "unfrozen_blocks": 0}, check=check_clip, describe=describe_clip, recipe=CLIP_RECIPE,
+    sources=(CLIP_SOURCE,),
     imports="a Hugging Face CLIP folder (analyze/import CLIP_DIR --data)",
     description="CLIP-style dual encoder (Radford et al. 2021): a Hugging Face CLIPModel folder (--clip DIR), "
                 "its tokenizer and preprocessing")

@@ -49,6 +49,28 @@ class OriginalImage:
 
 
 @dataclass(frozen=True)
+class Source:
+    """A pre-trained source a family starts from: a folder the user names with ``--NAME DIR`` (``--bert``,
+    ``--clip``), recorded as ``train.NAME``.
+
+    ``read(path)`` opens it for training, checked whole before anything is built (one :class:`CocosError` line
+    otherwise), and returns an object with ``coder`` (the caption coder it brings, or None) and ``path``;
+    ``records(opened)`` is what the module records of it among its constructor arguments (``bert_config``;
+    ``clip_config`` and ``preprocess``), so that a checkpoint stands alone, and ``recorded`` names those arguments;
+    ``load(model, opened)`` puts its weights into a new model (a resumed run takes them from its checkpoint).
+    ``what`` says what it is and ``coder_words`` what codes the captions, for messages. The trainer, the run's
+    checks and the CLI loop over a family's sources and never name one."""
+
+    name: str
+    what: str
+    read: Callable[[str], Any]
+    records: Callable[[Any], dict]
+    recorded: tuple[str, ...]
+    load: Callable[[Any, Any], Any]
+    coder_words: str = ""
+
+
+@dataclass(frozen=True)
 class ModelFamily:
     """A model family (see the module docstring)."""
 
@@ -67,6 +89,7 @@ class ModelFamily:
     imports: str = ""  # the original checkpoints a whole-model importer of cocos.legacy reads (for `cocos models`)
     recipe: Mapping[str, Any] = field(default_factory=dict)  # the paper's training settings (flat names of cocos
     # train: {"optimizer": "adamw", "lr": 5e-4, ...}), used where the run does not set them (trainer.with_recipe)
+    sources: tuple[Source, ...] = ()  # the pre-trained sources a run starts from (a BERT folder, a CLIP folder)
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str) or any(c in self.name for c in " ,/="):
@@ -104,17 +127,20 @@ class ModelFamily:
         return out
 
     def hparams(self, params: Mapping[str, Any], vocab_size: int, feature_dim: int | None = None,
-                bert_config: dict | None = None, pretrained: Mapping[str, Any] | None = None) -> dict:
+                records: Mapping[str, Any] | None = None) -> dict:
         """The module's constructor arguments for training: the hyper-parameters, the vocabulary's size, for a
-        family that reads precomputed features their dimension (``img_dim``), for a ``wordpiece`` family its BERT's
-        ``config.json`` (``bert_config``), for a family built from a pre-trained folder what the folder records
-        (``pretrained``: CLIP's ``clip_config`` and ``preprocess``)."""
-        out = {**params, **(pretrained or {}), "vocab_size": int(vocab_size)}
+        family that reads precomputed features their dimension (``img_dim``), and what its pre-trained sources
+        record (``records``, :attr:`Source.records`: a BERT's ``config.json`` as ``bert_config``, a CLIP folder's
+        ``clip_config`` and ``preprocess``)."""
+        out = {**params, **{k: v for k, v in (records or {}).items() if k in self.arguments()},
+               "vocab_size": int(vocab_size)}
         if "img_dim" in self.arguments() and feature_dim is not None:
             out["img_dim"] = int(feature_dim)
-        if "bert_config" in self.arguments() and bert_config is not None:
-            out["bert_config"] = dict(bert_config)
         return out
+
+    def source_records(self, hparams: Mapping[str, Any]) -> dict:
+        """What a checkpoint's ``hparams`` record of the family's sources (a resumed run rebuilds from them)."""
+        return {k: hparams[k] for s in self.sources for k in s.recorded if k in hparams}
 
     def build(self, **hparams):
         """The module with constructor arguments ``hparams`` (a checkpoint's ``model.hparams``)."""

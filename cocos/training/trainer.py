@@ -54,14 +54,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from cocos.data.clip import CLIPFolder
 from cocos.data.images import load_image_split
 from cocos.data.precomp import PrecompSplit, data_fingerprint
 from cocos.data.samplers import pair_batches, ranking_batches
 from cocos.data.targets import read_targets, sentence_targets
 from cocos.data.text import Vocabulary, pad_batch
 from cocos.data.transforms import check_image_sizes
-from cocos.data.wordpiece import BertFolder, coder_of
+from cocos.data.wordpiece import coder_of
 from cocos.defaults import DEFAULT_CROP_SIZE
 from cocos.device import check_device_name, resolve_device
 from cocos.distributed import all_gather_with_grad, average_gradients, barrier, block, broadcast_buffers, current
@@ -125,7 +124,6 @@ OUTPUT_NAMES = (RUN_MARKER, "last.pt", "model_best.pt", TRAIN_LOG, TRACK_LOG, "t
 OUTPUT_PATTERNS = (r"epoch_\d+\.pt",)
 # flags that change what a run computes: a resumed run must keep them
 # a module's records of the pre-trained folder it was built from (CLIP's config.json and preprocessing)
-PRETRAINED = ("clip_config", "preprocess")
 RESUME_FLAGS = ("lr", "lr_update", "batch_size", "embed_size", "word_dim", "seed", "k",
                 "warmup_epochs", "compat", "grad_clip", "ltd", "ltd_mode", "ltd_eta", "ltd_beta", "ltd_targets",
                 "cnn", "finetune", "crop_size", "use_restval", "optimizer", "weight_decay", "lr_groups",
@@ -188,7 +186,7 @@ def validate(cfg: TrainConfig) -> None:
     cfg.model.name = family.name
     cfg.model.params = family.params(**(cfg.model.params or {}))
     _check_numbers(cfg, family)
-    _check_text(cfg, family)
+    _check_sources(cfg, family)
     if images:
         _check_images(cfg)
     _check_loss(cfg)
@@ -228,26 +226,21 @@ def _image_flags(cfg: TrainConfig, family) -> list[str]:
     return changed + [f"--{n.replace('_', '-')}" for n in sorted((given & pixels) - {"cnn_type", "finetune"})]
 
 
-# the caption inputs read from a pre-trained folder: the flag naming it, what it is, what codes the captions
-FOLDER_FLAGS = {"wordpiece": ("bert", "the BERT families", "a Hugging Face BERT folder (config.json, weights, "
-                              "vocab.txt), e.g. bert-base-uncased saved on disk", "its BERT's vocab.txt"),
-                "clip": ("clip", "the CLIP families", "a Hugging Face CLIP folder (config.json, weights, tokenizer "
-                         "files, preprocessor_config.json) saved on disk", "its CLIP tokenizer")}
-
-
-def _check_text(cfg: TrainConfig, family) -> None:
-    """A family whose captions come from a pre-trained folder (BERT's word pieces, a CLIP tokenizer) needs the
-    folder (``--bert``, ``--clip``) and takes no vocabulary; another family takes no such folder."""
-    for text, (flag, kinds, what, coder) in FOLDER_FLAGS.items():
-        given = getattr(cfg.model, flag)
-        if family.text == text:
-            if not given:
-                raise CocosError(f"--model {family.name} needs --{flag} DIR: {what}")
-            if cfg.data.vocab:
-                raise CocosError(f"--model {family.name} codes captions with {coder}; --vocab does not apply")
-        elif given:
-            takers = [f.name for f in families() if f.text == text]
-            raise CocosError(f"--{flag} applies to {kinds} ({', '.join(takers)}), not to --model {family.name}")
+def _check_sources(cfg: TrainConfig, family) -> None:
+    """The family's pre-trained sources (:attr:`~cocos.models.family.ModelFamily.sources`) each given (``--NAME
+    DIR``), a source that brings the caption coder taking no ``--vocab``; a source no longer of this family's (one
+    of another's) refused. A resumed run takes them from its checkpoint (:meth:`Trainer._read_captions`)."""
+    own = {s.name for s in family.sources}
+    for source in family.sources:
+        if not getattr(cfg.model, source.name, None):
+            raise CocosError(f"--model {family.name} needs --{source.name} DIR: {source.what}")
+        if cfg.data.vocab and source.coder_words:
+            raise CocosError(f"--model {family.name} codes captions with {source.coder_words}; --vocab does not "
+                             "apply")
+    for name in sorted({s.name for f in families() for s in f.sources} - own):
+        if getattr(cfg.model, name, None):
+            takers = [f.name for f in families() if any(s.name == name for s in f.sources)]
+            raise CocosError(f"--{name} applies to {', '.join(takers)}, not to --model {family.name}")
 
 
 def _positive_int(value, flag: str) -> None:
@@ -423,24 +416,24 @@ class Trainer:
                              f"{'' if scale is None else ', and the temperature is not learned'})")
 
     def _read_captions(self, resume_ckpt: dict | None) -> None:
-        """The run's caption coder (``self.vocab``) and what the model records of a pre-trained folder: a resumed
-        run's as its checkpoint recorded them; a BERT family's folder (its config, word pieces and, later, weights)
-        or a CLIP family's (config, preprocessing, tokenizer, weights), read before anything is written; else the
-        ``--vocab`` file or a vocabulary of the training captions."""
+        """The run's caption coder (``self.vocab``) and what the model records of its pre-trained sources
+        (``self.records``): a resumed run's as its checkpoint recorded them; a new run's from its family's sources
+        (a BERT folder: its config, word pieces and, later, weights; a CLIP folder: config, preprocessing,
+        tokenizer, weights), each read whole before anything is written; else the ``--vocab`` file or a vocabulary
+        of the training captions."""
         cfg, family = self.cfg, get_family(self.cfg.model.name)
-        self.bert = BertFolder.read(cfg.model.bert) if family.text == "wordpiece" and resume_ckpt is None else None
-        self.clip = CLIPFolder.read(cfg.model.clip, copies=4) if family.text == "clip" and resume_ckpt is None else None
-        self.bert_config, self.pretrained = None, {}  # the module's records of its folder (CLIP's config, preprocess)
+        self.sources = {} if resume_ckpt is not None else {
+            s.name: s.read(getattr(cfg.model, s.name)) for s in family.sources}
+        coders = [(s.name, self.sources[s.name].coder) for s in family.sources
+                  if getattr(self.sources.get(s.name), "coder", None) is not None]
+        self.coder_source = coders[0][0] if coders else None  # the source whose coder codes the captions
         if resume_ckpt is not None:
-            hparams = resume_ckpt["model"]["hparams"]
             self.vocab = coder_of(resume_ckpt["vocab"], resume_ckpt.get("text"))
-            self.bert_config = hparams.get("bert_config")
-            self.pretrained = {k: v for k, v in hparams.items() if k in PRETRAINED}
-        elif self.bert is not None:
-            self.vocab, self.bert_config = self.bert.coder, self.bert.config
-        elif self.clip is not None:
-            self.vocab = self.clip.coder
-            self.pretrained = {"clip_config": self.clip.config, "preprocess": self.clip.preprocess.record()}
+            self.records = family.source_records(resume_ckpt["model"]["hparams"])
+            return
+        self.records = {k: v for s in family.sources for k, v in s.records(self.sources[s.name]).items()}
+        if coders:
+            self.vocab = coders[0][1]
         elif cfg.data.vocab:
             self.vocab = Vocabulary.from_scan_json(cfg.data.vocab)
         else:
@@ -477,8 +470,8 @@ class Trainer:
         pieces = sum(len(ids) - 2 for ids in self.train_ids)
         unknown = sum(ids.count(unk) for ids in self.train_ids)
         if pieces and unknown > 0.05 * pieces:
-            self.log(f"warning: {unknown / pieces:.0%} of the training captions' word pieces are [UNK] in "
-                     f"{self.cfg.model.bert}'s vocab.txt")
+            self.log(f"warning: {unknown / pieces:.0%} of the training captions' word pieces are [UNK] in the "
+                     f"vocabulary of --{self.coder_source} {getattr(self.cfg.model, self.coder_source or '', '')}")
 
     def _check_out_folder(self) -> None:
         """The out folder: a folder (or nothing yet), not the data; a new run's empty or cocos train's own; a resumed
@@ -528,12 +521,10 @@ class Trainer:
         cfg = self.cfg
         family = get_family(cfg.model.name)
         feature_dim = None if self.images else self.train_split.feature_dim
-        model = family.build(**family.hparams(cfg.model.params, len(self.vocab), feature_dim, self.bert_config,
-                                              self.pretrained))
-        if self.bert is not None:  # a new run starts from the pre-trained BERT (a resumed one from its checkpoint)
-            model.load_text_encoder(self.bert.path)
-        if self.clip is not None:  # a new run starts from the CLIP folder's weights
-            model.load_pretrained(self.clip.path)
+        model = family.build(**family.hparams(cfg.model.params, len(self.vocab), feature_dim, self.records))
+        for source in family.sources:  # a new run starts from its sources' weights (a resumed one from its checkpoint)
+            if source.name in self.sources:
+                source.load(model, self.sources[source.name])
         if not self.images:
             return model.to(self.device)
         if cfg.model.cnn_weights:
@@ -545,7 +536,7 @@ class Trainer:
         into one kernel per step (a CNN's or a BERT's millions of weights make the per-tensor loop as slow as the
         step itself on the CPU, and a GPU step of their size is bound by kernel launches)."""
         optim = self.cfg.optim
-        big = self.images or get_family(self.cfg.model.name).text == "wordpiece"
+        big = self.images or bool(get_family(self.cfg.model.name).sources)  # a pre-trained BERT or CLIP
         fused = {"fused": True} if big else {}
         if optim.optimizer == "adamw":
             return torch.optim.AdamW(self.parameter_groups(), lr=optim.lr, weight_decay=optim.weight_decay, **fused)
