@@ -26,7 +26,7 @@ from cocos.losses.base import LearnedTemperature  # noqa: E402
 from cocos.models.clip import CLIPDual  # noqa: E402
 from cocos.objectives import get_loss  # noqa: E402
 from cocos_cli.main import app  # noqa: E402
-from tests.helpers import make_clip_folder  # noqa: E402
+from tests.helpers import empty_figures, make_clip_folder  # noqa: E402
 
 runner = CliRunner()
 
@@ -141,7 +141,8 @@ def test_analyzed_folder_embeds_as_transformers(world):
     assert frozen.checkpoint["loss"]["params"]["tau"] == pytest.approx(math.exp(-ref.logit_scale.item()), rel=1e-6)
 
 
-def test_cocos_analyze_of_a_clip_folder(world, tmp_path):
+def test_cocos_analyze_of_a_clip_folder(world, tmp_path, monkeypatch):
+    empty_figures(monkeypatch)  # the files, not their drawing (tests/test_report_figures.py, test_figure_print.py)
     _, clip, data = world
     out = tmp_path / "report"
     result = runner.invoke(app, ["analyze", str(clip), "--data", str(data), "--out", str(out), "--batch-size", "8",
@@ -174,7 +175,8 @@ def saved_clip(ckpt_path, folder, tmp_path):
     return ckpt, target
 
 
-def test_fine_tuned_model_analyzes_as_transformers(world, tmp_path):
+def test_fine_tuned_model_analyzes_as_transformers(world, tmp_path, monkeypatch):
+    empty_figures(monkeypatch)  # the files, not their drawing (tests/test_report_figures.py, test_figure_print.py)
     _, clip, data = world
     result = train(world, tmp_path / "run", "--loss", "ntxent", "--track-cocos", "1")
     assert result.exit_code == 0, result.output
@@ -216,7 +218,8 @@ def test_freezing_a_tower_and_all_but_the_last_block(world, tmp_path):
     assert float(after["clip.logit_scale"]) == float(start["clip.logit_scale"])  # Triplet SH has no temperature
 
 
-def test_resume_continues_as_one_run(world, tmp_path):
+def test_resume_continues_as_one_run(world, tmp_path, monkeypatch):
+    empty_figures(monkeypatch)  # the files, not their drawing (tests/test_report_figures.py, test_figure_print.py)
     whole = train(world, tmp_path / "whole", "--loss", "ntxent", "--epochs", "2", "--track-cocos", "1")
     assert whole.exit_code == 0, whole.output
     assert train(world, tmp_path / "part", "--loss", "ntxent", "--epochs", "1", "--track-cocos", "1").exit_code == 0

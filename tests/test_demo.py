@@ -8,12 +8,14 @@ import pytest
 from typer.testing import CliRunner
 
 from cocos_cli.main import app
+from tests.helpers import empty_figures
 
 runner = CliRunner()
 
 
 @pytest.mark.slow
-def test_demo_end_to_end_and_reuse(tmp_path):
+def test_demo_end_to_end_and_reuse(tmp_path, monkeypatch):
+    empty_figures(monkeypatch)  # the report's files, not their drawing (tests/test_report_figures.py): ~1 s a figure
     args = ["demo", "--out", str(tmp_path / "rep"), "--data", str(tmp_path / "syn"), "--checkpoints",
             str(tmp_path / "ck"), "--loss", "triplet_sh", "--epochs", "2", "--n-train", "64",
             "--embed-size", "16", "--word-dim", "8", "--batch-size", "16", "--no-progress"]
@@ -51,9 +53,10 @@ def test_demo_with_one_epoch_skips_the_warm_up(tmp_path):
 
 
 @pytest.mark.slow
-def test_demo_of_a_bert_family_trains_it_beside_vsepp(tmp_path):
+def test_demo_of_a_bert_family_trains_it_beside_vsepp(tmp_path, monkeypatch):
     """cocos demo --model vse_infty: VSE++ and VSE∞ with the same loss, one report with both models; the VSE∞ run
     takes the family's recipe on the demo's short schedule, and a VSE++ checkpoint of the plain demo is reused."""
+    empty_figures(monkeypatch)  # the report's files, not their drawing (tests/test_report_figures.py)
     from tests.test_vse_infty import SPECIAL, synth_words, tiny_bert
 
     common = ["--data", str(tmp_path / "syn"), "--checkpoints", str(tmp_path / "ck"), "--loss", "triplet_sh",

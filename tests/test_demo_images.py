@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from cocos.results import cnn_name, model_label
 from cocos_cli.main import app
-from tests.helpers import one_error_line
+from tests.helpers import empty_figures, one_error_line
 
 runner = CliRunner()
 TINY = ["--images", "--loss", "triplet", "--epochs", "1", "--n-train", "30", "--n-test", "20", "--image-size", "20",
@@ -112,7 +112,8 @@ def test_image_demo_reuses_exactly_the_matching_checkpoints(demo):
     assert not _reusable(_train_config(cfg, "triplet", feats), "0" * len(fingerprint))
 
 
-def test_image_demo_finetune_starts_from_the_pretrained_cnn(demo):
+def test_image_demo_finetune_starts_from_the_pretrained_cnn(demo, monkeypatch):
+    empty_figures(monkeypatch)  # the files, not their drawing (tests/test_report_figures.py, test_figure_print.py)
     from cocos.training.checkpoint import load_checkpoint
 
     tmp, _ = demo

@@ -7,8 +7,10 @@ Python namespace per page:
 * a ```` ```python ```` block runs; what it prints must equal the ```` ```text ```` block right after it (a block
   with no ```` ```text ```` after it must print nothing);
 * a ```` ```console ```` block holds commands (``$ cocos ...``, a trailing ``\\`` continues a line) each followed
-  by its output; every command runs in a shell with the installed ``cocos`` script, must exit 0, and its standard
-  output must equal the lines shown;
+  by its output; every command must exit 0, and its standard output must equal the lines shown. The page's first
+  ``cocos`` command, and every command with shell syntax, runs in a shell with the installed ``cocos`` script; the
+  page's other plain ``cocos ARGS`` commands run the script's app in this process (CliRunner), the same command
+  line without a fresh interpreter importing torch again (about 3 s a command);
 * a ```` ```bash ```` block runs whole and must exit 0;
 * ``<!-- skip-test: why -->`` on the line before a block skips it (installs, the 4-minute demo): a reason is
   required, and skips are few (``MAX_SKIPS``).
@@ -105,12 +107,35 @@ def run_python(block: Block, output: Block | None, ns: dict, where: str) -> None
     assert same(want, got.getvalue()), f"{where}: printed\n{got.getvalue()}\ninstead of\n{want}"
 
 
-def run_console(block: Block, env: dict, where: str) -> None:
-    """Each ``$`` command of a console block: exit 0 and the output shown."""
+def plain_cocos(cmd: str) -> list[str] | None:
+    """The arguments of a ``cocos ARGS`` command with no shell syntax (pipes, redirections, variables, globs, quotes
+    that a shell would treat otherwise), else ``None``."""
+    if any(c in cmd for c in "|&;<>$`*?~(){}[]\\'\"#"):
+        return None
+    tokens = cmd.split()
+    return tokens[1:] if tokens and tokens[0] == "cocos" else None
+
+
+def run_console(block: Block, env: dict, where: str, shelled: set | None = None) -> None:
+    """Each ``$`` command of a console block: exit 0 and the output shown. ``shelled``: the page's state, empty
+    until its first ``cocos`` command has run in a shell (see the module doc)."""
+    from typer.testing import CliRunner
+
+    from cocos_cli.main import app
+
+    shelled = set() if shelled is None else shelled
     for cmd, want in commands(block):
+        argv = plain_cocos(cmd)
+        if argv is not None and "cocos" in shelled:
+            res = CliRunner().invoke(app, argv, env={k: env[k] for k in ("NO_COLOR", "TERM", "COLUMNS")})
+            assert res.exit_code == 0, f"{where}: $ {cmd}\nexit {res.exit_code}\n{res.output}{res.exception!r}"
+            assert same(want, res.stdout), f"{where}: $ {cmd}\nprinted\n{res.stdout}\ninstead of\n{want}"
+            continue
         res = subprocess.run(["bash", "-c", cmd], env=env, capture_output=True, text=True, timeout=300)
         assert res.returncode == 0, f"{where}: $ {cmd}\nexit {res.returncode}\n{res.stdout}{res.stderr}"
         assert same(want, res.stdout), f"{where}: $ {cmd}\nprinted\n{res.stdout}\ninstead of\n{want}"
+        if argv is not None:
+            shelled.add("cocos")
 
 
 def run_bash(block: Block, env: dict, where: str) -> None:
@@ -127,6 +152,7 @@ def run_page(page: str, folder: Path) -> None:
     ns: dict = {"__name__": "__docs__"}
     items = blocks(ROOT / page)
     env = script_env()
+    shelled: set = set()  # the page's first cocos command runs in a shell (run_console)
     cwd = os.getcwd()
     os.chdir(folder)
     try:
@@ -137,7 +163,7 @@ def run_page(page: str, folder: Path) -> None:
             if block.lang == "python":
                 run_python(block, items[i + 1] if i + 1 < len(items) else None, ns, where)
             elif block.lang == "console":
-                run_console(block, env, where)
+                run_console(block, env, where, shelled)
             elif block.lang in ("bash", "sh"):
                 run_bash(block, env, where)
     finally:

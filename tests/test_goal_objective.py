@@ -14,6 +14,7 @@ from cocos.errors import CocosError
 from cocos.losses.goal import PAIR, TRIPLET
 from cocos.objectives import get_loss
 from cocos_cli.main import app
+from tests.helpers import empty_figures
 
 runner = CliRunner()
 COMBOS = list(itertools.product(TRIPLET, PAIR))
@@ -74,7 +75,8 @@ def test_every_combination_gives_finite_non_zero_gradients(triplet_weight, pair_
 
 
 @pytest.mark.slow
-def test_every_combination_trains_the_tiny_model_well_above_an_untrained_one(tmp_path):
+def test_every_combination_trains_the_tiny_model_well_above_an_untrained_one(tmp_path, monkeypatch):
+    empty_figures(monkeypatch)  # the files, not their drawing (tests/test_report_figures.py, test_figure_print.py)
     from cocos.data.synth import make_synthetic
     from cocos.training.evaluate import evaluate_model
     from cocos.training.trainer import TrainConfig, Trainer

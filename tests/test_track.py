@@ -13,6 +13,7 @@ from cocos.training.checkpoint import load_checkpoint
 from cocos.training.track import COLUMNS, Tracker
 from cocos.training.trainer import TrainConfig, Trainer
 from cocos_cli.main import app
+from tests.helpers import empty_figures
 
 runner = CliRunner()
 QUIET = {"progress": False, "log": lambda *a: None}
@@ -110,7 +111,8 @@ def test_resume_equals_an_uninterrupted_tracked_run(data, tmp_path):
 
 
 @pytest.mark.slow
-def test_save_every_analyze_several_and_report_by_epoch(data, tmp_path):
+def test_save_every_analyze_several_and_report_by_epoch(data, tmp_path, monkeypatch):
+    empty_figures(monkeypatch)  # the files, not their drawing (tests/test_report_figures.py, test_figure_print.py)
     out = tmp_path / "ck" / "run"
     Trainer(_cfg(data, out, epochs=3, track_cocos=5, save_every=2), **QUIET).fit()
     assert sorted(p.name for p in out.glob("epoch_*.pt")) == ["epoch_002.pt"]

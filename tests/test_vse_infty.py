@@ -7,7 +7,6 @@ The forward pass itself is compared with a restatement of woodfrog/vse_infty in 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
@@ -18,6 +17,7 @@ from cocos.errors import CocosError
 from cocos.models.vse_infty import VSEInftyFull, drop_regions, region_dropout
 from cocos.training.checkpoint import load_checkpoint, validate_model
 from cocos.training.trainer import with_recipe
+from tests.helpers import empty_figures
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 37}
@@ -48,11 +48,17 @@ def synth_words(data) -> list[str]:
 
 
 def cocos(*args, check=True):
-    proc = subprocess.run([sys.executable, "-c", "from cocos_cli.main import run; run()", *map(str, args)],
-                          capture_output=True, text=True)
-    if check and proc.returncode != 0:
-        raise AssertionError(proc.stdout + proc.stderr)
-    return proc
+    """A ``cocos`` command run in this process (CliRunner; its result has ``exit_code``, ``stdout`` and ``stderr``
+    apart): no fresh process is part of what these tests check, and each fresh one would import torch and
+    transformers again (about 4 s)."""
+    from typer.testing import CliRunner
+
+    from cocos_cli.main import app
+
+    res = CliRunner().invoke(app, list(map(str, args)))
+    if check and res.exit_code != 0:
+        raise AssertionError(res.output + repr(res.exception))
+    return res
 
 
 @pytest.fixture(scope="module")
@@ -231,7 +237,7 @@ def test_train_resume_evaluate_and_refusals(world, tmp_path):
         (["--model", "vse_infty", "--bert", bert, "--region-drop", 1.5], "--region-drop must be in"),
     ]:
         proc = cocos("train", "--data", data, "--out", tmp_path / "bad", "--no-progress", *args, check=False)
-        assert proc.returncode == 2, proc.stderr
+        assert proc.exit_code == 2, proc.output
         assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
         assert not (tmp_path / "bad").exists()
 
@@ -251,9 +257,10 @@ def test_a_checkpoint_whose_text_is_not_its_familys_is_refused(world, tmp_path):
         validate_model(bad)
 
 
-def test_grid_family_trains_on_images_and_analyze_encodes_its_grid(world, tmp_path):
+def test_grid_family_trains_on_images_and_analyze_encodes_its_grid(world, tmp_path, monkeypatch):
     """VSE∞ on raw images (a ResNet-18 grid, fine-tuned with the warm-up): the analysis encodes each image's grid
     through GPO, so its test evaluation is the one cocos evaluate gives."""
+    empty_figures(monkeypatch)  # the files, not their drawing (tests/test_report_figures.py, test_figure_print.py)
     root, _, bert = world
     images = tmp_path / "images"
     cocos("data", "synth", images, "--images", "--n-train", 24, "--n-dev", 10, "--n-test", 10, "--image-size", 64,

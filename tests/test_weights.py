@@ -30,7 +30,7 @@ from cocos.errors import CocosError
 from cocos.models import weights as W
 from cocos.models.cnn import CNN_TYPES, build_cnn, strip_classifier
 from cocos.pipelines.folder import describe_transform, image_transform_text
-from tests.helpers import one_error_line
+from tests.helpers import empty_figures, one_error_line
 from tests.test_features import eval_pixels
 
 runner = CliRunner()
@@ -305,7 +305,8 @@ def train_frozen(world, out, *extra):
                                "--batch-size", "4", "--embed-size", "8", "--word-dim", "8", "--no-progress", *extra])
 
 
-def test_train_evaluates_and_records_a_known_files_transform_and_analyze_shows_it(world, tmp_path, table):
+def test_train_evaluates_and_records_a_known_files_transform_and_analyze_shows_it(world, tmp_path, table, monkeypatch):
+    empty_figures(monkeypatch)  # the files, not their drawing (tests/test_report_figures.py, test_figure_print.py)
     entry = fake_entry(world / "r18_v2.pth", resize=36, crop=32)
     table(entry)
     res = train_frozen(world, tmp_path / "run")
