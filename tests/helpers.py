@@ -147,3 +147,15 @@ def make_clip_folder(folder, *, image_size=30, max_positions=16, seed=0, logit_s
                                        crop_size={"height": image_size, "width": image_size}).save_pretrained(
         str(folder))
     return folder
+
+
+def synth_words(data) -> list[str]:
+    """The words of the world's captions as a BERT splits them (its normaliser and pre-tokeniser)."""
+    from tokenizers import normalizers, pre_tokenizers
+
+    norm, split = normalizers.BertNormalizer(lowercase=True), pre_tokenizers.BertPreTokenizer()
+    words = set()
+    for name in ("train", "dev", "test"):
+        for line in (data / f"{name}_caps.txt").read_text().splitlines():
+            words.update(w for w, _ in split.pre_tokenize_str(norm.normalize_str(line)))
+    return sorted(words)

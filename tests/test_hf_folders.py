@@ -34,6 +34,7 @@ from cocos.hf import is_clip_folder  # noqa: E402
 from cocos.models.clip import CLIPDual  # noqa: E402
 from cocos.models.vse_infty import bert_model, load_bert_weights  # noqa: E402
 from cocos_cli.main import app  # noqa: E402
+from tests.helpers import synth_words  # noqa: E402
 
 runner = CliRunner()
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -98,17 +99,6 @@ def copy_of(folder: Path, to: Path) -> Path:
         vocab = json.loads((to / "tokenizer.json").read_text())["model"]["vocab"]
         (to / "vocab.txt").write_text("\n".join(sorted(vocab, key=vocab.get)) + "\n")
     return to
-
-
-def synth_words(data: Path) -> list[str]:
-    from tokenizers import normalizers, pre_tokenizers
-
-    norm, split = normalizers.BertNormalizer(lowercase=True), pre_tokenizers.BertPreTokenizer()
-    words = set()
-    for name in ("train", "dev", "test"):
-        for line in (data / f"{name}_caps.txt").read_text().splitlines():
-            words.update(w for w, _ in split.pre_tokenize_str(norm.normalize_str(line)))
-    return sorted(words)
 
 
 @pytest.fixture(scope="module")

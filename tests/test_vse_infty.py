@@ -17,7 +17,7 @@ from cocos.errors import CocosError
 from cocos.models.vse_infty import VSEInftyFull, drop_regions, region_dropout
 from cocos.training.checkpoint import load_checkpoint, validate_model
 from cocos.training.trainer import with_recipe
-from tests.helpers import empty_figures
+from tests.helpers import empty_figures, synth_words
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 37}
@@ -33,18 +33,6 @@ def tiny_bert(folder, words, **config):
     torch.manual_seed(0)
     BertModel(BertConfig(vocab_size=len(vocab), **{**TINY, **config})).save_pretrained(folder)
     return folder
-
-
-def synth_words(data) -> list[str]:
-    """The words of the world's captions as a BERT splits them (its normaliser and pre-tokeniser)."""
-    from tokenizers import normalizers, pre_tokenizers
-
-    norm, split = normalizers.BertNormalizer(lowercase=True), pre_tokenizers.BertPreTokenizer()
-    words = set()
-    for name in ("train", "dev", "test"):
-        for line in (data / f"{name}_caps.txt").read_text().splitlines():
-            words.update(w for w, _ in split.pre_tokenize_str(norm.normalize_str(line)))
-    return sorted(words)
 
 
 def cocos(*args, check=True):
