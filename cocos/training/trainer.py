@@ -470,8 +470,10 @@ class Trainer:
         pieces = sum(len(ids) - 2 for ids in self.train_ids)
         unknown = sum(ids.count(unk) for ids in self.train_ids)
         if pieces and unknown > 0.05 * pieces:
+            name = self.coder_source  # None on a resume: the coder is the checkpoint's
+            where = f"--{name} {getattr(self.cfg.model, name, '')}" if name else "the checkpoint's"
             self.log(f"warning: {unknown / pieces:.0%} of the training captions' word pieces are [UNK] in the "
-                     f"vocabulary of --{self.coder_source} {getattr(self.cfg.model, self.coder_source or '', '')}")
+                     f"vocabulary of {where}")
 
     def _check_out_folder(self) -> None:
         """The out folder: a folder (or nothing yet), not the data; a new run's empty or cocos train's own; a resumed
