@@ -180,18 +180,24 @@ def weights_files(folder: Path) -> list[Path]:
             return [folder / name]
     for name in INDEXES:
         if (folder / name).is_file():
-            weight_map = read_json(folder / name, "weights index", MAX_TOKENIZER_BYTES).get("weight_map")
-            if not isinstance(weight_map, dict) or not weight_map:
-                raise CocosError(f"{folder / name}: no weight_map")
-            shards = sorted(set(weight_map.values()), key=str)
-            bad = [s for s in shards if not isinstance(s, str) or not SAFE_NAME.fullmatch(s) or s.startswith(".")]
-            if bad:
-                raise CocosError(f"{folder / name}: names {bad[0]!r}, not a file of the folder")
-            missing = [s for s in shards if not (folder / s).is_file()]
-            if missing:
-                raise CocosError(f"{folder / missing[0]}: missing (named by {name})")
-            return [folder / s for s in shards]
+            return _index_shards(folder, name)
     raise CocosError(f"{folder}: no weights ({' or '.join(WEIGHTS)})")
+
+
+def _index_shards(folder: Path, name: str) -> list[Path]:
+    """The shards a sharded index ``name`` (``weight_map``: tensor -> file) names, each a plain file of the folder
+    (no path, no hidden name: an index is read as data, never as a pointer elsewhere); one line otherwise."""
+    weight_map = read_json(folder / name, "weights index", MAX_TOKENIZER_BYTES).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CocosError(f"{folder / name}: no weight_map")
+    shards = sorted(set(weight_map.values()), key=str)
+    bad = [s for s in shards if not isinstance(s, str) or not SAFE_NAME.fullmatch(s) or s.startswith(".")]
+    if bad:
+        raise CocosError(f"{folder / name}: names {bad[0]!r}, not a file of the folder")
+    missing = [s for s in shards if not (folder / s).is_file()]
+    if missing:
+        raise CocosError(f"{folder / missing[0]}: missing (named by {name})")
+    return [folder / s for s in shards]
 
 
 def _target(key: str, expected: Mapping, base_prefix: str) -> str | None:
@@ -267,42 +273,60 @@ def read_weights(folder: str | os.PathLike, expected: Mapping, *, what: str, bas
     import torch
 
     folder = Path(folder)
-    files = weights_files(folder)
-    numel = sum(int(t.numel()) for t in expected.values())
-    budget = 8 * numel + (64 << 20)  # float64 at most, and a pre-training head beside the model
-    found: dict = {}
-    for path in files:
-        part = (_safetensors(path, expected, base_prefix) if path.suffix == ".safetensors"
-                else _torch_file(path, expected, base_prefix, budget))
-        found.update({k: (path, *v) for k, v in part.items()})
+    found = _stored(weights_files(folder), expected, base_prefix)
     zeros = {k: torch.zeros_like(v) for k, v in expected.items() if k not in found and unused and k.startswith(unused)}
     missing = [k for k in expected if k not in found and k not in zeros]
     if missing:
         raise CocosError(f"{folder}: its {what} weights lack {missing[0]} ({len(missing)} of {len(expected)} tensors "
                          "missing); cocos loads a model completely or not at all")
-    for key, want in expected.items():
-        if key in zeros:
-            continue
-        path, floating, dtype, shape, _ = found[key]
-        if shape != tuple(want.shape):
-            raise CocosError(f"{path}: {key} has shape {shape}, its config.json says {tuple(want.shape)}")
-        if floating != want.dtype.is_floating_point:
-            kind = "floating point" if want.dtype.is_floating_point else "integer"
-            raise CocosError(f"{path}: {key} is stored as {dtype}; the model's is {kind} "
-                             f"({str(want.dtype).removeprefix('torch.')})")
+    wanted = {k: v for k, v in expected.items() if k not in zeros}
+    for key, want in wanted.items():
+        _check_stored(key, found[key], want)
     state = dict(zeros)
-    for key, want in expected.items():
-        if key in zeros:
-            continue
-        path = found[key][0]
-        try:
-            tensor = found[key][-1]()
-        except Exception as exc:  # noqa: BLE001 - a damaged tensor payload
-            raise CocosError(f"{path}: is damaged ({key}: {_first(exc)})") from None
-        if tensor.dtype.is_floating_point and not bool(torch.isfinite(tensor).all()):
-            raise CocosError(f"{path}: {key} holds NaN or Inf")
-        state[key] = tensor.to(want.dtype)
+    for key, want in wanted.items():
+        state[key] = _load_stored(key, found[key], want)
     return state
+
+
+def _stored(files: list[Path], expected: Mapping, base_prefix: str) -> dict:
+    """``{model name: (file, stored dtype is floating, dtype, shape, loader)}`` over every weights file (a later
+    shard's tensor replaces an earlier one's). A torch file is read whole, so it may hold at most 8 bytes per weight
+    of ``expected`` (float64) and 64 MiB beside (a pre-training head the model does not have)."""
+    numel = sum(int(t.numel()) for t in expected.values())
+    budget = 8 * numel + (64 << 20)
+    found: dict = {}
+    for path in files:
+        part = (_safetensors(path, expected, base_prefix) if path.suffix == ".safetensors"
+                else _torch_file(path, expected, base_prefix, budget))
+        found.update({k: (path, *v) for k, v in part.items()})
+    return found
+
+
+def _check_stored(key: str, stored: tuple, want) -> None:
+    """A stored tensor of the model's shape and dtype kind (floating point or integer: int64 zeros are not weights),
+    checked from the header before any tensor is read; one line naming the file and the tensor otherwise."""
+    path, floating, dtype, shape, _ = stored
+    if shape != tuple(want.shape):
+        raise CocosError(f"{path}: {key} has shape {shape}, its config.json says {tuple(want.shape)}")
+    if floating != want.dtype.is_floating_point:
+        kind = "floating point" if want.dtype.is_floating_point else "integer"
+        raise CocosError(f"{path}: {key} is stored as {dtype}; the model's is {kind} "
+                         f"({str(want.dtype).removeprefix('torch.')})")
+
+
+def _load_stored(key: str, stored: tuple, want):
+    """A stored tensor read, finite where floating point, and cast to the model's dtype; one line naming the file
+    and the tensor for a damaged payload or a NaN or Inf."""
+    import torch
+
+    path, load = stored[0], stored[-1]
+    try:
+        tensor = load()
+    except Exception as exc:  # noqa: BLE001 - a damaged tensor payload
+        raise CocosError(f"{path}: is damaged ({key}: {_first(exc)})") from None
+    if tensor.dtype.is_floating_point and not bool(torch.isfinite(tensor).all()):
+        raise CocosError(f"{path}: {key} holds NaN or Inf")
+    return tensor.to(want.dtype)
 
 
 __all__ = ["MAX_CONFIG_BYTES", "MAX_LAYERS", "MAX_TOKENIZER_BYTES", "MAX_VOCAB", "check_file_size", "check_heads",

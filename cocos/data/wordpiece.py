@@ -219,17 +219,39 @@ def read_tokenizer_json(path: Path, entries: int | None = None) -> tuple[list[st
         check_file_size(path, entries, "tokenizer.json")
     spec = read_json(path, "tokenizer", MAX_TOKENIZER_BYTES)
     for part, settings in RESTATED.items():
-        given = spec.get(part)
-        wrong = [k for k, v in settings.items() if not isinstance(given, dict) or given.get(k) != v]
-        if wrong:
-            shown = given.get(wrong[0]) if isinstance(given, dict) else given
-            raise CocosError(f"{path}: its {part} has {wrong[0]} {str(shown)[:60]!r}; cocos reads BERT tokenizers "
-                             f"with {part} {settings[wrong[0]]!r} ({settings['type']})")
-    lowercase, accents = spec["normalizer"].get("lowercase", True), spec["normalizer"].get("strip_accents")
+        _check_restated(path, part, spec.get(part), settings)
+    lowercase = _normalizer_lowercase(path, spec["normalizer"])
+    vocab = spec["model"].get("vocab")
+    tokens = _vocab_tokens(path, vocab)
+    for added in spec.get("added_tokens") or []:
+        if not isinstance(added, dict) or vocab.get(added.get("content")) != added.get("id"):
+            raise CocosError(f"{path}: added token {str(added)[:80]} is not a word piece of its vocab with that id")
+    return tokens, lowercase
+
+
+def _check_restated(path: Path, part: str, given, settings: dict) -> None:
+    """A ``tokenizer.json``'s ``part`` (a JSON object) with every setting of :data:`RESTATED`'s: it splits as
+    :func:`_tokenizer` does; one line naming the first setting that differs otherwise."""
+    wrong = [k for k, v in settings.items() if not isinstance(given, dict) or given.get(k) != v]
+    if wrong:
+        shown = given.get(wrong[0]) if isinstance(given, dict) else given
+        raise CocosError(f"{path}: its {part} has {wrong[0]} {str(shown)[:60]!r}; cocos reads BERT tokenizers "
+                         f"with {part} {settings[wrong[0]]!r} ({settings['type']})")
+
+
+def _normalizer_lowercase(path: Path, normalizer: dict) -> bool:
+    """A ``BertNormalizer``'s ``lowercase`` (default true), a bool whose ``strip_accents`` is null or the same:
+    :func:`_tokenizer` strips accents exactly when it lowercases; one line otherwise."""
+    lowercase, accents = normalizer.get("lowercase", True), normalizer.get("strip_accents")
     if not isinstance(lowercase, bool) or accents not in (None, lowercase):
         raise CocosError(f"{path}: its normalizer has lowercase {lowercase!r} and strip_accents {accents!r}; cocos "
                          "strips accents exactly when it lowercases (strip_accents null)")
-    vocab = spec["model"].get("vocab")
+    return lowercase
+
+
+def _vocab_tokens(path: Path, vocab) -> list[str]:
+    """A WordPiece ``vocab`` (piece -> id) as the id -> piece table: a non-empty object whose ids are 0..n-1, each
+    once (a gap would leave an id without a piece); one line otherwise."""
     if not isinstance(vocab, dict) or not vocab:
         raise CocosError(f"{path}: its model has no vocab (piece -> id)")
     tokens = [""] * len(vocab)
@@ -237,10 +259,7 @@ def read_tokenizer_json(path: Path, entries: int | None = None) -> tuple[list[st
         if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(vocab) or tokens[i]:
             raise CocosError(f"{path}: its vocab's ids must be 0..{len(vocab) - 1}, each once ({piece[:40]!r}: {i!r})")
         tokens[i] = piece
-    for added in spec.get("added_tokens") or []:
-        if not isinstance(added, dict) or vocab.get(added.get("content")) != added.get("id"):
-            raise CocosError(f"{path}: added token {str(added)[:80]} is not a word piece of its vocab with that id")
-    return tokens, lowercase
+    return tokens
 
 
 def _lowercase(folder: Path) -> bool:
