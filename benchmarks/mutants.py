@@ -78,7 +78,7 @@ MUTANTS = {
         ["tests/test_weights.py"]),
     "learned temperature not clamped after each step": (
         "cocos/training/trainer.py",
-        "        if isinstance(self.loss_fn, LearnedTemperature):\n            self.loss_fn.project_()  # open_clip",
+        "        if self.setup.learned:\n            self.loss_fn.project_()  # open_clip",
         "        if False:\n            self.loss_fn.project_()  # open_clip",
         ["tests/test_learned_temperature.py"]),
     "hinge-term plugins counted in blocks": (

@@ -60,6 +60,9 @@ def train(
                                                         "vocab.txt; read from disk, never downloaded)."),
     clip: Path = typer.Option(None, metavar="DIR", help="CLIP: the Hugging Face CLIP folder to fine-tune (config.json, "
                                                         "weights, tokenizer, preprocessor_config.json; from disk)."),
+    source: list[str] = typer.Option([], "--source", metavar="NAME=PATH",
+                                     help="A pre-trained source of the model family (see `cocos models`: VSE∞'s "
+                                          "bert, CLIP's clip, a plugin family's own); repeatable."),
     learn_tau: bool = typer.Option(default(LossConfig, "learn_tau"), "--learn-tau/--fixed-tau",
                                    help="Learn the loss's softmax temperature as the model's logit_scale, as CLIP "
                                         "trains (NT-Xent; --model clip's default)."),
@@ -90,7 +93,7 @@ def train(
     from cocos.training.trainer import Trainer
 
     _known_loss(loss, resume, out)  # an unknown loss is named before its parameters are looked up
-    model_args, loss_args = _model_flags(model, ctx.args)
+    model_args, loss_args, source_args = _model_flags(model, ctx.args)
     extra = lossflags.merge(param, loss_args, [loss], "train").get(loss) or None
     flat = dict(data=str(data), model=model, loss=loss, out=str(out), epochs=epochs, lr=lr,
                 lr_update=lr_update, batch_size=batch_size, embed_size=embed_size, word_dim=word_dim,
@@ -101,7 +104,7 @@ def train(
                 save_every=save_every, cnn=cnn, cnn_weights=str(cnn_weights) if cnn_weights else None,
                 finetune=finetune, crop_size=crop_size, use_restval=use_restval, workers=workers,
                 optimizer=optimizer, weight_decay=weight_decay, lr_groups=_lr_groups(lr_group) or None,
-                bert=str(bert) if bert else None, clip=str(clip) if clip else None, learn_tau=learn_tau,
+                sources=_sources([*source, *source_args], bert=bert, clip=clip) or None, learn_tau=learn_tau,
                 resize=resize)
     cfg = TrainConfig.of(**_with_recipe(ctx, flat, resume))
     cfg.validate()  # nonsense flags first, before any file is looked at
@@ -144,22 +147,26 @@ def _known_loss(loss: str, resume: bool, out: Path) -> None:
                          f"checkpoint need no plugin). {exc}") from None
 
 
-def _model_flags(model: str, args: list[str]) -> tuple[dict, list[str]]:
+def _model_flags(model: str, args: list[str]) -> tuple[dict, list[str], list[str]]:
     """The options the command did not parse (read as loss flags are, :func:`lossflags.as_params`), split: a model
-    family's own hyper-parameters (typed later by the family's spec) and the rest (the loss's flags)."""
+    family's own hyper-parameters (typed later by the family's spec), its pre-trained sources given under their
+    own names (``--NAME PATH``, as ``--source NAME=PATH``) and the rest (the loss's flags)."""
     from cocos.models.registry import get_family
 
     family = get_family(model)
-    own = set(family.defaults) | (set(get_family(family.images_family).defaults) if family.images_family else set())
-    own -= {"embed_size", "word_dim", "cnn_type", "finetune"}  # options of their own
-    params, rest = {}, []
+    related = [family, *([get_family(family.images_family)] if family.images_family else [])]
+    own = {k for f in related for k in f.defaults} - {"embed_size", "word_dim", "cnn_type", "finetune"}
+    sourced = {s.name for f in related for s in f.sources}
+    params, rest, sources = {}, [], []
     for flag, item in lossflags.as_params(args):
         name, _, value = item.partition("=")
         if name in own:
             params[name] = value
+        elif name in sourced:
+            sources.append(f"{name}={value}")
         else:
             rest.append(f"{flag}={value}")
-    return params, rest
+    return params, rest, sources
 
 
 FLAG_OF = {"lr_groups": "lr_group"}  # a flat setting whose flag has another name
@@ -192,6 +199,22 @@ def _recorded_train(last: Path) -> dict:
 
     train = peek(last).get("train") if last.is_file() else None
     return dict(train) if isinstance(train, dict) else {}
+
+
+def _sources(items: list[str], **spelled: Path | None) -> dict[str, str]:
+    """``--source NAME=PATH`` items and the sources given under their own flags (``--bert DIR``, ``--clip DIR``) as
+    ``{name: path}``; a name given twice is one line."""
+    from cocos.errors import CocosError
+
+    out = {name: str(path) for name, path in spelled.items() if path is not None}
+    for item in items:
+        name, eq, path = item.partition("=")
+        if not eq or not name or not path:
+            raise CocosError(f"--source takes NAME=PATH, got '{item}'")
+        if name in out:
+            raise CocosError(f"--source {name}: given twice")
+        out[name] = path
+    return out
 
 
 def _lr_groups(items: list[str]) -> dict[str, float]:
@@ -241,8 +264,8 @@ def _check_json(json_path: Path, cfg, overwrite: bool = False) -> None:
     from cocos.training.trainer import OUTPUT_NAMES, OUTPUT_PATTERNS
 
     ltd_targets = cfg.hooks.ltd.targets if cfg.hooks.ltd is not None else None
-    check_output_file(json_path, [cfg.data.path, cfg.data.vocab, ltd_targets, cfg.model.cnn_weights],
-                      overwrite=overwrite)
+    check_output_file(json_path, [cfg.data.path, cfg.data.vocab, ltd_targets, cfg.model.cnn_weights,
+                                  *(cfg.model.sources or {}).values()], overwrite=overwrite)
     if json_path.resolve().parent == Path(cfg.out).resolve() and (
             json_path.name in OUTPUT_NAMES or any(re.fullmatch(p, json_path.name) for p in OUTPUT_PATTERNS)):
         raise CocosError(f"{json_path}: is one of the files cocos train writes into {cfg.out}; choose another "

@@ -186,7 +186,7 @@ def test_fine_tuned_model_analyzes_as_transformers(world, tmp_path, monkeypatch)
     assert learned != start  # the temperature was learned (recipe: learn_tau)
     assert ckpt["train"]["learn_tau"] is True and ckpt["train"]["optimizer"] == "adamw"
     assert ckpt["loss"]["params"]["tau"] == pytest.approx(math.exp(-learned), rel=1e-6)
-    assert ckpt["train"]["clip"] == str(clip)  # the checkpoint still names its base folder
+    assert ckpt["train"]["sources"] == {"clip": str(clip)}  # the checkpoint still names its base folder
     frozen = FrozenModel.load(tmp_path / "run" / "model_best.pt")
     emb = frozen.encode(frozen.open_split("train"))
     want_img, want_cap = split_reference(*reference(tuned), data)

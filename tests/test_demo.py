@@ -76,7 +76,8 @@ def test_demo_of_a_bert_family_trains_it_beside_vsepp(tmp_path, monkeypatch):
     from cocos.training.checkpoint import load_checkpoint
 
     train = load_checkpoint(tmp_path / "ck" / "vse_infty_triplet_sh" / "model_best.pt")["train"]
-    assert (train["optimizer"], train["lr"], train["warmup_epochs"], train["bert"]) == ("adamw", 5e-4, 1, str(bert))
+    assert (train["optimizer"], train["lr"], train["warmup_epochs"], train["sources"]) == \
+        ("adamw", 5e-4, 1, {"bert": str(bert)})
 
 
 def test_demo_bert_flag_needs_a_bert_family(tmp_path):

@@ -74,7 +74,8 @@ def test_train_takes_a_loss_flag_and_refuses_one_its_loss_lacks(tmp_path):
 
 
 def test_settings_of_older_runs_give_the_same_loss_parameters_for_resume():
-    from cocos.training.trainer import TrainConfig, recorded_loss_params
+    from cocos.training.config import TrainConfig
+    from cocos.training.config import loss_params_of as recorded_loss_params
 
     old = {"margin": 0.3, "tau": None, "params": None}  # written when margin and tau were fields of their own
     assert recorded_loss_params(old) == TrainConfig.of(data="", params={"margin": 0.3}).loss_params() == {"margin": 0.3}

@@ -68,3 +68,14 @@ def training_family(name: str, images: bool) -> ModelFamily:
         what = "raw images train" if images else "precomputed features train"
         raise CocosError(f"--model {name} reads {reads}; {what} {', '.join(takes) or 'no registered model'}")
     return family
+
+
+def source_names() -> dict[str, list[str]]:
+    """Every pre-trained source name of the registered families (:attr:`ModelFamily.sources`), with the families
+    that take it: the names ``--source NAME=PATH`` takes, and the flat spellings of earlier records
+    (``bert``, ``clip``)."""
+    out: dict[str, list[str]] = {}
+    for family in families():
+        for source in family.sources:
+            out.setdefault(source.name, []).append(family.name)
+    return out

@@ -56,14 +56,18 @@ class DataConfig:
 @dataclass
 class ModelConfig:
     """The model family (:mod:`cocos.models.registry`) and its own hyper-parameters (``None``: the family's
-    defaults); ``cnn_weights``: the weights file of a raw-image family's CNN; ``bert``: the Hugging Face BERT
-    folder of a family whose captions are word pieces (VSE∞); ``clip``: the CLIP folder a ``clip`` run starts from."""
+    defaults); ``cnn_weights``: the weights file of a raw-image family's CNN; ``sources``: the pre-trained sources
+    the family starts from, ``{source name: path}`` (:attr:`cocos.models.family.ModelFamily.sources`: VSE∞'s
+    ``bert`` folder, a ``clip`` run's CLIP folder, a plugin family's own)."""
 
     name: str = "vsepp"
     params: dict | None = None
     cnn_weights: str | None = None
-    bert: str | None = None
-    clip: str | None = None  # the Hugging Face CLIP folder a clip run fine-tunes (weights, tokenizer, preprocessing)
+    sources: dict | None = None  # {source name: path}: `cocos train --source NAME=PATH` (or --bert / --clip)
+
+    def source(self, name: str) -> str | None:
+        """The path given for the source ``name`` (None: not given)."""
+        return (self.sources or {}).get(name)
 
 
 @dataclass
@@ -165,8 +169,8 @@ FLAT = {"data": ("data", "path"), "model": ("model", "name"), "loss": ("loss", "
         "cnn_weights": ("model", "cnn_weights"), "crop_size": ("data", "crop_size"),
         "use_restval": ("data", "use_restval"), "workers": ("data", "workers"),
         "optimizer": ("optim", "optimizer"), "weight_decay": ("optim", "weight_decay"),
-        "lr_groups": ("optim", "lr_groups"), "model_params": ("model", "params"), "bert": ("model", "bert"),
-        "clip": ("model", "clip"), "learn_tau": ("loss", "learn_tau"), "resize": ("data", "resize")}
+        "lr_groups": ("optim", "lr_groups"), "model_params": ("model", "params"), "sources": ("model", "sources"),
+        "learn_tau": ("loss", "learn_tau"), "resize": ("data", "resize")}
 MODEL_FLAT = {"embed_size": "embed_size", "word_dim": "word_dim", "cnn": "cnn_type", "finetune": "finetune"}
 LTD_FLAT = {"ltd_mode": "mode", "ltd_eta": "eta", "ltd_beta": "beta", "ltd_targets": "targets"}
 LOSS_FLAT = ("margin", "tau")  # settings of their own beside params before loss parameters were the spec's flags
@@ -177,7 +181,7 @@ ORDER = ("data", "model", "loss", "out", "epochs", "lr", "lr_update", "batch_siz
          "finetune", "crop_size", "use_restval", "workers")
 # settings added since, written where they differ from their default (an earlier run had the default)
 ADDED_DEFAULTS = {"optimizer": default(OptimConfig, "optimizer"), "weight_decay": default(OptimConfig, "weight_decay"),
-                  "lr_groups": None, "model_params": None, "bert": None, "clip": None, "learn_tau": False,
+                  "lr_groups": None, "model_params": None, "sources": None, "learn_tau": False,
                   "resize": None}
 SECTIONS = {"data": DataConfig, "model": ModelConfig, "loss": LossConfig, "optim": OptimConfig, "hooks": HookConfig}
 
@@ -187,14 +191,18 @@ def _annotation(section: type, name: str) -> str:
 
 
 def record_type() -> type:
-    """The flat record as a record type (each flat name with its field's annotation), for
-    :func:`cocos.typed.problem`: generated from the sections, not written again."""
+    """The flat record as a record type (each flat name with its field's annotation, and each registered source's
+    name, the spelling ``bert=DIR`` of ``sources``), for :func:`cocos.typed.problem`: generated from the sections
+    and the registry, not written again."""
     owners = {"": TrainConfig, **SECTIONS}
     items = [(n, _annotation(owners[s], f)) for n, (s, f) in FLAT.items()]
     items += [(n, _annotation(LTDConfig, f)) for n, f in LTD_FLAT.items()]
     items += [("ltd", "bool"), ("embed_size", "int | None"), ("word_dim", "int | None"), ("cnn", "str | None"),
               ("finetune", "bool")]
     items += [(n, "float | None") for n in LOSS_FLAT]
+    from cocos.models.registry import source_names  # a source under its own name (bert=DIR): a path
+
+    items += [(n, "str | None") for n in source_names() if n not in dict(items)]
     return dataclasses.make_dataclass("TrainRecord", [(n, t, field(default=None)) for n, t in items])
 
 
@@ -206,6 +214,7 @@ def names() -> list[str]:
 def sections_of(flat: dict) -> dict[str, dict]:
     """Flat settings as ``{section: {field: value}}`` (``""``: the run's own fields) plus ``ltd``: the LTD fields
     given; an unknown name is one line."""
+    flat = _spelled_sources(flat)
     unknown = [k for k in flat if k not in names()]
     if unknown:
         raise CocosError(f"no training setting {', '.join(sorted(unknown))} (settings: {', '.join(names())})")
@@ -220,6 +229,28 @@ def sections_of(flat: dict) -> dict[str, dict]:
         if params:
             out[section]["params"] = params
     return out
+
+
+def _spelled_sources(flat: dict) -> dict:
+    """Pre-trained sources given under their own names (``bert=DIR``, ``clip=DIR``: ``cocos train --bert``, and the
+    flat records of earlier versions) moved into ``sources``: any name of a registered family's source."""
+    spelled = [k for k in flat if k not in names()]
+    if not spelled:
+        return flat
+    from cocos.models.registry import source_names  # the registries: imported when a spelling is used
+
+    known = source_names()
+    moved = {k: flat[k] for k in spelled if k in known and flat[k] is not None}
+    given = {**(flat.get("sources") or {}), **moved}
+    rest = {k: v for k, v in flat.items() if not (k in known and k in spelled)}
+    return {**rest, "sources": given or None} if given or "sources" in flat else rest
+
+
+def record_flat(train: dict) -> dict:
+    """A checkpoint's recorded ``train`` in today's flat form (read-only: the record is not changed): earlier
+    versions' spellings (``bert``, ``clip``) as ``sources``, each setting added since at its default."""
+    flat = _spelled_sources(dict(train))
+    return {**ADDED_DEFAULTS, **flat}
 
 
 def _loss_flat(flat: dict) -> dict:
