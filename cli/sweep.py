@@ -13,7 +13,8 @@ from .main import app
 @app.command("sweep")
 @handle_errors
 def sweep(
-    grid_file: Path = typer.Argument(..., metavar="GRID.toml", help="The grid (see examples/demo_grid.toml)."),
+    grid_file: Path = typer.Argument(..., metavar="GRID.toml", help="The grid (see examples/demo_grid.toml; "
+                                     "raw images and [[models]] tables: examples/goal_table5.toml)."),
     executor: str = typer.Option("local", metavar="local|slurm", help="Run here, or submit to Slurm (submitit)."),
     jobs: int = typer.Option(1, help="local: runs at a time, each on its share of cores (or one GPU each)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and the commands; run nothing."),
@@ -29,7 +30,8 @@ def sweep(
     cluster: str = typer.Option(None, hidden=True, help="submitit cluster (debug, local) instead of slurm."),
     progress: bool = typer.Option(False, "--progress/--no-progress", help="Show progress bars (jobs 1)."),
 ) -> None:
-    """Train and analyse every (model, loss, seed) of a grid and merge them into one report (mean ± std)."""
+    """Train and analyse every (model, loss, seed) of a grid (any model family, precomputed features or raw images)
+    and merge them into one report (mean ± std)."""
     from cocos.errors import CocosError
     from cocos.pipelines.sweep import (
         analyze_command,
