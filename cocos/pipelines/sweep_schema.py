@@ -143,9 +143,9 @@ def _unknown(where: str, given, allowed) -> None:
 
 def _train_kinds() -> dict[str, str | None]:
     """The keys of [train]: every flat name :meth:`TrainConfig.of` takes (:func:`cocos.training.config.names`, and
-    the record's spellings of sources, ``bert``, ``clip``: :func:`cocos.training.config.record_type`) but those the grid sets itself, each with the kind of its record field, as cocos train's
-    option parses it (``X | None``: the key may be left out; a name of another type, or of no record field, is
-    left to ``validate``)."""
+    the record's spellings of sources, ``bert``, ``clip``: :func:`cocos.training.config.record_type`) but those the
+    grid sets itself, each with the kind of its record field, as cocos train's option parses it (``X | None``: the
+    key may be left out; a name of another type, or of no record field, is left to ``validate``)."""
     base = {"int": "int", "float": "num", "str": "str", "bool": "bool"}
     typed = {f.name: f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
              for f in fields(record_type())}
