@@ -17,28 +17,38 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
 from cocos.data.synth import make_synthetic
+from cocos.data.text import tokenize
 
 MODEL_PLUGIN = '''
+from dataclasses import dataclass
+from pathlib import Path
+
 import torch
 from torch import nn
 
-from cocos.models.family import ModelFamily
+from cocos.data.text import SPECIALS, Vocabulary
+from cocos.errors import CocosError
+from cocos.models.family import ModelFamily, Source
 
 
 class LinBow(nn.Module):
-    """Images: a linear map of the features; captions: the mean (or sum) of word embeddings; both l2-normalised."""
+    """Images: a linear map of the features; captions: the mean (or sum) of pre-trained word vectors, mapped to the
+    joint space; both l2-normalised."""
 
     kind = "linbow"
 
-    def __init__(self, img_dim, vocab_size, embed_size=24, pool="mean"):
+    def __init__(self, img_dim, vocab_size, vectors_dim, embed_size=24, pool="mean"):
         super().__init__()
-        self.hparams = {"img_dim": int(img_dim), "vocab_size": int(vocab_size), "embed_size": int(embed_size),
-                        "pool": pool}
+        self.hparams = {"img_dim": int(img_dim), "vocab_size": int(vocab_size), "vectors_dim": int(vectors_dim),
+                        "embed_size": int(embed_size), "pool": pool}
         self.fc = nn.Linear(img_dim, embed_size)
-        self.words = nn.Embedding(vocab_size, embed_size, padding_idx=0)
+        self.words = nn.Embedding(vocab_size, vectors_dim, padding_idx=0)
+        self.proj = nn.Linear(vectors_dim, embed_size)
         self.pool = pool
 
     def encode_images(self, features):
@@ -50,10 +60,39 @@ class LinBow(nn.Module):
         summed = self.words(tokens).sum(dim=1)
         if self.pool == "mean":
             summed = summed / torch.as_tensor(lengths, dtype=summed.dtype, device=summed.device).unsqueeze(1)
-        return nn.functional.normalize(summed, dim=-1)
+        return nn.functional.normalize(self.proj(summed), dim=-1)
 
     def forward(self, features, tokens, lengths):
         return self.encode_images(features), self.encode_captions(tokens, lengths)
+
+
+@dataclass
+class Vectors:
+    """A word-vectors file opened: its path, the vocabulary of its words (the caption coder) and their vectors."""
+
+    path: str
+    coder: Vocabulary
+    weights: torch.Tensor
+
+
+def read_vectors(path):
+    """GloVe's text format: a word and its numbers on each line, every line as long; the special tokens get zeros."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CocosError(f"{path}: cannot read the word vectors ({exc})") from None
+    words, rows = [], []
+    for number, line in enumerate(lines, start=1):
+        word, *values = line.split()
+        try:
+            rows.append([float(v) for v in values])
+        except ValueError:
+            raise CocosError(f"{path}: line {number}: the numbers of '{word}' are not numbers") from None
+        words.append(word)
+    if not rows or len({len(r) for r in rows}) != 1 or not rows[0]:
+        raise CocosError(f"{path}: not a word-vectors file (a word and as many numbers on every line)")
+    weights = torch.cat([torch.zeros(len(SPECIALS), len(rows[0])), torch.tensor(rows)])
+    return Vectors(str(path), Vocabulary([*SPECIALS, *words]), weights)
 
 
 def check(params):
@@ -61,8 +100,13 @@ def check(params):
         raise ValueError("pool is mean or sum")
 
 
+VECTORS = Source(name="vectors", what="a word-vectors text file (GloVe's format: a word and its numbers per line)",
+                 read=read_vectors, records=lambda v: {"vectors_dim": int(v.weights.shape[1])},
+                 recorded=("vectors_dim",), load=lambda model, v: model.words.weight.data.copy_(v.weights),
+                 coder_words="the words of its vectors file", metavar="FILE")
 family = ModelFamily(name="linbow", label="LinBoW", module=LinBow, input="features", check=check,
-                     defaults={"embed_size": 24, "pool": "mean"}, description="a linear map and a bag of words")
+                     defaults={"embed_size": 24, "pool": "mean"}, sources=(VECTORS,),
+                     description="a linear map and a bag of pre-trained word vectors")
 clash = ModelFamily(name="vsepp", label="Not VSE++", module=LinBow, description="takes a built-in's name")
 '''
 
@@ -91,7 +135,7 @@ def _package(root: Path, module: str, source: str, entry_points: str) -> Path:
     return root
 
 
-# The figures of `cocos analyze` and `cocos report` written as empty files in these processes (matplotlib's own
+# The figures of `cocos analyze`, `cocos report` and `cocos sweep` written as empty files in these processes (matplotlib's own
 # savefig replaced before the command starts; about 1 s a figure): the tests read results.json and tables.md, the
 # drawing is tests/test_report_figures.py's. Nothing of cocos or its registries is touched.
 NO_DRAWING = """
@@ -107,7 +151,7 @@ def cocos(args, cwd: Path, path: Path | None = None) -> subprocess.CompletedProc
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "COCOS_PLUGINS")}
     if path is not None:
         env["PYTHONPATH"] = str(path)
-    prelude = NO_DRAWING if args[0] in ("analyze", "report") else ""
+    prelude = NO_DRAWING if args[0] in ("analyze", "report", "sweep") else ""
     return subprocess.run([sys.executable, "-c", prelude + "from cocos_cli.main import run; run()", *args], cwd=cwd,
                           env=env, capture_output=True, text=True, timeout=600)
 
@@ -121,47 +165,112 @@ def world(tmp_path_factory):
     data = make_synthetic(root / "data", n_train=48, n_dev=20, n_test=20, feature_dim=16, seed=3)
     models = _package(root / "models", "cocos_linbow", MODEL_PLUGIN, "[cocos.models]\nlinbow = cocos_linbow:family\n")
     losses = _package(root / "losses", "cocos_sqhinge", LOSS_PLUGIN, "[cocos.losses]\nsqhinge = cocos_sqhinge:objective\n")
-    return root, data, models, losses
+    # the plugin family's pre-trained source: a vector for each training word, and one for a word no caption has
+    words = sorted({w for line in (data / "train_caps.txt").read_text().splitlines() for w in tokenize(line)})
+    rng = np.random.default_rng(5)
+    vectors = {w: rng.standard_normal(6).round(4) for w in [*words, "zzzunused"]}
+    (root / "vectors.txt").write_text("".join(f"{w} {' '.join(map(str, v))}\n" for w, v in vectors.items()))
+    return root, data, models, losses, vectors
+
+
+@pytest.fixture
+def in_process(world):
+    """The plugin family registered in this process (imported from its package's folder), for the checks that are
+    not about a fresh process: `cocos models`, `cocos evaluate`, refusals."""
+    import importlib.util
+
+    from typer.testing import CliRunner
+
+    from cocos.models.registry import register, unregister
+    from cocos_cli.main import app
+
+    spec = importlib.util.spec_from_file_location("cocos_linbow", world[2] / "cocos_linbow.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    register(module.family)
+    try:
+        yield lambda args: CliRunner().invoke(app, args)
+    finally:
+        unregister("linbow")
+
+
+def _saved(path: Path) -> dict:
+    """A checkpoint of the plugin's model, read without it (this process has no plugin registered): tensors and
+    plain data only, nothing run."""
+    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 @pytest.mark.slow
-def test_a_model_family_plugin_is_trained_evaluated_analysed_and_reported(world):
-    root, data, models, _ = world
+def test_a_model_family_plugin_with_its_own_source_trains_resumes_analyses_sweeps_and_reports(world, in_process):
+    """Issue 38's proof: a family in a separate package with a pre-trained source of its own (a word-vectors file
+    that gives the caption coder and the word embeddings' start) through every command, in fresh processes, with
+    nothing of cocos/training or cli/ naming it."""
+    root, data, models, _, vectors = world
     work = root / "model"
     work.mkdir()
-    listed = cocos(["models"], work, path=models)
-    assert listed.returncode == 0 and "linbow" in listed.stdout and "pool=mean" in listed.stdout, listed.stderr
-    trained = cocos(["train", "--data", str(data), "--model", "linbow", "--pool", "sum", "--embed-size", "12",
-                     "--loss", "triplet_sh", "--out", str(work / "run"), *TRAIN], work, path=models)
+    listed = in_process(["models"])
+    assert listed.exit_code == 0 and "linbow" in listed.output and "pool=mean" in listed.output, listed.output
+    source = str(root / "vectors.txt")
+    common = ["--data", str(data), "--model", "linbow", "--pool", "sum", "--embed-size", "12", "--loss",
+              "triplet_sh", *TRAIN]
+    trained = cocos(["train", *common, "--vectors", source, "--out", str(work / "run")], work, path=models)
     assert trained.returncode == 0, trained.stderr
-    evaluated = cocos(["evaluate", str(work / "run" / "model_best.pt"), "--json", str(work / "m.json"),
-                       "--no-progress"], work, path=models)
-    assert evaluated.returncode == 0, evaluated.stderr
+    # the same run stopped after one epoch and resumed (the source under --source) equals it, bit for bit
+    half = cocos(["train", *common, "--source", f"vectors={source}", "--epochs", "1", "--out", str(work / "half")],
+                 work, path=models)
+    assert half.returncode == 0, half.stderr
+    resumed = cocos(["train", *common, "--vectors", source, "--resume", "--out", str(work / "half")], work,
+                    path=models)
+    assert resumed.returncode == 0, resumed.stderr
+    whole, again = _saved(work / "run" / "last.pt")["state_dict"], _saved(work / "half" / "last.pt")["state_dict"]
+    assert whole.keys() == again.keys() and all(torch.equal(whole[k], again[k]) for k in whole)
+    # the word embeddings started from the file: a word no caption has gets no gradient and keeps its vector
+    ckpt = _saved(work / "run" / "model_best.pt")
+    unused = ckpt["vocab"].index("zzzunused")
+    assert torch.equal(ckpt["state_dict"]["words.weight"][unused], torch.tensor(vectors["zzzunused"],
+                                                                                 dtype=torch.float32))
+    assert ckpt["train"]["sources"] == {"vectors": source} and ckpt["model"]["hparams"]["vectors_dim"] == 6
+    evaluated = in_process(["evaluate", str(work / "run" / "model_best.pt"), "--json", str(work / "m.json"),
+                            "--no-progress"])
+    assert evaluated.exit_code == 0, evaluated.output
     analysed = cocos(["analyze", str(work / "run" / "model_best.pt"), "--out", str(work / "rep"), "--no-progress"],
                      work, path=models)
     assert analysed.returncode == 0, analysed.stderr
     reported = cocos(["report", str(work / "rep"), "--out", str(work / "again")], work, path=models)
     assert reported.returncode == 0, reported.stderr
     results = json.loads((work / "rep" / "results.json").read_text())
-    # the family's own hyper-parameters, from its flags, rebuilt the model the checkpoint holds
+    # the family's own hyper-parameters, from its flags, and its source's record rebuilt the model
     assert results["model"]["kind"] == "linbow" and results["model"]["label"] == "LinBoW"
-    assert results["model"]["hparams"] == {"img_dim": 16, "vocab_size": results["model"]["hparams"]["vocab_size"],
+    assert results["model"]["hparams"] == {"img_dim": 16, "vocab_size": len(vectors) + 4, "vectors_dim": 6,
                                            "embed_size": 12, "pool": "sum"}
     # two independent computations of the test metrics: cocos evaluate, and the analysis's evaluation
     metrics = json.loads((work / "m.json").read_text())
     assert results["evaluation"]["metrics"]["rsum"] == pytest.approx(metrics["rsum"], abs=1e-9)
     assert {r["loss"] for r in results["statistics"]} >= {"triplet", "triplet_sh", "ntxent", "smoothap"}
     assert "LinBoW" in (work / "again" / "tables.md").read_text()
-    # a bad value of the family's own hyper-parameter is its own check: one line, nothing trained
-    bad = cocos(["train", "--data", str(data), "--model", "linbow", "--out", str(work / "bad"), "--pool", "max",
-                 *TRAIN], work, path=models)
-    assert bad.returncode == 2 and bad.stderr.strip() == "error: model 'linbow': pool is mean or sum"
+    # a sweep of it, its source under its own name in [train]
+    grid = work / "grid.toml"
+    grid.write_text(f'name = "bow"\ndata = "{data}"\nmodels = ["linbow"]\nseeds = [0]\ncheckpoints = "{work / "ck"}"\n'
+                    f'reports = "{work / "sw"}"\n[train]\nepochs = 1\nbatch_size = 24\nlr = 5e-3\nembed_size = 12\n'
+                    f'vectors = "{source}"\ndevice = "cpu"\n[[loss]]\nname = "triplet_sh"\n[[loss]]\nname = "ntxent"\n')
+    swept = cocos(["sweep", str(grid), "--no-progress"], work, path=models)
+    assert swept.returncode == 0, swept.stderr + swept.stdout
+    assert "2 of 2 runs ok" in swept.stdout and (work / "sw" / "bow" / "summary" / "tables.md").is_file()
+    swept_results = json.loads((work / "sw" / "bow" / "linbow_ntxent_s0" / "results.json").read_text())
+    assert swept_results["model"]["hparams"]["vectors_dim"] == 6
+    # a bad value of the family's own hyper-parameter is its own check, a missing source one line: nothing trained
+    bad = in_process(["train", "--data", str(data), "--model", "linbow", "--out", str(work / "bad"), "--pool", "max",
+                      "--vectors", source, *TRAIN])
+    assert bad.exit_code == 2 and bad.output.strip() == "error: model 'linbow': pool is mean or sum"
+    bare = in_process(["train", "--data", str(data), "--model", "linbow", "--out", str(work / "bad"), *TRAIN])
+    assert bare.exit_code == 2 and bare.output.strip().startswith(
+        "error: --model linbow needs --vectors FILE (or --source vectors=FILE): a word-vectors")
     assert not (work / "bad").exists()
 
 
 @pytest.mark.slow
 def test_a_checkpoint_of_a_loss_plugin_is_evaluated_and_analysed_after_the_plugin_is_gone(world):
-    root, data, _, losses = world
+    root, data, _, losses, _ = world
     work = root / "loss"
     work.mkdir()
     trained = cocos(["train", "--data", str(data), "--loss", "sqhinge", "--out", str(work / "run"),

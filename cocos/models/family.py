@@ -68,6 +68,7 @@ class Source:
     recorded: tuple[str, ...]
     load: Callable[[Any, Any], Any]
     coder_words: str = ""
+    metavar: str = "DIR"  # what the path is, in messages (``--bert DIR``; a file's source: ``FILE``)
 
 
 @dataclass(frozen=True)

@@ -128,8 +128,8 @@ def _check_sources(cfg: TrainConfig, family) -> None:
         raise CocosError(f"--source takes NAME=PATH items, got {given!r}")
     for source in family.sources:
         if not cfg.model.source(source.name):
-            raise CocosError(f"--model {family.name} needs --{source.name} DIR (or --source {source.name}=DIR): "
-                             f"{source.what}")
+            raise CocosError(f"--model {family.name} needs --{source.name} {source.metavar} (or --source "
+                             f"{source.name}={source.metavar}): {source.what}")
         if cfg.data.vocab and source.coder_words:
             raise CocosError(f"--model {family.name} codes captions with {source.coder_words}; --vocab does not "
                              "apply")
