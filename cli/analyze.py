@@ -32,15 +32,16 @@ def _check_checkpoint_args(checkpoints: list, label) -> None:
     if len(set(checkpoints)) < len(checkpoints):
         raise CocosError("a checkpoint is given twice")
     for checkpoint in checkpoints:
-        if not _is_clip_folder(checkpoint):  # a checkpoint file, or a Hugging Face CLIP folder
+        if not _is_model_folder(checkpoint):  # a checkpoint file, or a Hugging Face model folder (CLIP's)
             check_input_file(checkpoint, "checkpoint")
 
 
-def _is_clip_folder(path: Path) -> bool:
-    """A folder whose config.json says model_type clip (imported only for a folder)."""
-    from cocos.hf import is_clip_folder  # torch-free
+def _is_model_folder(path: Path) -> bool:
+    """A Hugging Face model folder (a config.json with a model_type), which a family may read whole
+    (:attr:`cocos.models.family.ModelFamily.folders`); whether one does is the analysis's to say."""
+    from cocos.hf import model_type  # torch-free
 
-    return is_clip_folder(path)
+    return model_type(path) is not None
 
 
 def _check_input_paths(args: dict) -> None:
@@ -194,7 +195,7 @@ def _check_inputs(checkpoints: list[Path], data: Path | None, vocab: Path | None
     for checkpoint in checkpoints:
         if not checkpoint.exists():
             raise CocosError(f"{checkpoint}: no such checkpoint")
-        if not _is_clip_folder(checkpoint):
+        if not _is_model_folder(checkpoint):
             refuse_embeddings(checkpoint)
         found.append(_inputs(checkpoint, data, vocab, bert))
     return [p for paths in found for p in paths]

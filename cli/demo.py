@@ -25,7 +25,8 @@ def _check_paths(args: dict) -> None:
     if images:
         defaults = {k: (FINETUNE_DEFAULTS if args.get("finetune") else IMAGE_DEFAULTS)[k] for k in defaults}
     paths = {k: Path(args.get(k) or v) for k, v in defaults.items()}
-    if not args.get("out") and args.get("model", "vsepp") != "vsepp" and not images:
+    if not args.get("out") and args.get("model", default(DemoConfig, "model")) != default(DemoConfig, "model") \
+            and not images:  # another family than the demo's own: perhaps one whose report goes elsewhere
         from cocos.pipelines.demo import bert_family
         from cocos.pipelines.demo_config import BERT_DEFAULTS
 

@@ -14,11 +14,11 @@ from .main import app
 def _check_paths(args: dict) -> None:
     """The paths, before the heavy imports: the checkpoint and --vocab are files, --bert and --data folders, --out
     allowed."""
-    from cocos.hf import is_clip_folder
+    from cocos.hf import model_type
     from cocos.io import check_output_file
 
     checkpoint, vocab, bert, data, out = (args.get(k) for k in ("checkpoint", "vocab", "bert", "data", "out"))
-    if not is_clip_folder(checkpoint):  # a checkpoint file, or a Hugging Face CLIP folder
+    if model_type(checkpoint) is None:  # a checkpoint file, or a Hugging Face model folder (CLIP's)
         check_input_file(checkpoint, "checkpoint")
     if vocab is not None:
         check_input_file(vocab, "vocabulary file")
@@ -92,18 +92,18 @@ def _runs(checkpoint: Path) -> list[Path]:
 
 
 def _read(checkpoint: Path, vocab: Path | None, bert: Path | None, data: Path, trust: bool) -> tuple[dict, bool]:
-    """The checkpoint to write: a CLIP folder's (:mod:`cocos.models.clip_folder`), or an original one converted."""
+    """The checkpoint to write: a model folder's that a family reads whole (a CLIP folder's,
+    :attr:`cocos.models.family.ModelFamily.folders`), or an original one converted."""
     from cocos.errors import CocosError
-    from cocos.hf import is_clip_folder
     from cocos.legacy import load_any_checkpoint
+    from cocos.models.registry import folder_checkpoint
 
-    if not is_clip_folder(checkpoint):
+    whole = folder_checkpoint(checkpoint)
+    if whole is None:
         return load_any_checkpoint(checkpoint, vocab=vocab, data=data, trust=trust, bert=bert)
     if vocab is not None or bert is not None:
-        raise CocosError(f"{checkpoint}: a CLIP folder carries its tokenizer; --vocab and --bert do not apply")
-    from cocos.models.clip_folder import clip_checkpoint
-
-    return clip_checkpoint(checkpoint, data), True
+        raise CocosError(f"{checkpoint}: a model folder carries its tokenizer; --vocab and --bert do not apply")
+    return whole(checkpoint, data), True
 
 
 def _check_inputs(checkpoint: Path, vocab: Path | None, bert: Path | None, data: Path | None,

@@ -11,7 +11,8 @@ from .main import app
 @app.command("models")
 @handle_errors
 def models() -> None:
-    """List the registered model families: input, caption input, hyper-parameters and defaults, original imports."""
+    """List the registered model families: input, caption input, hyper-parameters and defaults, original imports, the
+    pre-trained sources a run starts from."""
     from cocos.losses.spec import format_value
     from cocos.models.registry import families
 
@@ -22,3 +23,5 @@ def models() -> None:
                    else f"imports {family.imports}" if family.imports else "no original imports")
         typer.echo(f"{family.name:<{width}} {family.label}: {family.description}")
         typer.echo(f"{'':<{width}} input {family.input}, captions {family.text}; parameters {params}; {imports}")
+        for source in family.sources:  # what a run starts from: --NAME PATH, or --source NAME=PATH
+            typer.echo(f"{'':<{width}} source --{source.name} {source.metavar}: {source.what}")

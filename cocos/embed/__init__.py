@@ -31,8 +31,7 @@ from cocos.legacy import (
     load_any_checkpoint,
     read_checkpoint_file,
 )
-from cocos.models.clip_folder import clip_checkpoint, is_clip_folder
-from cocos.models.registry import get_family
+from cocos.models.registry import folder_checkpoint, get_family
 from cocos.training.checkpoint import load_checkpoint
 from cocos.training.evaluate import encode_split, evaluate_model, tokenize_split
 from cocos.training.trainer import build_from_checkpoint, resolve_data
@@ -71,10 +70,12 @@ class FrozenModel:
         (``resize``, ``crop_size``, ``features``, ``workers``, ``log``) go to
         :func:`cocos.embed.images.image_source_of`.
         """
-        if is_clip_folder(checkpoint):  # a Hugging Face CLIP folder: its checkpoint, built in memory
+        whole = folder_checkpoint(checkpoint)  # a Hugging Face model folder a family reads whole (CLIP's)
+        if whole is not None:  # its checkpoint, built in memory
             if vocab is not None or bert is not None:
-                raise CocosError(f"{checkpoint}: a CLIP folder carries its tokenizer; --vocab and --bert do not apply")
-            ckpt, converted = clip_checkpoint(checkpoint, data, log=(image_options or {}).get("log")), True
+                raise CocosError(f"{checkpoint}: a model folder carries its tokenizer; --vocab and --bert do not "
+                                 "apply")
+            ckpt, converted = whole(checkpoint, data, log=(image_options or {}).get("log")), True
         elif vocab is None and bert is None and not trust:
             try:  # the common case: a cocos checkpoint, read and checked as everywhere else
                 ckpt = load_checkpoint(checkpoint)

@@ -109,6 +109,12 @@ def _read_clip(path: str):
     return CLIPFolder.read(path, copies=4)  # to train: the weights, their gradient and AdamW's two moments
 
 
+def _clip_checkpoint(folder, data, *, log=None) -> dict:
+    from cocos.models.clip_folder import clip_checkpoint
+
+    return clip_checkpoint(folder, data, log=log)
+
+
 # VSE∞'s caption encoder: a Hugging Face BERT folder (its config, word pieces and weights)
 BERT_SOURCE = Source(
     name="bert", what="a Hugging Face BERT folder (config.json, weights, vocab.txt or tokenizer.json), e.g. "
@@ -153,7 +159,7 @@ CLIP_RECIPE = {"optimizer": "adamw", "weight_decay": 0.1, "lr": 1e-5, "grad_clip
 CLIP_FAMILY = ModelFamily(
     name="clip", label="CLIP", module=CLIPDual, input="images", text="clip",
     defaults={"freeze": "none", "unfrozen_blocks": 0}, check=check_clip, describe=describe_clip, recipe=CLIP_RECIPE,
-    sources=(CLIP_SOURCE,),
+    sources=(CLIP_SOURCE,), folders={"clip": _clip_checkpoint},
     imports="a Hugging Face CLIP folder (analyze/import CLIP_DIR --data)",
     description="CLIP-style dual encoder (Radford et al. 2021): a Hugging Face CLIPModel folder (--clip DIR), "
                 "its tokenizer and preprocessing")

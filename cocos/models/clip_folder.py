@@ -51,7 +51,7 @@ def clip_checkpoint(folder: str | os.PathLike, data: str | os.PathLike | None, *
         "data": {"path": str(data.resolve()), "fingerprint": train.fingerprint(), "k": k,
                  "feature_shape": [int(model.img_dim)], "input": "images", "crop_size": clip.preprocess.crop_size},
         "train": {"model": CLIPDual.kind, "loss": "ntxent", "data": str(data.resolve()), "k": k,
-                  "clip": str(folder.resolve())},
+                  "sources": {"clip": str(folder.resolve())}},
         "epoch": 0,
         "step": 0,
         "metrics": {},

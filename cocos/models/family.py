@@ -91,6 +91,9 @@ class ModelFamily:
     recipe: Mapping[str, Any] = field(default_factory=dict)  # the paper's training settings (flat names of cocos
     # train: {"optimizer": "adamw", "lr": 5e-4, ...}), used where the run does not set them (trainer.with_recipe)
     sources: tuple[Source, ...] = ()  # the pre-trained sources a run starts from (a BERT folder, a CLIP folder)
+    # Hugging Face folders that are whole models of the family, by their config.json's model_type, each with the
+    # function that makes a cocos checkpoint of one in memory, (folder, data, log=...) -> dict: cocos analyze DIR
+    folders: Mapping[str, Callable[..., dict]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str) or any(c in self.name for c in " ,/="):

@@ -14,6 +14,8 @@ package, and everything else keeps working.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from cocos.errors import CocosError
 from cocos.models.family import ModelFamily
 from cocos.plugins import Registry
@@ -79,3 +81,19 @@ def source_names() -> dict[str, list[str]]:
         for source in family.sources:
             out.setdefault(source.name, []).append(family.name)
     return out
+
+
+def folder_checkpoint(path) -> Callable[..., dict] | None:
+    """For a Hugging Face model folder (a ``config.json`` with a ``model_type``) the function of the family that
+    reads such folders whole (:attr:`ModelFamily.folders`: a CLIP folder), None for anything else (a checkpoint
+    file); a model folder no family reads is one line."""
+    from cocos.hf import model_type
+
+    kind = model_type(path)
+    if kind is None:
+        return None
+    readers = {t: read for f in families() for t, read in f.folders.items()}
+    if kind not in readers:
+        raise CocosError(f"{path}: a Hugging Face {kind} folder, which no model family reads as a whole model "
+                         f"(folders: {', '.join(sorted(readers)) or 'none'})")
+    return readers[kind]
