@@ -50,16 +50,17 @@ class OriginalImage:
 
 @dataclass(frozen=True)
 class Source:
-    """A pre-trained source a family starts from: a folder the user names with ``--NAME DIR`` (``--bert``,
-    ``--clip``), recorded as ``train.NAME``.
+    """A pre-trained source a family starts from: a folder or file the user names with ``--source NAME=PATH`` (or
+    ``--NAME PATH``: ``--bert DIR``, ``--clip DIR``), recorded as ``train.sources.NAME``.
 
     ``read(path)`` opens it for training, checked whole before anything is built (one :class:`CocosError` line
     otherwise), and returns an object with ``coder`` (the caption coder it brings, or None) and ``path``;
     ``records(opened)`` is what the module records of it among its constructor arguments (``bert_config``;
     ``clip_config`` and ``preprocess``), so that a checkpoint stands alone, and ``recorded`` names those arguments;
     ``load(model, opened)`` puts its weights into a new model (a resumed run takes them from its checkpoint).
-    ``what`` says what it is and ``coder_words`` what codes the captions, for messages. The trainer, the run's
-    checks and the CLI loop over a family's sources and never name one."""
+    ``what`` says what it is, ``coder_words`` what codes the captions and ``metavar`` what the path is (``DIR``,
+    ``FILE``), for messages. The trainer, the run's checks and the CLI loop over a family's sources and never name
+    one."""
 
     name: str
     what: str

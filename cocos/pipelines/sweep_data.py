@@ -136,7 +136,8 @@ def check_run_files(where: str, run: SweepRun) -> None:
     for source in sources_of(run.train["model"]):
         path = run.train.get(source.name) or given.get(source.name)
         if path and not Path(path).exists():
-            raise CocosError(f"{where}: run {run.name}: {source.name}: {path}: no such folder ({source.what})")
+            what = "folder" if source.metavar == "DIR" else "file"
+            raise CocosError(f"{where}: run {run.name}: {source.name}: {path}: no such {what} ({source.what})")
 
 
 def fingerprint(train: dict, memo: dict | None = None) -> str:

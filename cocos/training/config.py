@@ -132,8 +132,8 @@ class TrainConfig:
         return to_flat(self)
 
     def validate(self) -> None:
-        """Refuse nonsense settings before anything is read or written (:func:`cocos.training.trainer.validate`)."""
-        from cocos.training.trainer import validate  # the checks need the registries: imported when used
+        """Refuse nonsense settings before anything is read or written (:func:`cocos.training.checks.validate`)."""
+        from cocos.training.checks import validate  # the checks need the registries: imported when used
 
         validate(self)
 
