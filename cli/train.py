@@ -196,9 +196,10 @@ def _recorded_train(last: Path) -> dict:
     """The flat ``train`` record of a run's ``last.pt`` (cheaply read; ``{}`` if there is none: resuming then
     fails with its own line)."""
     from cocos.training.checkpoint import peek
+    from cocos.training.config import record_flat
 
     train = peek(last).get("train") if last.is_file() else None
-    return dict(train) if isinstance(train, dict) else {}
+    return record_flat(train) if isinstance(train, dict) else {}
 
 
 def _sources(items: list[str], **spelled: Path | None) -> dict[str, str]:

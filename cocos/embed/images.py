@@ -36,6 +36,7 @@ from cocos.embed.features import (
 )
 from cocos.errors import CocosError
 from cocos.models.weights import WeightsTransformWarning, identify, known_by_name, proportional_resize
+from cocos.training.config import record_flat
 from cocos.training.pixels import eval_resize
 
 
@@ -165,7 +166,8 @@ def image_source_of(ckpt: dict, data: Path, *, resize: int | None = None, crop_s
     win; what is not given is the checkpoint's own. Given sizes unlike those of a known weights file
     (:mod:`cocos.models.weights`) are said in one :class:`~cocos.models.weights.WeightsTransformWarning` line
     (``cocos analyze`` prints it as a ``warning:``)."""
-    recorded = {**ckpt.get("train", {}), **ckpt.get("data", {})}
+    train = ckpt.get("train")
+    recorded = {**(record_flat(train) if isinstance(train, dict) else {}), **ckpt.get("data", {})}
     opt = (ckpt.get("legacy") or {}).get("opt") or {}
     restval = bool(recorded.get("use_restval", opt.get("use_restval", False)))
     preprocess = (ckpt.get("model") or {}).get("hparams", {}).get("preprocess")

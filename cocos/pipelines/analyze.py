@@ -35,9 +35,9 @@ from cocos.results import (
     Source,
     TrainingInfo,
     cnn_name,
-    lookup,
     records,
 )
+from cocos.training.config import record_flat
 from cocos.training.logs import TrainingLogs, read_logs
 
 
@@ -168,7 +168,7 @@ def analyze_checkpoint(
         losses = paper_names() + ([own] if own in OBJECTIVES and own not in paper_names() else [])
     losses = list(losses)
     if batch_size is None:
-        batch_size = int(lookup(ckpt, "train", "batch_size") or 128)
+        batch_size = int(_trained(ckpt).get("batch_size") or 128)
     if frozen.is_images:  # before minutes of CNN features
         _check_batch_size(batch_size, frozen.images.peek("train"), losses)
     train = frozen.open_split("train", progress=progress)
@@ -198,7 +198,7 @@ def analyze_checkpoint(
                         + (f" ({label})" if label else ""),
                         kind=kind, hparams=ckpt["model"]["hparams"]),
         training=TrainingInfo(loss=trained, params=ckpt["loss"].get("params", {}),
-                              seed=int(lookup(ckpt, "train", "seed") or 0), ltd=ltd, **_warmup(ckpt)),
+                              seed=int(_trained(ckpt).get("seed") or 0), ltd=ltd, **_warmup(ckpt)),
         counting=counting_info(run, compat, sweep_eps),
         statistics=records(run.summary()),
         evaluation=Evaluation(eval_split.split, metrics, n_images=int(eval_split.n_images),
@@ -212,10 +212,17 @@ def analyze_checkpoint(
                     warnings=data_warnings(frozen, train))
 
 
+def _trained(ckpt: dict) -> dict:
+    """The run's settings as the checkpoint records them, flat (:func:`cocos.training.config.record_flat`: this
+    version's sections or an earlier version's names); ``{}`` for a checkpoint with no record."""
+    train = ckpt.get("train")
+    return record_flat(train) if isinstance(train, dict) else {}
+
+
 def _warmup(ckpt: dict) -> dict:
     """The run's warm-up as the checkpoint records it (``train.warmup_epochs``; the family trained during it is
     the training loss's ``warmup_loss``): ``{"warmup_epochs", "warmup_loss"}`` for :class:`TrainingInfo`."""
-    epochs = lookup(ckpt, "train", "warmup_epochs")
+    epochs = _trained(ckpt).get("warmup_epochs")
     spec = OBJECTIVES.get(ckpt["loss"]["name"])
     if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1 or spec is None or not spec.warmup_loss:
         return {"warmup_epochs": 0, "warmup_loss": None}

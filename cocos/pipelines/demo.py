@@ -76,7 +76,7 @@ from cocos.report.merge import build_report, write_report
 from cocos.report.tables import to_markdown
 from cocos.results import cnn_name, lookup
 from cocos.training.checkpoint import load_checkpoint
-from cocos.training.config import DataConfig, TrainConfig, default
+from cocos.training.config import DataConfig, TrainConfig, default, record_flat
 from cocos.training.pixels import eval_resize
 from cocos.training.pretrain import PretrainConfig, Pretrained, find_pretrained, pretrain_cnn
 from cocos.training.trainer import (
@@ -270,7 +270,8 @@ def _run_state(train_cfg, fingerprint: str) -> str:
     wanted.pop("workers")  # decoding processes do not change the run
     if lookup(ckpt, "data", "fingerprint") != fingerprint or not isinstance(ckpt.get("train"), dict):
         return "none"
-    if {k: ckpt["train"].get(k) for k in wanted} != wanted or not isinstance(ckpt.get("epoch"), int):
+    recorded = record_flat(ckpt["train"])  # this version's sections, or an earlier version's flat names
+    if {k: recorded.get(k) for k in wanted} != wanted or not isinstance(ckpt.get("epoch"), int):
         return "none"
     if ckpt["epoch"] == train_cfg.optim.epochs and (Path(train_cfg.out) / "model_best.pt").exists():
         return "done"

@@ -84,7 +84,7 @@ from cocos.pipelines.sweep_schema import (
 from cocos.report.merge import build_report, write_report
 from cocos.results import Results, lookup
 from cocos.training.checkpoint import load_checkpoint
-from cocos.training.config import TrainConfig
+from cocos.training.config import TrainConfig, record_flat
 from cocos.training.trainer import Trainer
 
 MAX_RUNS = 10_000  # the paper's grid is 40 runs per dataset; the count is checked before any run is built
@@ -153,7 +153,10 @@ def train_state(run: SweepRun, memo: dict | None = None) -> str:
         wanted = recorded_settings(run)
     except CocosError:
         return "new"
-    if not isinstance(ckpt.get("train"), dict) or {k: ckpt["train"].get(k) for k in wanted} != wanted:
+    if not isinstance(ckpt.get("train"), dict):
+        return "new"
+    recorded = record_flat(ckpt["train"])  # this version's sections, or an earlier version's flat names
+    if {k: recorded.get(k) for k in wanted} != wanted:
         return "new"
     run.fingerprint = run.fingerprint or fingerprint(run.train, memo)
     if lookup(ckpt, "data", "fingerprint") != run.fingerprint:

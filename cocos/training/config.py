@@ -131,6 +131,10 @@ class TrainConfig:
         """The flat record of the run (module docstring)."""
         return to_flat(self)
 
+    def record(self) -> dict:
+        """The run as a checkpoint records it, in its sections (:func:`to_record`)."""
+        return to_record(self)
+
     def validate(self) -> None:
         """Refuse nonsense settings before anything is read or written (:func:`cocos.training.checks.validate`)."""
         from cocos.training.checks import validate  # the checks need the registries: imported when used
@@ -246,11 +250,44 @@ def _spelled_sources(flat: dict) -> dict:
     return {**rest, "sources": given or None} if given or "sources" in flat else rest
 
 
+RECORD_SECTIONS = ("data", "model", "loss", "optim", "hooks")
+
+
+def is_sectioned(train) -> bool:
+    """Whether a ``train`` record holds the run's sections (this version's) rather than flat names (earlier
+    versions', a converted original checkpoint's)."""
+    return isinstance(train, dict) and all(isinstance(train.get(s), dict) for s in RECORD_SECTIONS[:-1])
+
+
+def to_record(cfg: TrainConfig) -> dict:
+    """The run as a checkpoint records it: its sections, field by field (``hooks.ltd``: LTD's fields, or None), and
+    the output folder and device."""
+    return {**{s: dataclasses.asdict(getattr(cfg, s)) for s in RECORD_SECTIONS}, "out": cfg.out, "device": cfg.device}
+
+
+def from_record(train: dict) -> TrainConfig:
+    """The run a ``train`` record describes: its sections (:func:`to_record`), or an earlier version's flat names
+    (:func:`from_flat`). A field this version does not know is one line."""
+    if not is_sectioned(train):
+        return from_flat({k: v for k, v in _spelled_sources(dict(train)).items() if k in names()})
+    hooks = dict(train.get("hooks") or {})
+    ltd = hooks.pop("ltd", None)
+    try:
+        return TrainConfig(**{s: SECTIONS[s](**train[s]) for s in RECORD_SECTIONS[:-1]},
+                           hooks=HookConfig(ltd=LTDConfig(**ltd) if ltd else None, **hooks),
+                           **{k: train[k] for k in ("out", "device") if k in train})
+    except TypeError as exc:
+        raise CocosError(f"a train record this version cannot read ({exc})") from None
+
+
 def record_flat(train: dict) -> dict:
-    """A checkpoint's recorded ``train`` in today's flat form (read-only: the record is not changed): earlier
-    versions' spellings (``bert``, ``clip``) as ``sources``, each setting added since at its default."""
-    flat = _spelled_sources(dict(train))
-    return {**ADDED_DEFAULTS, **flat}
+    """A checkpoint's recorded ``train`` in today's flat form, the one read-only mapping of every record written so
+    far (the record is not changed): this version's sections through :func:`from_record`; an earlier version's flat
+    names with their spellings (``bert``, ``clip``) as ``sources`` and no ``ltd`` as none; each setting added since
+    at its default."""
+    if is_sectioned(train):
+        return {**ADDED_DEFAULTS, **from_record(train).flat()}
+    return {**ADDED_DEFAULTS, "ltd": False, **_spelled_sources(dict(train))}
 
 
 def _loss_flat(flat: dict) -> dict:

@@ -40,8 +40,8 @@ def check_resume(ckpt: dict, cfg: TrainConfig, fingerprint: str, where) -> None:
         raise CocosError(f"{where}: checkpoint was trained with {entry.loss.name}, not {cfg.loss.name}")
     if entry.data.fingerprint != fingerprint:
         raise CocosError(f"{where}: checkpoint was trained on other data than {cfg.data.path}")
-    recorded, now = record_flat({"ltd": False, **entry.train}), record_flat(cfg.flat())
-    if "params" in entry.train and loss_params_of(recorded) != cfg.loss_params():
+    recorded, now = record_flat(entry.train), record_flat(cfg.flat())
+    if "params" in recorded and loss_params_of(recorded) != cfg.loss_params():
         raise CocosError(f"{where}: was trained with loss parameters {loss_params_of(recorded)}, not "
                          f"{cfg.loss_params()}; resume with the same flags")
     for name in RESUME_FLAGS:
