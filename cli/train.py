@@ -195,11 +195,15 @@ def _with_recipe(ctx: typer.Context, flat: dict, resume: bool) -> dict:
 def _recorded_train(last: Path) -> dict:
     """The flat ``train`` record of a run's ``last.pt`` (cheaply read; ``{}`` if there is none: resuming then
     fails with its own line)."""
+    from cocos.errors import CocosError
     from cocos.training.checkpoint import peek
     from cocos.training.config import record_flat
 
     train = peek(last).get("train") if last.is_file() else None
-    return record_flat(train) if isinstance(train, dict) else {}
+    try:
+        return record_flat(train) if isinstance(train, dict) else {}
+    except CocosError:  # a record the checked load of last.pt refuses in its own line
+        return {}
 
 
 def _sources(items: list[str], **spelled: Path | None) -> dict[str, str]:

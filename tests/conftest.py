@@ -6,6 +6,15 @@ training epoch ten times slower. ``OMP_NUM_THREADS=1`` makes every command run i
 this process (their default thread count, ``cocos.device.default_threads``) and
 every subprocess use one thread too.
 
+A module that sets ``EMPTY_FIGURES = True`` (its tests read no figure) gets every figure written as an empty file
+instead of drawn (:func:`tests.helpers.empty_figures`), its module fixtures included; figures are drawn and checked
+in tests/test_report_figures.py, tests/test_figure_print.py and the tests that read them.
+
+Two xdist workers (``-n 2 --dist loadscope``, pyproject.toml) take whole modules from one queue; the suite ends
+when the later worker does. xdist's own order (most tests first) would leave the long modules of few tests, the
+plugin and multi-process ones, to the end, where one of them runs alone: :data:`LONG_FIRST` (measured, longest
+first) go first, the others follow in xdist's order (``--no-loadscope-reorder`` keeps this one).
+
 Figures are most of the suite's time, and most of a PDF's time is matplotlib
 subsetting the same font for the same glyphs again: :func:`tests.helpers.memoise_pdf_font_subsets`
 does it once per (font, glyphs) for the session, with byte-identical files.
@@ -17,9 +26,56 @@ import signal
 os.environ["OMP_NUM_THREADS"] = "1"
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
 
-torch.set_num_threads(1)
+
+def pytest_configure(config):
+    """One torch thread in each process that runs tests; xdist's controller, which runs none, does not import torch
+    (a second before it starts the workers)."""
+    if hasattr(config, "workerinput") or config.getoption("dist", "no") == "no":
+        import torch
+
+        torch.set_num_threads(1)
+
+
+# the modules (xdist scopes) of longest run time on a 2-core machine, longest first (seconds, quiet, May 2026)
+LONG_FIRST = [
+    "tests/test_model_plugins.py",  # 65: fresh processes, each training or importing torch
+    "tests/test_plugins.py",  # 20: fresh processes
+    "tests/test_distributed.py",  # 18: a torchrun launch
+    "tests/test_cnn.py",
+    "tests/test_train_images.py",
+    "tests/test_figure_print.py",
+    "tests/test_analyze.py",
+    "tests/test_vse_infty.py",
+    "tests/test_tracker_edges.py",
+    "tests/test_demo_images.py",
+    "tests/test_reliability.py",
+    "tests/test_docs.py::TestTutorial",
+    "tests/test_docs.py::TestReadme",
+    "tests/test_demo.py",
+    "tests/test_checkpoint_hardening.py",
+    "tests/test_clip.py",
+]
+
+
+def _scope(nodeid: str) -> str:
+    """The xdist loadscope unit of a test: its class, else its module (as xdist splits it)."""
+    return nodeid.rsplit("::", 1)[0]
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under xdist (a worker's collection; every worker sorts the same way): the :data:`LONG_FIRST` scopes first,
+    then the others by their number of tests, most first (xdist's own reordering, which this replaces); the
+    tests of a scope keep their order."""
+    if not hasattr(config, "workerinput"):
+        return
+    counts: dict[str, int] = {}
+    for item in items:
+        counts[_scope(item.nodeid)] = counts.get(_scope(item.nodeid), 0) + 1
+    rank = {scope: i for i, scope in enumerate(LONG_FIRST)}
+    order = {scope: i for i, scope in enumerate(counts)}
+    items.sort(key=lambda item: (rank.get(_scope(item.nodeid), len(rank)), -counts[_scope(item.nodeid)],
+                                 order[_scope(item.nodeid)]))
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -30,6 +86,17 @@ def _pdf_font_subsets_once():
     yield
     if undo is not None:
         undo()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _empty_figures_where_asked(request):
+    if getattr(request.module, "EMPTY_FIGURES", False):
+        from tests.helpers import figures_empty
+
+        with figures_empty():
+            yield
+    else:
+        yield
 
 
 @pytest.fixture(autouse=True, scope="session")

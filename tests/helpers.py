@@ -95,20 +95,39 @@ def memoise_pdf_font_subsets():
     return undo
 
 
-def empty_figures(monkeypatch) -> None:
+def empty_figures(monkeypatch, formats=None) -> None:
     """Figures written as empty files instead of rendered (about 2 s an analysis), for tests that are not about
-    figures."""
+    figures; ``formats`` (e.g. ``{"pdf"}``): only the files of these formats, the others drawn."""
     from pathlib import Path
 
     from matplotlib.figure import Figure
 
+    drawn = Figure.savefig
+
     def savefig(self, fname, *args, **kwargs):
+        if formats is not None and kwargs.get("format") not in formats:
+            return drawn(self, fname, *args, **kwargs)
         if hasattr(fname, "write"):
             fname.write(b"")
         else:
             Path(fname).write_bytes(b"")
 
     monkeypatch.setattr(Figure, "savefig", savefig)
+
+
+def figures_empty(formats=None):
+    """:func:`empty_figures` as a context manager, for module fixtures (no ``monkeypatch`` there)."""
+    import contextlib
+
+    import pytest
+
+    @contextlib.contextmanager
+    def context():
+        with pytest.MonkeyPatch.context() as mp:
+            empty_figures(mp, formats)
+            yield
+
+    return context()
 
 
 CLIP_LETTERS = "abcdefghijklmnopqrstuvwxyz"

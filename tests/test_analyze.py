@@ -18,11 +18,21 @@ from cocos.embed import encode_checkpoint
 from cocos.training.checkpoint import load_checkpoint, save_checkpoint
 from cocos.training.trainer import TrainConfig, Trainer
 from cocos_cli.main import app
-from tests.helpers import one_error_line
+from tests.helpers import empty_figures, figures_empty, one_error_line
 from tests.test_report_tables import as_results
 
 runner = CliRunner()
 BATCH = 16
+# the tests that read figure files draw them: test_tables_parse_and_latex_is_structurally_sound all of them, the
+# determinism test the PNGs it compares; the others get them as empty files (their drawing:
+# tests/test_report_figures.py, tests/test_figure_print.py), about 2 s an analysis
+DRAWN = {"test_same_command_twice_gives_identical_results": {"pdf"},
+         "test_tables_parse_and_latex_is_structurally_sound": set()}
+
+
+@pytest.fixture(autouse=True)
+def _figures(request, monkeypatch):
+    empty_figures(monkeypatch, DRAWN.get(request.node.name))  # None: every format empty
 
 
 @pytest.fixture(scope="module")
@@ -45,14 +55,18 @@ def _analyze(root, loss, out, *extra):
 
 @pytest.fixture(scope="module")
 def analyses(world, tmp_path_factory):
-    """One analysis per model (shared by the tests of this module): folder, results.json and output."""
+    """One analysis per model (shared by the tests of this module): folder, results.json and output. The SmoothAP
+    one draws its PNGs (test_same_command_twice_gives_identical_results compares them)."""
     root, _ = world
     base = tmp_path_factory.mktemp("analyses")
     out = {}
-    for loss, extra in (("triplet_sh", ("--per-query", "--save-embeddings", str(base / "sh_emb.npz"))),
-                        ("smoothap", ())):
-        results, output = _analyze(root, loss, base / loss, *extra)
-        out[loss] = (base / loss, results, output)
+    with figures_empty():
+        results, output = _analyze(root, "triplet_sh", base / "triplet_sh", "--per-query", "--save-embeddings",
+                                   str(base / "sh_emb.npz"))
+    out["triplet_sh"] = (base / "triplet_sh", results, output)
+    with figures_empty(DRAWN["test_same_command_twice_gives_identical_results"]):
+        results, output = _analyze(root, "smoothap", base / "smoothap")
+    out["smoothap"] = (base / "smoothap", results, output)
     return out
 
 

@@ -84,7 +84,10 @@ STRUCTURE = {
                                         "word embedding table"),
     "vocab token not a string": (lambda c: c["vocab"].__setitem__(5, 5), "vocab[5] must be a non-empty string"),
     "train is a list": (_set(["train"], [1, 2]), "train must be a dict"),
-    "train.batch_size is a word": (_set(["train", "batch_size"], "many"), "train.batch_size must be an integer"),
+    "train.batch_size is a word": (_set(["train", "optim", "batch_size"], "many"),
+                                   "train.batch_size must be an integer"),
+    "train has a section of no version": (_set(["train", "schedule"], {}), "train holds schedule, which is no section "
+                                                                           "of a run"),
     "epoch is a word": (_set(["epoch"], "two"), "epoch must be an integer, got 'two'"),
     "bad loss presentation": (_set(["loss", "presentation"], {"label": 3}), "loss.presentation is not a loss "
                                                                             "presentation"),

@@ -26,8 +26,9 @@ from cocos.losses.base import LearnedTemperature  # noqa: E402
 from cocos.models.clip import CLIPDual  # noqa: E402
 from cocos.objectives import get_loss  # noqa: E402
 from cocos_cli.main import app  # noqa: E402
-from tests.helpers import empty_figures, make_clip_folder  # noqa: E402
+from tests.helpers import make_clip_folder  # noqa: E402
 
+EMPTY_FIGURES = True  # no test here reads a figure: written as empty files (tests/conftest.py)
 runner = CliRunner()
 
 
@@ -142,7 +143,6 @@ def test_analyzed_folder_embeds_as_transformers(world):
 
 
 def test_cocos_analyze_of_a_clip_folder(world, tmp_path, monkeypatch):
-    empty_figures(monkeypatch)  # the files, not their drawing (tests/test_report_figures.py, test_figure_print.py)
     _, clip, data = world
     out = tmp_path / "report"
     result = runner.invoke(app, ["analyze", str(clip), "--data", str(data), "--out", str(out), "--batch-size", "8",
@@ -176,7 +176,6 @@ def saved_clip(ckpt_path, folder, tmp_path):
 
 
 def test_fine_tuned_model_analyzes_as_transformers(world, tmp_path, monkeypatch):
-    empty_figures(monkeypatch)  # the files, not their drawing (tests/test_report_figures.py, test_figure_print.py)
     _, clip, data = world
     result = train(world, tmp_path / "run", "--loss", "ntxent", "--track-cocos", "1")
     assert result.exit_code == 0, result.output
@@ -184,9 +183,9 @@ def test_fine_tuned_model_analyzes_as_transformers(world, tmp_path, monkeypatch)
     start = reference(clip)[0].logit_scale.item()
     learned = float(ckpt["state_dict"]["clip.logit_scale"])
     assert learned != start  # the temperature was learned (recipe: learn_tau)
-    assert ckpt["train"]["learn_tau"] is True and ckpt["train"]["optimizer"] == "adamw"
+    assert ckpt["train"]["loss"]["learn_tau"] is True and ckpt["train"]["optim"]["optimizer"] == "adamw"
     assert ckpt["loss"]["params"]["tau"] == pytest.approx(math.exp(-learned), rel=1e-6)
-    assert ckpt["train"]["sources"] == {"clip": str(clip)}  # the checkpoint still names its base folder
+    assert ckpt["train"]["model"]["sources"] == {"clip": str(clip)}  # the checkpoint still names its base folder
     frozen = FrozenModel.load(tmp_path / "run" / "model_best.pt")
     emb = frozen.encode(frozen.open_split("train"))
     want_img, want_cap = split_reference(*reference(tuned), data)
@@ -219,7 +218,6 @@ def test_freezing_a_tower_and_all_but_the_last_block(world, tmp_path):
 
 
 def test_resume_continues_as_one_run(world, tmp_path, monkeypatch):
-    empty_figures(monkeypatch)  # the files, not their drawing (tests/test_report_figures.py, test_figure_print.py)
     whole = train(world, tmp_path / "whole", "--loss", "ntxent", "--epochs", "2", "--track-cocos", "1")
     assert whole.exit_code == 0, whole.output
     assert train(world, tmp_path / "part", "--loss", "ntxent", "--epochs", "1", "--track-cocos", "1").exit_code == 0

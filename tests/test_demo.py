@@ -8,20 +8,35 @@ import pytest
 from typer.testing import CliRunner
 
 from cocos_cli.main import app
-from tests.helpers import empty_figures
+from tests.helpers import empty_figures, figures_empty
 
 runner = CliRunner()
 
 
-@pytest.mark.slow
-def test_demo_end_to_end_and_reuse(tmp_path, monkeypatch):
-    empty_figures(monkeypatch)  # the report's files, not their drawing (tests/test_report_figures.py): ~1 s a figure
-    args = ["demo", "--out", str(tmp_path / "rep"), "--data", str(tmp_path / "syn"), "--checkpoints",
-            str(tmp_path / "ck"), "--loss", "triplet_sh", "--epochs", "2", "--n-train", "64",
-            "--embed-size", "16", "--word-dim", "8", "--batch-size", "16", "--no-progress"]
-    first = runner.invoke(app, args)
+COMMON = ["--loss", "triplet_sh", "--epochs", "2", "--n-train", "64", "--embed-size", "16", "--word-dim", "8",
+          "--batch-size", "16", "--no-progress", "--device", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    """The plain demo, run once for the module: its folder and its output (its data and checkpoints are reused by
+    the tests after it)."""
+    tmp = tmp_path_factory.mktemp("demo")
+    with figures_empty():  # the report's files, not their drawing (tests/test_report_figures.py): ~1 s a figure
+        first = runner.invoke(app, _plain_args(tmp))
     assert first.exit_code == 0, first.output
-    assert "training vsepp" in first.output
+    return tmp, first.output
+
+
+def _plain_args(tmp):
+    return ["demo", "--out", str(tmp / "rep"), "--data", str(tmp / "syn"), "--checkpoints", str(tmp / "ck"), *COMMON]
+
+
+@pytest.mark.slow
+def test_demo_end_to_end_and_reuse(plain, monkeypatch):
+    empty_figures(monkeypatch)  # the report's files, not their drawing (tests/test_report_figures.py): ~1 s a figure
+    tmp_path, output = plain
+    assert "training vsepp" in output
     readme = (tmp_path / "rep" / "README.md").read_text()
     assert "Table 1" in readme and "Table 2" in readme and "Triplet loss SH" in readme
     assert "![COCOS vs rsum](summary/cocos_vs_rsum.png)" in readme
@@ -30,7 +45,7 @@ def test_demo_end_to_end_and_reuse(tmp_path, monkeypatch):
     sh = json.loads((tmp_path / "rep" / "triplet_sh" / "results.json").read_text())
     assert sh["training"]["loss"] == "triplet_sh" and sh["model"]["kind"] == "vsepp"
     before = (tmp_path / "rep" / "triplet_sh" / "results.json").read_bytes()
-    second = runner.invoke(app, args)
+    second = runner.invoke(app, _plain_args(tmp_path))
     assert second.exit_code == 0, second.output
     assert "training" not in second.output and second.output.count("reusing") == 1
     assert (tmp_path / "rep" / "triplet_sh" / "results.json").read_bytes() == before
@@ -53,29 +68,26 @@ def test_demo_with_one_epoch_skips_the_warm_up(tmp_path):
 
 
 @pytest.mark.slow
-def test_demo_of_a_bert_family_trains_it_beside_vsepp(tmp_path, monkeypatch):
+def test_demo_of_a_bert_family_trains_it_beside_vsepp(plain, monkeypatch):
     """cocos demo --model vse_infty: VSE++ and VSE∞ with the same loss, one report with both models; the VSE∞ run
     takes the family's recipe on the demo's short schedule, and a VSE++ checkpoint of the plain demo is reused."""
     empty_figures(monkeypatch)  # the report's files, not their drawing (tests/test_report_figures.py)
     from tests.test_vse_infty import SPECIAL, synth_words, tiny_bert
 
-    common = ["--data", str(tmp_path / "syn"), "--checkpoints", str(tmp_path / "ck"), "--loss", "triplet_sh",
-              "--epochs", "2", "--n-train", "64", "--embed-size", "16", "--word-dim", "8", "--batch-size", "16",
-              "--no-progress", "--device", "cpu"]
-    plain = runner.invoke(app, ["demo", "--out", str(tmp_path / "plain"), *common])
-    assert plain.exit_code == 0, plain.output
+    tmp_path, _ = plain  # the plain demo's data and checkpoints
     bert = tiny_bert(tmp_path / "bert", [w for w in synth_words(tmp_path / "syn") if w not in SPECIAL])
-    res = runner.invoke(app, ["demo", "--model", "vse_infty", "--bert", str(bert), "--out", str(tmp_path / "rep"),
-                              *common])
+    res = runner.invoke(app, ["demo", "--model", "vse_infty", "--bert", str(bert), "--out", str(tmp_path / "infty"),
+                              "--data", str(tmp_path / "syn"), "--checkpoints", str(tmp_path / "ck"), *COMMON])
     assert res.exit_code == 0, res.output
     assert "[triplet_sh] reusing" in res.output and "training vse_infty for 2 epochs" in res.output
-    readme = (tmp_path / "rep" / "README.md").read_text()
+    readme = (tmp_path / "infty" / "README.md").read_text()
     assert readme.startswith("# cocos demo --model vse_infty:") and "| VSE∞ | 2 |" in readme
-    infty = json.loads((tmp_path / "rep" / "vse_infty_triplet_sh" / "results.json").read_text())
+    infty = json.loads((tmp_path / "infty" / "vse_infty_triplet_sh" / "results.json").read_text())
     assert infty["model"]["kind"] == "vse_infty" and infty["training"]["loss"] == "triplet_sh"
     from cocos.training.checkpoint import load_checkpoint
+    from cocos.training.config import record_flat
 
-    train = load_checkpoint(tmp_path / "ck" / "vse_infty_triplet_sh" / "model_best.pt")["train"]
+    train = record_flat(load_checkpoint(tmp_path / "ck" / "vse_infty_triplet_sh" / "model_best.pt")["train"])
     assert (train["optimizer"], train["lr"], train["warmup_epochs"], train["sources"]) == \
         ("adamw", 5e-4, 1, {"bert": str(bert)})
 

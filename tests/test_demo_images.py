@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from cocos.results import cnn_name, model_label
 from cocos_cli.main import app
-from tests.helpers import empty_figures, one_error_line
+from tests.helpers import empty_figures, figures_empty, one_error_line
 
 runner = CliRunner()
 TINY = ["--images", "--loss", "triplet", "--epochs", "1", "--n-train", "30", "--n-test", "20", "--image-size", "20",
@@ -34,7 +34,8 @@ def _args(tmp_path, *extra, out="rep"):
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dimg")
-    first = runner.invoke(app, _args(tmp))
+    with figures_empty({"pdf"}):  # the PNGs, which the report shows and the tests check, are drawn
+        first = runner.invoke(app, _args(tmp))
     assert first.exit_code == 0, first.output
     return tmp, first.output
 
@@ -85,7 +86,8 @@ def test_image_demo_pretrains_writes_features_and_the_report(demo):
     assert res["training"]["loss"] == "triplet" and res["data"]["path"] == str(feats[0])
 
 
-def test_image_demo_rerun_reuses_the_cnn_the_features_and_the_model(demo):
+def test_image_demo_rerun_reuses_the_cnn_the_features_and_the_model(demo, monkeypatch):
+    empty_figures(monkeypatch)  # the files, not their drawing (tests/test_report_figures.py, test_figure_print.py)
     tmp, _ = demo
     again = runner.invoke(app, _args(tmp))
     assert again.exit_code == 0, again.output
@@ -123,7 +125,7 @@ def test_image_demo_finetune_starts_from_the_pretrained_cnn(demo, monkeypatch):
     assert "training vsepp_full for 1 epochs" in res.output
     weights = next((tmp / "ck" / "cnn_pretrained").glob("resnet18-*.pth"))
     ckpt = load_checkpoint(tmp / "ck" / "finetune" / "triplet" / "model_best.pt")
-    assert ckpt["train"]["cnn_weights"] == str(weights) and ckpt["model"]["hparams"]["finetune"] is True
+    assert ckpt["train"]["model"]["cnn_weights"] == str(weights) and ckpt["model"]["hparams"]["finetune"] is True
     out = json.loads((tmp / "rep_ft" / "triplet" / "results.json").read_text())
     assert out["model"]["kind"] == "vsepp_full" and out["model"]["label"] == "VSE++ (ResNet-18, fine-tuned)"
     assert (out["data"]["n_images"], out["data"]["n_captions"]) == (30, 150)

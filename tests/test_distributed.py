@@ -31,15 +31,18 @@ def test_blocks_tile_the_plan_in_order(n, world):
 def _here(args: list[str], cwd: Path):
     """One process: the same command in this process (one thread, as the torchrun ranks), from ``cwd``.
 
-    In place of a ``cocos`` subprocess: the one-process reference needs no process start of its own."""
+    In place of a ``cocos`` subprocess: the one-process reference needs no process start of its own. Its figures are
+    empty files, as the launch's (:data:`SEVERAL`): the tests compare numbers, not drawings."""
     from typer.testing import CliRunner
 
     from cocos_cli.main import app
+    from tests.helpers import figures_empty
 
     before = Path.cwd()
     os.chdir(cwd)
     try:
-        return CliRunner().invoke(app, args)
+        with figures_empty():
+            return CliRunner().invoke(app, args)
     finally:
         os.chdir(before)
 
@@ -88,18 +91,19 @@ def _global_batch_worker(rank: int, world: int, store: str, out: str) -> None:
     dist.destroy_process_group()
 
 
-def test_global_batch_gradient_on_two_processes_equals_one(tmp_path):
+@pytest.mark.slow
+@needs_torchrun
+def test_global_batch_gradient_on_two_processes_equals_one(run, two):
     import torch
-    import torch.multiprocessing as mp
 
-    mp.spawn(_global_batch_worker, args=(2, str(tmp_path / "store"), str(tmp_path / "two.pt")), nprocs=2)
+    # the two ranks of the launch of :func:`two` ran _global_batch_worker (its GLOBAL_BATCH entry)
     torch.manual_seed(0)
     model = torch.nn.Linear(5, 3)
     x = torch.randn(7, 5)
     z = model(x)
     loss = (z.softmax(0) * torch.arange(21.0).view(7, 3)).sum() + z.pow(2).mean()
     loss.backward()
-    two = torch.load(tmp_path / "two.pt", weights_only=True)
+    two = torch.load(run / "global_batch.pt", weights_only=True)
     assert torch.allclose(two["loss"], loss.detach(), atol=1e-6)
     assert torch.allclose(two["w"], model.weight.grad, atol=1e-6)  # uneven blocks (3 + 4 rows) included
     assert torch.allclose(two["b"], model.bias.grad, atol=1e-6)
@@ -150,7 +154,14 @@ SEVERAL = """
 import json, os, sys
 import torch.distributed.distributed_c10d as c10d
 import torch.distributed.nn  # noqa: F401
+from matplotlib.figure import Figure
 from cocos_cli.main import app
+def savefig(self, fname, *args, **kwargs):  # figures as empty files: no test here reads them
+    if hasattr(fname, "write"):
+        fname.write(b"")
+    else:
+        open(fname, "wb").close()
+Figure.savefig = savefig
 commands = json.loads(sys.argv[1])
 failed = False
 for i, args in enumerate(commands):
@@ -164,7 +175,12 @@ for i, args in enumerate(commands):
             return original(self, *a, **k)
         t.Trainer.step = step
     try:
-        app(args)
+        if args[0] == "@global_batch":  # not a command: test_global_batch_gradient_on_two_processes_equals_one
+            sys.path.insert(0, args[1])
+            from tests.test_distributed import _global_batch_worker
+            _global_batch_worker(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), *map(os.path.abspath, args[2:]))
+        else:
+            app(args)
         code = 0
     except SystemExit as exc:
         code = exc.code or 0
@@ -173,7 +189,9 @@ for i, args in enumerate(commands):
         print(f"@@ exit {code}", flush=True)
 sys.exit(1 if failed else 0)
 """
-COMMANDS = {"count": [*COUNT, "--json", "two.json"], "analyze": [*ANALYZE, "--out", "two"],
+COMMANDS = {"global_batch": ["@global_batch", str(Path(__file__).resolve().parents[1]), "global_batch.store",
+                             "global_batch.pt"],
+            "count": [*COUNT, "--json", "two.json"], "analyze": [*ANALYZE, "--out", "two"],
             "train": [*TRAIN, "--out", "t2", "--overwrite"], "vsrn": VSRN,
             **({"clip": [*CLIP, "--out", "c2"]} if importlib.util.find_spec("transformers") else {})}
 DIES = [*TRAIN, "--out", "dead"]  # last in the launch: rank 1 dies in it (LAST_ONE_DIES)

@@ -37,6 +37,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import empty_figures
+
 ROOT = Path(__file__).resolve().parents[1]
 TESTED = ["README.md", "docs/getting-started.md", "docs/python-api.md", "docs/plugins.md"]
 MAX_SKIPS = 6  # over all tested pages: the two install commands, the demo, and few more
@@ -223,8 +225,9 @@ def test_skips_are_few_and_say_why(page):
 
 
 class TestReadme:  # classes: pytest-xdist's loadscope gives the slow pages to different workers
-    def test_readme_examples_print_what_it_says(self, tmp_path):
-        run_page("README.md", tmp_path)
+    def test_readme_examples_print_what_it_says(self, tmp_path, monkeypatch):
+        empty_figures(monkeypatch)  # the commands run in this process write their figures as empty files: the
+        run_page("README.md", tmp_path)  # pages show what commands print (drawing: tests/test_report_figures.py)
 
     def test_readme_is_short_with_the_two_fresh_machine_commands(self):
         text = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -243,7 +246,8 @@ class TestReadme:  # classes: pytest-xdist's loadscope gives the slow pages to d
 
 
 class TestTutorial:
-    def test_getting_started_prints_what_it_says(self, tmp_path):
+    def test_getting_started_prints_what_it_says(self, tmp_path, monkeypatch):
+        empty_figures(monkeypatch)  # as in TestReadme
         run_page("docs/getting-started.md", tmp_path)
 
     @pytest.mark.parametrize("page", ["docs/python-api.md", "docs/plugins.md"])

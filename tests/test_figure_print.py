@@ -24,18 +24,35 @@ PRINT_PT = 12.2 / 2.54 * 72
 
 @pytest.fixture(scope="module")
 def drawn(tmp_path_factory):
-    """Every figure kind cocos draws: {file stem: (Figure, PDF bytes)}."""
+    """Every figure kind cocos draws: {file stem: (Figure, PDF bytes)}.
+
+    The PNGs, which no test here reads, are laid out at their resolution as :func:`cocos.report.style.save` has
+    them (the PDF keeps the PNG's layout) but not rasterised: an empty file."""
+    from matplotlib.figure import Figure
+
     root = tmp_path_factory.mktemp("figures")
     figures = {}
-    real_save = style.save
+    real_save, real_savefig = style.save, Figure.savefig
 
     def capture(fig, stem):
         paths = real_save(fig, stem)
         figures[str(stem)] = (fig, paths[1].read_bytes())
         return paths
 
+    def savefig(fig, fname, *args, format=None, dpi=None, **kwargs):
+        if format != "png":
+            return real_savefig(fig, fname, *args, format=format, dpi=dpi, **kwargs)
+        shown = fig.dpi
+        fig.dpi = dpi  # as savefig draws it
+        try:
+            fig.draw_without_rendering()  # the constrained layout, as drawing runs it
+        finally:
+            fig.dpi = shown
+        fname.write(b"")
+
     mp = pytest.MonkeyPatch()
     mp.setattr(style, "save", capture)
+    mp.setattr(Figure, "savefig", savefig)
     try:
         g = np.random.default_rng(0)
         images = g.normal(size=(32, 8))

@@ -229,7 +229,7 @@ def test_a_model_family_plugin_with_its_own_source_trains_resumes_analyses_sweep
     unused = ckpt["vocab"].index("zzzunused")
     assert torch.equal(ckpt["state_dict"]["words.weight"][unused], torch.tensor(vectors["zzzunused"],
                                                                                  dtype=torch.float32))
-    assert ckpt["train"]["sources"] == {"vectors": source} and ckpt["model"]["hparams"]["vectors_dim"] == 6
+    assert ckpt["train"]["model"]["sources"] == {"vectors": source} and ckpt["model"]["hparams"]["vectors_dim"] == 6
     evaluated = in_process(["evaluate", str(work / "run" / "model_best.pt"), "--json", str(work / "m.json"),
                             "--no-progress"])
     assert evaluated.exit_code == 0, evaluated.output

@@ -36,6 +36,7 @@ from cocos.models.cnn import build_cnn, strip_classifier
 from cocos.training.trainer import RUN_MARKER, TrainConfig, Trainer
 from cocos_cli.main import app
 
+EMPTY_FIGURES = True  # no test here reads a figure: written as empty files (tests/conftest.py)
 runner = CliRunner()
 OLD_MARKER = "written by cocos; cocos may replace this folder\n"  # the text of every earlier version
 

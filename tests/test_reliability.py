@@ -34,6 +34,7 @@ from tests.test_legacy_import import (
     save_original,
 )
 
+EMPTY_FIGURES = True  # no test here reads a figure: written as empty files (tests/conftest.py)
 runner = CliRunner()
 TINY = dict(model="vsepp", epochs=1, lr=2e-3, lr_update=10, batch_size=16, embed_size=16, word_dim=8, device="cpu")
 

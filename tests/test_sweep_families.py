@@ -149,7 +149,7 @@ def test_clip_folder_on_raw_images_two_losses_two_analyses_and_the_report(world,
     from cocos.training.checkpoint import load_checkpoint
 
     train = load_checkpoint(ckpt)["train"]
-    assert train["sources"] == {"clip": str(world["clip"])} and train["learn_tau"] is True  # the CLIP recipe's learned temperature
+    assert train["model"]["sources"] == {"clip": str(world["clip"])} and train["loss"]["learn_tau"] is True  # the CLIP recipe's learned temperature
 
 
 def test_raw_image_vsepp_with_a_frozen_cnn_through_the_feature_cache(vsepp_sweep):

@@ -26,6 +26,7 @@ from cocos.training.trainer import RUN_MARKER, TrainConfig, Trainer
 from cocos_cli.main import app
 from tests.helpers import one_error_line, snapshot
 
+EMPTY_FIGURES = True  # no test here reads a figure: written as empty files (tests/conftest.py)
 runner = CliRunner()
 QUIET = {"progress": False, "log": lambda *a: None}
 FLAGS = ["--loss", "triplet", "--lr", "2e-3", "--lr-update", "10", "--batch-size", "16", "--embed-size", "16",

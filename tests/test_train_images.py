@@ -149,7 +149,7 @@ def test_workers_do_not_change_the_run_and_resume_equals_uninterrupted(small, tm
     a, b = load_checkpoint(tmp_path / "a" / "last.pt"), load_checkpoint(tmp_path / "b" / "last.pt")
     assert a["metrics"] == b["metrics"] and a["history"] == b["history"]
     assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
-    assert b["train"]["workers"] == 0 and a["train"]["workers"] == 2
+    assert b["train"]["data"]["workers"] == 0 and a["train"]["data"]["workers"] == 2  # the run's data section
 
 
 def test_frozen_cnn_keeps_its_weights_and_needs_a_weights_file(small, tmp_path):

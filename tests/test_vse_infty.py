@@ -16,9 +16,11 @@ from cocos.data.wordpiece import BertFolder, WordPieceCoder
 from cocos.errors import CocosError
 from cocos.models.vse_infty import VSEInftyFull, drop_regions, region_dropout
 from cocos.training.checkpoint import load_checkpoint, validate_model
+from cocos.training.config import record_flat
 from cocos.training.trainer import with_recipe
-from tests.helpers import empty_figures, synth_words
+from tests.helpers import synth_words
 
+EMPTY_FIGURES = True  # no test here reads a figure: written as empty files (tests/conftest.py)
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 37}
 
@@ -205,7 +207,8 @@ def test_train_resume_evaluate_and_refusals(world, tmp_path):
     cocos("train", *common, "--out", part, "--epochs", 2, "--resume")
     a, b = load_checkpoint(whole / "last.pt"), load_checkpoint(part / "last.pt")
     assert a["text"] == {"kind": "wordpiece", "lowercase": True}
-    assert a["train"]["optimizer"] == "adamw" and a["train"]["lr"] == 5e-4 and a["train"]["grad_clip"] == 2.0
+    optim = a["train"]["optim"]  # the run's recorded sections
+    assert optim["optimizer"] == "adamw" and optim["lr"] == 5e-4 and optim["grad_clip"] == 2.0
     assert a["model"]["hparams"]["bert_config"]["hidden_size"] == 32
     assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])  # augmentations seeded
     # the pre-trained BERT was loaded: its weights moved from the folder's only by training (lr/10)
@@ -248,10 +251,9 @@ def test_a_checkpoint_whose_text_is_not_its_familys_is_refused(world, tmp_path):
 def test_grid_family_trains_on_images_and_analyze_encodes_its_grid(world, tmp_path, monkeypatch):
     """VSE∞ on raw images (a ResNet-18 grid, fine-tuned with the warm-up): the analysis encodes each image's grid
     through GPO, so its test evaluation is the one cocos evaluate gives."""
-    empty_figures(monkeypatch)  # the files, not their drawing (tests/test_report_figures.py, test_figure_print.py)
     root, _, bert = world
     images = tmp_path / "images"
-    cocos("data", "synth", images, "--images", "--n-train", 24, "--n-dev", 10, "--n-test", 10, "--image-size", 64,
+    cocos("data", "synth", images, "--images", "--n-train", 12, "--n-dev", 10, "--n-test", 10, "--image-size", 64,
           "--no-progress")
     run = tmp_path / "grid"
     cocos("train", "--data", images, "--model", "vse_infty", "--bert", bert, "--out", run, "--epochs", 2,
@@ -260,7 +262,7 @@ def test_grid_family_trains_on_images_and_analyze_encodes_its_grid(world, tmp_pa
     ckpt = load_checkpoint(run / "model_best.pt")
     assert ckpt["model"]["kind"] == "vse_infty_full"
     assert ckpt["model"]["hparams"]["backbone_warmup_epochs"] == 0
-    assert ckpt["train"]["lr_groups"] == {"txt_enc.bert": 0.1, "img_enc.backbone": 0.01}
+    assert ckpt["train"]["optim"]["lr_groups"] == {"txt_enc.bert": 0.1, "img_enc.backbone": 0.01}
     # the analysis's image embeddings (cocos.embed, what cocos analyze counts on) against the model's own
     # encode_images of the evaluation pixels (what cocos evaluate and the trainer's validation use)
     from cocos.embed import FrozenModel
@@ -359,7 +361,7 @@ def test_resume_with_more_epochs_keeps_the_recorded_recipe(world, tmp_path):
             "--embed-size", 8, "--batch-size", 20, "--no-progress", "--device", "cpu"]
     cocos(*args, "--epochs", 1)
     cocos(*args, "--epochs", 2, "--resume")
-    train = load_checkpoint(tmp_path / "r" / "last.pt")["train"]
+    train = record_flat(load_checkpoint(tmp_path / "r" / "last.pt")["train"])
     assert (train["epochs"], train["warmup_epochs"], train["optimizer"]) == (2, 0, "adamw")
 
 

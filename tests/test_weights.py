@@ -30,6 +30,7 @@ from cocos.errors import CocosError
 from cocos.models import weights as W
 from cocos.models.cnn import CNN_TYPES, build_cnn, strip_classifier
 from cocos.pipelines.folder import describe_transform, image_transform_text
+from cocos.training.config import record_flat
 from tests.helpers import empty_figures, one_error_line
 from tests.test_features import eval_pixels
 
@@ -274,7 +275,7 @@ def test_analyze_takes_the_checkpoints_transform_and_a_given_one_with_a_warning(
     # a checkpoint written before the transform was recorded: the weights file it started from, known by content
     table(fake_entry(world / "r18_v2.pth", resize=36, crop=32))
     old = {**checkpoint, "data": {k: v for k, v in checkpoint["data"].items() if k not in ("resize", "weights")},
-           "train": {**checkpoint["train"], "cnn_weights": str(world / "r18_v2.pth")}}
+           "train": {**record_flat(checkpoint["train"]), "cnn_weights": str(world / "r18_v2.pth")}}  # flat, as then
     assert recorded_transform(old) == (36, 32, "fake ResNet18_Weights.V2")
     with pytest.warns(W.WeightsTransformWarning, match="records no evaluation transform .* not the Resize 37"):
         assert image_source_of(old, world / "w").resize == 36  # said: it was validated at 37 while training

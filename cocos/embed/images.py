@@ -215,7 +215,8 @@ def recorded_transform(ckpt: dict) -> tuple[int, int, str | None]:
       it started from (``train.cnn_weights``) when that file is known (:func:`cocos.models.weights.identify` when it
       is still there, else by torchvision's file name), in the file's ratio; else ``round(crop * 256 / 224)``.
     """
-    data, train = ckpt.get("data") or {}, ckpt.get("train") or {}
+    data, train = ckpt.get("data") or {}, ckpt.get("train")
+    train = record_flat(train) if isinstance(train, dict) else {}
     if "legacy" in ckpt:
         return RESIZE, CROP_SIZE, None
     crop = int(data.get("crop_size") or train.get("crop_size") or CROP_SIZE)

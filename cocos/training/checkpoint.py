@@ -71,7 +71,7 @@ from cocos.training.ckpt_schema import (
     show,
 )
 from cocos.training.ckpt_state import check_hparams, check_resume_state, meta_module
-from cocos.training.config import record_type
+from cocos.training.config import is_sectioned, record_flat, record_type
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "HASH_KEY", "REQUIRED", "RESUME_KEYS", "SEED_LIMIT", "SHA256_HEX",
            "Checkpoint", "DataEntry", "LossEntry", "ModelEntry", "Progress", "content_hash", "load_checkpoint",
@@ -222,11 +222,17 @@ def _check_text(check: Checker, ckpt: dict, kind: str, takes: str) -> None:
 
 def _train_record(train, where="checkpoint") -> dict:
     """The run's ``train`` record as the flat record commands read (:func:`cocos.training.config.record_type`),
-    checked; one CocosError line otherwise. The one place that reads ``train``: a record of another form is
-    converted to the flat one here, before the checks. A setting the run did not record is None (a converted
-    checkpoint of the original code); what commands read as numbers (:class:`TrainUsed`) is never None, and no
-    integer is negative."""
+    checked; one CocosError line otherwise. The one place that reads ``train``: this version's record of the
+    run's sections (:meth:`cocos.training.config.TrainConfig.record`) is converted to the flat one here
+    (:func:`cocos.training.config.record_flat`), before the checks. A setting the run did not record is None (a
+    converted checkpoint of the original code); what commands read as numbers (:class:`TrainUsed`) is never None,
+    and no integer is negative."""
     check = Checker(where)
+    if is_sectioned(train):  # this version's record: its sections, read as the flat record
+        try:
+            train = record_flat(train)
+        except CocosError as exc:
+            check.fail("train", str(exc))
     flat = check.record(TrainUsed, train, "train", complete=False)
     check.record(record_type(), {k: v for k, v in flat.items() if v is not None}, "train", complete=False)
     for name, value in flat.items():

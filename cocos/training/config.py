@@ -267,17 +267,27 @@ def to_record(cfg: TrainConfig) -> dict:
 
 def from_record(train: dict) -> TrainConfig:
     """The run a ``train`` record describes: its sections (:func:`to_record`), or an earlier version's flat names
-    (:func:`from_flat`). A field this version does not know is one line."""
+    (:func:`from_flat`). A section or field this version does not know is one line (read after the record's name:
+    ``train holds ...``)."""
     if not is_sectioned(train):
         return from_flat({k: v for k, v in _spelled_sources(dict(train)).items() if k in names()})
-    hooks = dict(train.get("hooks") or {})
+    unknown = sorted(set(train) - {*RECORD_SECTIONS, "out", "device"})
+    if unknown:
+        raise CocosError(f"holds {', '.join(map(str, unknown))}, which is no section of a run (sections: "
+                         f"{', '.join(RECORD_SECTIONS)}, out, device)")
+    hooks = train.get("hooks", {})
+    for name, section in [*((s, train[s]) for s in RECORD_SECTIONS[:-1]), ("hooks", hooks),
+                          ("hooks.ltd", hooks.get("ltd") if isinstance(hooks, dict) else None)]:
+        if section is not None and not (isinstance(section, dict) and all(isinstance(k, str) for k in section)):
+            raise CocosError(f"does not fit a run's sections ({name} is not a record of named fields)")
+    hooks = dict(hooks)
     ltd = hooks.pop("ltd", None)
     try:
         return TrainConfig(**{s: SECTIONS[s](**train[s]) for s in RECORD_SECTIONS[:-1]},
-                           hooks=HookConfig(ltd=LTDConfig(**ltd) if ltd else None, **hooks),
+                           hooks=HookConfig(ltd=None if ltd is None else LTDConfig(**ltd), **hooks),
                            **{k: train[k] for k in ("out", "device") if k in train})
     except TypeError as exc:
-        raise CocosError(f"a train record this version cannot read ({exc})") from None
+        raise CocosError(f"does not fit a run's sections ({exc})") from None
 
 
 def record_flat(train: dict) -> dict:
@@ -286,7 +296,11 @@ def record_flat(train: dict) -> dict:
     names with their spellings (``bert``, ``clip``) as ``sources`` and no ``ltd`` as none; each setting added since
     at its default."""
     if is_sectioned(train):
-        return {**ADDED_DEFAULTS, **from_record(train).flat()}
+        cfg = from_record(train)
+        try:
+            return {**ADDED_DEFAULTS, **cfg.flat()}
+        except Exception as exc:  # noqa: BLE001 - a field of another type than its section's (a damaged record)
+            raise CocosError(f"does not fit a run's sections ({type(exc).__name__}: {str(exc)[:80]})") from None
     return {**ADDED_DEFAULTS, "ltd": False, **_spelled_sources(dict(train))}
 
 

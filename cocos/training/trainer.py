@@ -274,7 +274,7 @@ class Trainer:
                 "state_dict": {k: v.detach().cpu().contiguous() for k, v in self.model.state_dict().items()},
                 "loss": {"name": cfg.loss.name, "params": self.loss_fn.params(), "compat": cfg.loss.compat,
                          "presentation": self.setup.presentation},
-                "data": self._data_entry(), "train": cfg.flat(), "epoch": self.epoch, "step": self.step_count,
+                "data": self._data_entry(), "train": cfg.record(), "epoch": self.epoch, "step": self.step_count,
                 "metrics": metrics, "best_rsum": self.best_rsum, "history": self.history}
         for hook in self.hooks:
             ckpt.update(hook.checkpoint(full))
