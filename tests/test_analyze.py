@@ -23,16 +23,15 @@ from tests.test_report_tables import as_results
 
 runner = CliRunner()
 BATCH = 16
-# the tests that read figure files draw them: test_tables_parse_and_latex_is_structurally_sound all of them, the
-# determinism test the PNGs it compares; the others get them as empty files (their drawing:
-# tests/test_report_figures.py, tests/test_figure_print.py), about 2 s an analysis
-DRAWN = {"test_same_command_twice_gives_identical_results": {"pdf"},
-         "test_tables_parse_and_latex_is_structurally_sound": set()}
+# the figure formats each test gets as empty files (their drawing is tested in tests/test_report_figures.py and
+# tests/test_figure_print.py; about 2 s an analysis): every format but for the tests that read figures
+EMPTY_FORMATS = {"test_same_command_twice_gives_identical_results": {"pdf"},  # compares the PNGs
+                 "test_tables_parse_and_latex_is_structurally_sound": set()}  # reads PNGs and a PDF
 
 
 @pytest.fixture(autouse=True)
 def _figures(request, monkeypatch):
-    empty_figures(monkeypatch, DRAWN.get(request.node.name))  # None: every format empty
+    empty_figures(monkeypatch, EMPTY_FORMATS.get(request.node.name, {"png", "pdf"}))
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +63,7 @@ def analyses(world, tmp_path_factory):
         results, output = _analyze(root, "triplet_sh", base / "triplet_sh", "--per-query", "--save-embeddings",
                                    str(base / "sh_emb.npz"))
     out["triplet_sh"] = (base / "triplet_sh", results, output)
-    with figures_empty(DRAWN["test_same_command_twice_gives_identical_results"]):
+    with figures_empty(EMPTY_FORMATS["test_same_command_twice_gives_identical_results"]):
         results, output = _analyze(root, "smoothap", base / "smoothap")
     out["smoothap"] = (base / "smoothap", results, output)
     return out

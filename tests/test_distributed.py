@@ -96,7 +96,7 @@ def _global_batch_worker(rank: int, world: int, store: str, out: str) -> None:
 def test_global_batch_gradient_on_two_processes_equals_one(run, two):
     import torch
 
-    # the two ranks of the launch of :func:`two` ran _global_batch_worker (its GLOBAL_BATCH entry)
+    # the two ranks of the launch of :func:`two` ran _global_batch_worker (the "global_batch" entry of COMMANDS)
     torch.manual_seed(0)
     model = torch.nn.Linear(5, 3)
     x = torch.randn(7, 5)
@@ -149,7 +149,8 @@ VSRN = ["train", "--data", "vdata", "--model", "vsrn", "--epochs", "1", "--batch
 # would find the last group's addresses under the same names in torchrun's store (torch numbers groups from 0
 # again after destroy_process_group), so each command's groups are numbered apart; and torch.distributed.nn binds
 # the group of its first import as its functions' default, so it is imported before any group exists (test harness
-# only: a real launch runs one command).
+# only: a real launch runs one command). The first entry is no command: the library's global batch of
+# test_global_batch_gradient_on_two_processes_equals_one, in the same two interpreters (not two more to spawn).
 SEVERAL = """
 import json, os, sys
 import torch.distributed.distributed_c10d as c10d
