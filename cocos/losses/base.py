@@ -8,6 +8,9 @@ whole-batch callable is called as it is.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
@@ -137,3 +140,98 @@ class LearnedTemperature(ContrastiveLoss):
         if self.objective.parts is None:
             return {"L_con": self.direction_loss(view)}
         return dict(self.objective.parts(view, **self._learned()))
+
+
+@dataclass(frozen=True)
+class Learned:
+    """A parameter of a loss family learned with the model (:attr:`cocos.losses.spec.Objective.learned`; SigLIP's
+    ``t`` and ``b``): held as the raw parameter ``attr`` (the model's, where the model has a parameter of that
+    name, e.g. a SigLIP folder's ``logit_scale``; else the loss's own), the value ``exp(raw)`` (``log``) or
+    ``raw``; the raw parameter clamped in place to ``clamp`` after each optimiser step (not in the forward pass)."""
+
+    attr: str
+    log: bool = False
+    clamp: tuple[float, float] | None = None
+
+    def raw(self, value: float) -> float:
+        return math.log(value) if self.log else float(value)
+
+    def value(self, raw: torch.Tensor) -> torch.Tensor:
+        return raw.exp() if self.log else raw
+
+
+class LearnedParameters(ContrastiveLoss):
+    """A loss whose :attr:`~cocos.losses.spec.Objective.learned` parameters train with the model.
+
+    Each :class:`Learned` parameter is the model's own where the model has a parameter named ``attr`` (held, not
+    registered: the model owns it, and its checkpoint holds it), else a parameter of this loss, started at the
+    loss's value of it (``log t`` from ``t``) and saved in a checkpoint's ``learned`` entry
+    (:meth:`own_parameters`, :meth:`state`/:meth:`load`). ``params()`` reports the current values (a checkpoint's
+    loss is the one its model was last trained with, and an analysis counts at it); :meth:`project_` clamps the
+    raw parameters after each optimiser step (and once when the run starts).
+    """
+
+    def __init__(self, loss: ContrastiveLoss, model: nn.Module | None = None) -> None:
+        super().__init__(loss.objective, compat=loss.compat, **loss.params())
+        self._held: dict[str, torch.Tensor] = {}  # the model's own parameters, by loss parameter
+        self.own = nn.ParameterDict()  # the loss's own, by raw name
+        for name, spec in loss.objective.learned.items():
+            held = getattr(model, spec.attr, None) if model is not None else None
+            if isinstance(held, torch.Tensor) and held.numel() == 1:
+                self._held[name] = held
+            else:
+                start = torch.tensor(spec.raw(self._params[name]), dtype=torch.float32)
+                self.own[spec.attr] = nn.Parameter(start.to(_device_of(model)))
+            self.__dict__.pop(name, None)  # no stale ``loss.t``: params() holds the value
+
+    def raw(self, name: str) -> torch.Tensor:
+        spec = self.objective.learned[name]
+        return self._held[name] if name in self._held else self.own[spec.attr]
+
+    def own_parameters(self) -> list[nn.Parameter]:
+        """The parameters this loss owns (trained beside the model's)."""
+        return list(self.own.values())
+
+    def held(self) -> list[torch.Tensor]:
+        """The model's parameters this loss learns (they must train even where the model's would not)."""
+        return list(self._held.values())
+
+    @torch.no_grad()
+    def project_(self) -> None:
+        for name, spec in self.objective.learned.items():
+            if spec.clamp is not None:
+                self.raw(name).clamp_(*spec.clamp)
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """The loss's own raw parameters (a checkpoint's ``learned``), by name."""
+        return {k: p.detach().clone().cpu() for k, p in self.own.items()}
+
+    @torch.no_grad()
+    def load(self, state: dict) -> None:
+        for k, p in self.own.items():
+            p.copy_(torch.as_tensor(state[k]).to(p))
+
+    def _learned(self) -> dict:
+        return {**self._params, **{name: spec.value(self.raw(name)) for name, spec in self.objective.learned.items()}}
+
+    def params(self) -> dict:
+        return {**self._params, **{name: float(spec.value(self.raw(name).detach()))
+                                   for name, spec in self.objective.learned.items()}}
+
+    def direction_loss(self, view) -> torch.Tensor:
+        return self.objective.direction_loss(view, **self._learned())
+
+    def direction_parts(self, view) -> dict[str, torch.Tensor]:
+        if self.objective.parts is None:
+            return {"L_con": self.direction_loss(view)}
+        return dict(self.objective.parts(view, **self._learned()))
+
+    def extra_repr(self) -> str:
+        return ", ".join([f"name={self.name}", *(f"{k}={v:g}" for k, v in self.params().items()), "learned"])
+
+
+def _device_of(model) -> torch.device:
+    try:
+        return next(model.parameters()).device
+    except (AttributeError, StopIteration):
+        return torch.device("cpu")

@@ -52,7 +52,7 @@ class NTXentCounter(Counter):
         per_query = {
             "C_qv-": above.sum(-1).to(torch.float64),
             "W_qv-": torch.where(above, p, 0.0).sum(-1).to(torch.float64),
-            "W_qv+": 1.0 - torch.where(view.pos, p, 0.0).sum(-1).to(torch.float64),
+            "W_qv+": self.positive_weight(p, view),
             "W_low": torch.where(below, p, 0.0).sum(-1).to(torch.float64),
         }
         batch = {k: v.mean(-1) for k, v in per_query.items()}
@@ -88,20 +88,28 @@ class NTXentCounter(Counter):
         neg_sum, neg_max = neg_p.sum(-1), neg_p.amax(-1)  # for the thresholds and the companions alike
         above, w_above, w_below = thresholded_sums_stacked(p, view.neg, thresholds, masked=neg_p, masked_sum=neg_sum,
                                                            masked_max=neg_max)  # (E, ..., Q)
-        idx, valid = positives(view)
-        if idx.shape[-1] == 1:  # one positive at most: the row's sum of p * pos is its entry (the others add 0)
-            on_pos = torch.where(valid[..., 0], p.gather(-1, idx)[..., 0], 0.0)
-        else:
-            on_pos = torch.where(view.pos, p, 0.0).sum(-1)
-        w_pos = 1.0 - on_pos.to(torch.float64)
+        w_pos = self.positive_weight(p, view)
         parts = (above, w_above, w_below, w_pos[None], companion_rows(neg_p, total=neg_sum, largest=neg_max))
         rows = torch.empty((sum(len(x) for x in parts), *w_pos.shape), dtype=torch.float64, device=w_pos.device)
         for x, out in zip(parts, rows.split([len(x) for x in parts]), strict=True):
             out.copy_(x)  # to float64 on the way
         return {"stats": rows}
 
+    def positive_weight(self, p: torch.Tensor, view: QueryView) -> torch.Tensor:
+        """``W^{qv+}`` per query (float64): ``1 - sum of p over the positives``."""
+        idx, valid = positives(view)
+        if idx.shape[-1] == 1:  # one positive at most: the row's sum of p * pos is its entry (the others add 0)
+            on_pos = torch.where(valid[..., 0], p.gather(-1, idx)[..., 0], 0.0)
+        else:
+            on_pos = torch.where(view.pos, p, 0.0).sum(-1)
+        return 1.0 - on_pos.to(torch.float64)
+
+    def key(self) -> tuple:
+        """What the weights depend on besides the view (memo keys of the shared per-query values)."""
+        return ("ntxent", self.tau)
+
     def _neg_key(self, view: QueryView) -> tuple:
-        return ("ntxent_neg_p", self.tau, *view_key(view))
+        return (*self.key(), "neg_p", *view_key(view))
 
     def count_sweep(self, view: QueryView, eps_values=()) -> tuple[Count, dict[float, dict[str, torch.Tensor]]]:
         """One softmax for the count and every threshold; the counts and weights at the counter's own threshold
@@ -111,7 +119,7 @@ class NTXentCounter(Counter):
         (:func:`~cocos.losses.kernels.per_query`). Equal to ``count`` (without its weights: the engine's entry
         point) and ``sweep``."""
         thresholds = (self.eps, *(float(e) for e in eps_values))
-        rows = per_query(view, ("ntxent", self.tau, thresholds), lambda v: self._per_query(v, thresholds),
+        rows = per_query(view, (*self.key(), thresholds), lambda v: self._per_query(v, thresholds),
                          rest_first=True)["stats"]  # (S, ..., Q), _per_query's rows
         n = len(thresholds)
         c_at, w_at, low_at, pos_at, comp_at = 0, n, 2 * n, 3 * n, 3 * n + 1

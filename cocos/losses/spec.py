@@ -24,7 +24,7 @@ from typing import Any
 
 from cocos.defaults import DEFAULT_EPS  # noqa: F401  (re-exported)
 from cocos.errors import CocosError, check_params
-from cocos.losses.base import ContrastiveLoss
+from cocos.losses.base import ContrastiveLoss, Learned  # noqa: F401  (Learned re-exported)
 from cocos.losses.counts import Counter
 from cocos.losses.generic import BatchLossCounter, GenericCounter
 from cocos.losses.reducers import TermsCounter, TermsLoss
@@ -77,6 +77,10 @@ class Objective:
     # ``(view, **params) -> {name: scalar}``: the direction loss's named parts (IMC's {"L_con": ..., "L_intra": ...}),
     # whose sum is the direction loss; None: one part, "L_con" (cocos.losses.base.ContrastiveLoss.named_terms)
     parts: Callable[..., Any] | None = None
+    # its parameters learned with the model, {param: Learned} (SigLIP's t and b through logit_scale and logit_bias;
+    # cocos.losses.base.LearnedParameters): a training run always learns them, from the model's parameters of
+    # those names where it has them
+    learned: Mapping[str, Learned] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.direction_loss is None and callable(self.terms) and self.batch_loss is None:
@@ -98,6 +102,9 @@ class Objective:
     def _check_temperature(self) -> None:
         if self.temperature is not None and self.temperature not in self.defaults:
             raise CocosError(f"loss '{self.name}': its temperature '{self.temperature}' is not one of its parameters")
+        unknown = [k for k in self.learned if k not in self.defaults]
+        if unknown:
+            raise CocosError(f"loss '{self.name}': its learned parameter '{unknown[0]}' is not one of its parameters")
 
     # -- parameters ---------------------------------------------------------------------
 

@@ -178,6 +178,18 @@ def _check_loss(cfg: TrainConfig) -> None:
     get_loss(cfg.loss.name, **cfg.loss_params())  # the loss's own checks
     if cfg.loss.learn_tau:
         _check_learn_tau(cfg)
+    _check_learned(cfg)
+
+
+def _check_learned(cfg: TrainConfig) -> None:
+    """The objective's learned parameters (SigLIP's ``t``, ``b``) start from the model's where it holds them (a
+    CLIP's ``logit_scale``): a value given for one of those would be ignored, so it is one line."""
+    objective, family = get_objective(cfg.loss.name), get_family(cfg.model.name)
+    given = cfg.loss_params()
+    for name, spec in objective.learned.items():
+        if given.get(name) is not None and hasattr(family.module, spec.attr):
+            raise CocosError(f"--{name}: the {family.label} model's own {spec.attr} is the {objective.label} loss's "
+                             f"{name}, learned from its value; leave --{name} out")
 
 
 def _check_learn_tau(cfg: TrainConfig) -> None:

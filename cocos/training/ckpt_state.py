@@ -62,13 +62,15 @@ def check_hparams(check: Checker, cls, hparams, name: str) -> dict:
 
 def check_resume_state(check: Checker, ckpt: dict, meta: torch.nn.Module, train: dict) -> None:
     """What resuming reads, where present: ``ltd`` (its decoder's parameters follow the model's first group in the
-    optimizer), ``optimizer`` against those parameters' shapes, ``scheduler`` against the optimizer's parameter
-    groups (one group without an optimizer), ``rng``."""
+    optimizer), ``learned`` (a loss's own parameters, after them), ``optimizer`` against those parameters'
+    shapes, ``scheduler`` against the optimizer's parameter groups (one group without an optimizer), ``rng``."""
     parts = _optimizer_order(meta, train.get("lr_groups"))
     shapes = parts[0]
     if ckpt.get("ltd") is not None:
         decoder = check_ltd(check, ckpt["ltd"], ckpt["model"]["hparams"].get("embed_size"))
         shapes += [tuple(p.shape) for p in decoder.parameters()]
+    if ckpt.get("learned") is not None:  # a loss's own learned parameters follow the hooks' before them
+        shapes += [tuple(v.shape) for v in check_learned(check, ckpt["learned"]).values()]
     shapes += [s for part in parts[1:] for s in part]
     if "optimizer" in ckpt:
         check_optimizer(check, ckpt["optimizer"], shapes, "optimizer")
@@ -87,6 +89,17 @@ def _optimizer_order(meta: torch.nn.Module, groups) -> list[list[tuple]]:
         return [[tuple(p.shape) for p in meta.parameters()]]
     shape = {n: tuple(p.shape) for n, p in meta.named_parameters() if p.requires_grad}
     return [[shape[n] for n in names] for _, names in lr_group_names(list(shape), groups)]
+
+
+def check_learned(check: Checker, learned) -> dict:
+    """``learned``: a loss's own learned parameters (SigLIP's ``logit_scale``, ``logit_bias`` on a model without
+    them), each a finite floating-point scalar tensor by name."""
+    check.value(learned, "learned", "dict", keys=True)
+    for name, value in learned.items():
+        if not isinstance(value, torch.Tensor) or value.dim() != 0 or not value.is_floating_point() \
+                or not bool(torch.isfinite(value)):
+            check.fail(f"learned.{name}", f"must be a finite scalar tensor, got {show(value)}")
+    return learned
 
 
 def check_ltd(check: Checker, ltd, embed_size) -> torch.nn.Module:

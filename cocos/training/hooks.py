@@ -108,6 +108,34 @@ class LTDHook(Hook):
         self.ltd.load(ckpt["ltd"])
 
 
+class LearnedHook(Hook):
+    """A loss's own learned parameters (:class:`~cocos.losses.base.LearnedParameters`: SigLIP's ``logit_scale``
+    and ``logit_bias`` on a model without them) trained with the model, after its parameters (and LTD's decoder)
+    in the optimiser, and saved beside it in the checkpoint (``learned``: raw values by name) for resuming; the
+    values they give are the checkpoint's loss parameters, which analyses read."""
+
+    def __init__(self, loss_fn, where: Path) -> None:
+        self.loss_fn, self.where = loss_fn, where
+
+    def parameters(self):
+        return self.loss_fn.own_parameters()
+
+    def checkpoint(self, full: bool) -> dict:
+        return {"learned": self.loss_fn.state()}
+
+    def check(self, ckpt: dict) -> None:
+        """Before anything is loaded: the checkpoint holds this loss's learned parameters."""
+        held = ckpt.get("learned")
+        missing = [k for k in self.loss_fn.own if not isinstance(held, dict) or k not in held]
+        if missing:
+            raise CocosError(f"{self.where}: holds no learned {missing[0]} of the {self.loss_fn.objective.label} "
+                             "loss")
+
+    def load(self, ckpt: dict) -> None:
+        """The checkpoint's values (checked first: :meth:`check`), loaded with the model's state on resuming."""
+        self.loss_fn.load(ckpt["learned"])
+
+
 class TrackHook(Hook):
     """COCOS of the training batch every N steps (:class:`cocos.training.track.Tracker`, the public tracker of
     :mod:`cocos.track`, as :meth:`~cocos.training.track.Tracker.for_training` builds it), from the step's own

@@ -16,7 +16,7 @@ import torch
 from cocos.errors import CocosError
 from cocos.training.checkpoint import RESUME_KEYS, Checkpoint, load_checkpoint
 from cocos.training.config import TrainConfig, loss_params_of, record_flat
-from cocos.training.hooks import LTDHook
+from cocos.training.hooks import LearnedHook, LTDHook
 from cocos.training.logs import check_resumable, read_logs
 
 # flags that change what a run computes: a resumed run must keep them
@@ -60,7 +60,7 @@ def restore(trainer, ckpt: dict) -> None:
     if ckpt["epoch"] > cfg.optim.epochs:
         raise CocosError(f"{where}: already holds epoch {ckpt['epoch']}, beyond --epochs {cfg.optim.epochs}")
     for hook in trainer.hooks:
-        if isinstance(hook, LTDHook):
+        if isinstance(hook, (LTDHook, LearnedHook)):
             hook.check(ckpt)
     _load_state(trainer, ckpt)
     if trainer.scheduler.step_size != cfg.optim.lr_update:
@@ -82,6 +82,8 @@ def _load_state(trainer, ckpt: dict) -> None:
                        ("optimizer state", lambda: trainer.optimizer.load_state_dict(ckpt["optimizer"])),
                        ("scheduler state", lambda: trainer.scheduler.load_state_dict(ckpt["scheduler"])),
                        ("LTD state", lambda: ltd.load(ckpt["ltd"]) if ltd is not None else None),
+                       ("learned loss parameters", lambda: [h.load(ckpt) for h in trainer.hooks
+                                                            if isinstance(h, LearnedHook)]),
                        ("random generator state", lambda: torch.set_rng_state(ckpt["rng"]["torch"]))):
         try:
             load()
@@ -98,5 +100,5 @@ def _restore_logs(trainer) -> None:
     if logs.steps is not None:
         trainer.step_log = logs.steps.to_dict("records")
     for hook in trainer.hooks:
-        if not isinstance(hook, LTDHook):  # LTD's state was loaded with the model's
+        if not isinstance(hook, (LTDHook, LearnedHook)):  # their state was loaded with the model's
             hook.resume({}, logs)

@@ -37,7 +37,7 @@ from cocos.data.text import Vocabulary
 from cocos.data.wordpiece import coder_of
 from cocos.distributed import barrier
 from cocos.errors import CocosError
-from cocos.losses.base import LearnedTemperature
+from cocos.losses.base import LearnedParameters, LearnedTemperature
 from cocos.losses.ltd import LatentTargetDecoding
 from cocos.models.family import ModelFamily
 from cocos.models.registry import get_family
@@ -46,7 +46,7 @@ from cocos.objectives import get_loss, get_objective
 from cocos.objectives import names as loss_names
 from cocos.training.config import TrainConfig, lr_group_names
 from cocos.training.evaluate import tokenize_split
-from cocos.training.hooks import Hook, LTDHook, TrackHook, WarmUp
+from cocos.training.hooks import Hook, LearnedHook, LTDHook, TrackHook, WarmUp
 from cocos.training.pixels import eval_resize, prepare_model
 from cocos.training.resume import check_resume
 from cocos.training.track import Tracker
@@ -89,8 +89,8 @@ class Setup:
 
     @property
     def learned(self) -> bool:
-        """Whether the loss learns its temperature (projected after each optimiser step)."""
-        return isinstance(self.loss_fn, LearnedTemperature)
+        """Whether the loss learns its temperature or its own parameters (projected after each optimiser step)."""
+        return isinstance(self.loss_fn, (LearnedTemperature, LearnedParameters))
 
 
 def resolve(cfg: TrainConfig, *, resume_ckpt: dict | None, last_path: Path, device: torch.device, group,
@@ -111,6 +111,7 @@ def resolve(cfg: TrainConfig, *, resume_ckpt: dict | None, last_path: Path, devi
     torch.manual_seed(cfg.optim.seed)
     model = build_model(cfg, family, data, device)
     loss_fn = learn_temperature(cfg, model, get_loss(cfg.loss.name, **cfg.loss_params(), compat=cfg.loss.compat))
+    loss_fn = learn_parameters(model, loss_fn)
     hooks = make_hooks(cfg, model, loss_fn, data.targets, last_path, group.is_main, device)
     optimizer = make_optimizer(cfg, model, hooks, big=data.images or bool(family.sources))
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=cfg.optim.lr_update, gamma=0.1)
@@ -254,6 +255,20 @@ def learn_temperature(cfg: TrainConfig, model: torch.nn.Module, loss_fn):
     return loss_fn
 
 
+def learn_parameters(model: torch.nn.Module, loss_fn):
+    """The objective's learned parameters (:attr:`~cocos.losses.spec.Objective.learned`: SigLIP's ``t`` and
+    ``b``), always learned in training: the model's parameters of their names where it has them (a SigLIP
+    folder's ``logit_scale`` and ``logit_bias``, trained even where the model's would not), else the loss's own
+    (:class:`~cocos.losses.base.LearnedParameters`), clamped from the start."""
+    if not loss_fn.objective.learned or isinstance(loss_fn, LearnedTemperature):
+        return loss_fn
+    loss_fn = LearnedParameters(loss_fn, model)
+    for held in loss_fn.held():
+        held.requires_grad_(True)
+    loss_fn.project_()
+    return loss_fn
+
+
 def make_hooks(cfg: TrainConfig, model, loss_fn, targets, last_path: Path, is_main: bool, device) -> list[Hook]:
     """The run's extensions of the loop (:mod:`cocos.training.hooks`), in the order they are called: the
     objective's warm-up loss (with the parameters it shares with the loss: the margin), LTD (built after the model:
@@ -266,6 +281,8 @@ def make_hooks(cfg: TrainConfig, model, loss_fn, targets, last_path: Path, is_ma
     if cfg.hooks.ltd is not None:
         ltd = LatentTargetDecoding(cfg.hooks.ltd, int(model.hparams["embed_size"]), targets.shape[1]).to(device)
         hooks.append(LTDHook(ltd, targets, last_path))
+    if isinstance(loss_fn, LearnedParameters) and loss_fn.own_parameters():
+        hooks.append(LearnedHook(loss_fn, last_path))
     if cfg.hooks.track_cocos:
         tracker = Tracker.for_training(cfg.hooks.track_cocos, cfg.loss.name, loss_fn.params(),
                                        loss_fn.batch_layout, compat=cfg.loss.compat)
@@ -274,8 +291,11 @@ def make_hooks(cfg: TrainConfig, model, loss_fn, targets, last_path: Path, is_ma
 
 
 def learned_params(cfg: TrainConfig, loss_fn):
-    """What a tracked training loss learns (``--learn-tau``: its temperature, read at each counted step), as
-    ``() -> {name: {param: value}}``; None for a loss whose parameters are fixed."""
+    """What a tracked training loss learns (``--learn-tau``: its temperature; SigLIP: its ``t`` and ``b``), read at
+    each counted step, as ``() -> {name: {param: value}}``; None for a loss whose parameters are fixed."""
+    if isinstance(loss_fn, LearnedParameters):
+        learned = list(loss_fn.objective.learned)
+        return lambda: {cfg.loss.name: {k: v for k, v in loss_fn.params().items() if k in learned}}
     if not isinstance(loss_fn, LearnedTemperature):
         return None
     name, param = cfg.loss.name, loss_fn.objective.temperature
