@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import seaborn as sns
 from matplotlib.lines import Line2D
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from cocos.defaults import DEFAULT_EPS
 from cocos.presentation import ranked
@@ -105,6 +105,9 @@ def _count_histogram(ax, values: np.ndarray, stat: str, color: str, first: bool)
     log = bool(nonzero.size and nonzero.max() / nonzero.min() > LOG_TAIL_RATIO)
     if log:
         ax.set_yscale("log")
+        ax.yaxis.set_minor_formatter(NullFormatter())  # under a decade matplotlib labels minor ticks too (2×10⁻¹)
+        if nonzero.max() / nonzero.min() < 100:  # two decades or less: 1-2-5 ticks, else one label or none
+            ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     ax.yaxis.set_major_formatter(_share_formatter())
     ax.set_xlabel(f"{style.stat_math(stat)} per query")
     ax.set_ylabel(("share of queries" + (" (log)" if log else "")) if first or log else "")
