@@ -19,7 +19,29 @@ def _check_paths(args: dict) -> None:
     _check_checkpoint_args(checkpoints, args.get("label"))
     _check_options(args)
     _check_input_paths(args)
+    _check_open_clip_args(args)
     _check_output_paths(args, checkpoints)
+
+
+def _check_open_clip_args(args: dict) -> None:
+    """--open-clip-config (a file) with --tokenizer (a folder) and --data, and neither --vocab nor --bert;
+    --tokenizer only with it."""
+    from cocos.errors import CocosError
+
+    config, tokenizer = args.get("open_clip_config"), args.get("tokenizer")
+    if config is None:
+        if tokenizer is not None:
+            raise CocosError("--tokenizer is for open_clip checkpoints (with --open-clip-config CONFIG.json)")
+        return
+    check_input_file(config, "open_clip model config")
+    if args.get("vocab") is not None or args.get("bert") is not None:
+        raise CocosError("--open-clip-config reads open_clip checkpoints; --vocab and --bert do not apply")
+    if tokenizer is None:
+        raise CocosError("an open_clip checkpoint holds no tokenizer; pass --tokenizer DIR (a Hugging Face CLIP "
+                         "tokenizer folder: tokenizer.json, or vocab.json and merges.txt)")
+    check_input_dir(tokenizer, "tokenizer folder")
+    if args.get("data") is None:
+        raise CocosError("an open_clip checkpoint records no data; pass --data (an image dataset)")
 
 
 def _check_checkpoint_args(checkpoints: list, label) -> None:
@@ -62,7 +84,8 @@ def _check_output_paths(args: dict, checkpoints: list) -> None:
     --save-embeddings: allowed, and none of the inputs."""
     from cocos.io import check_output_dir, check_output_file, check_output_parent
 
-    inputs = [p for p in (*checkpoints, args.get("data"), args.get("vocab"), args.get("bert")) if p is not None]
+    inputs = [p for p in (*checkpoints, args.get("data"), args.get("vocab"), args.get("bert"),
+                          args.get("open_clip_config"), args.get("tokenizer")) if p is not None]
     overwrite = bool(args.get("overwrite"))
     if args.get("out") is not None and len(checkpoints) == 1:
         check_output_dir(args["out"], inputs, overwrite, kind="report", by="analyze")
@@ -141,6 +164,13 @@ def analyze(
                                   help="Raw-image models: evaluation CenterCrop (default: as recorded, else 224; "
                                        "checkpoints of the original code: 224)."),
     workers: int = typer.Option(0, "--workers", help="Raw-image models: DataLoader processes decoding images."),
+    open_clip_config: Path = typer.Option(None, "--open-clip-config", metavar="CONFIG.json",
+                                          help="The checkpoints are open_clip's (epoch_K.pt of its trainer): their "
+                                               "model config (open_clip's ViT-B-32.json, ..., or a hub "
+                                               "open_clip_config.json); needs --tokenizer and --data."),
+    tokenizer: Path = typer.Option(None, "--tokenizer", metavar="DIR",
+                                   help="open_clip checkpoints: the tokenizer, a Hugging Face CLIP tokenizer folder "
+                                        "(tokenizer.json, or vocab.json and merges.txt; OpenAI's BPE)."),
     trust_checkpoint: bool = typer.Option(False, "--trust-checkpoint",
                                           help="Load checkpoints with full pickle (weights_only=False): code in the "
                                                "file may run. Only for files you trust."),
@@ -152,6 +182,7 @@ def analyze(
     check_latex_width(latex_width)
     losses = None if loss == ["paper"] else parse_names(loss)  # default: the paper's four and the model's own
     inputs = _check_inputs(checkpoints, data, vocab, bert)
+    inputs += [p for p in (open_clip_config, tokenizer) if p is not None]
     _check_outputs(checkpoints, targets, inputs, save_embeddings, overwrite)  # all before minutes of encoding
     if trust_checkpoint:
         typer.echo("warning: --trust-checkpoint: checkpoints are loaded with full pickle, code in them may run",
@@ -161,7 +192,21 @@ def analyze(
                "trust": trust_checkpoint, "image_options": _image_options(features, resize, crop_size, workers)}
     outputs = {"inputs": inputs, "save_embeddings": save_embeddings, "overwrite": overwrite, "per_query": per_query,
                "latex_width": latex_width}
+    options["reader"] = _open_clip_reader(open_clip_config, tokenizer, trust_checkpoint)
     _analyze_all(checkpoints, targets, data, options, outputs)
+
+
+def _open_clip_reader(config: Path | None, tokenizer: Path | None, trust: bool):
+    """With --open-clip-config: the checkpoints are read as open_clip's (:func:`cocos.models.open_clip.
+    open_clip_checkpoint`, a ``clip`` checkpoint built in memory); None otherwise."""
+    if config is None:
+        return None
+    from cocos.models.open_clip import open_clip_checkpoint
+
+    def reader(path, data, *, log=None):
+        return open_clip_checkpoint(path, config, tokenizer, data, trust=trust, log=log)
+
+    return reader
 
 
 def _targets(checkpoints: list[Path], out: Path | None, save_embeddings: Path | None) -> list[Path]:

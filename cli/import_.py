@@ -18,8 +18,10 @@ def _check_paths(args: dict) -> None:
     from cocos.io import check_output_file
 
     checkpoint, vocab, bert, data, out = (args.get(k) for k in ("checkpoint", "vocab", "bert", "data", "out"))
+    config, tokenizer = args.get("open_clip_config"), args.get("tokenizer")
     if model_type(checkpoint) is None:  # a checkpoint file, or a Hugging Face model folder (CLIP's)
         check_input_file(checkpoint, "checkpoint")
+    _check_open_clip_args(config, tokenizer, vocab, bert)
     if vocab is not None:
         check_input_file(vocab, "vocabulary file")
     if bert is not None:
@@ -27,8 +29,26 @@ def _check_paths(args: dict) -> None:
     if data is not None:
         check_input_dir(data, "data folder")
     if out is not None:
-        check_output_file(out, [p for p in (checkpoint, vocab, bert, data) if p is not None],
+        check_output_file(out, [p for p in (checkpoint, vocab, bert, data, config, tokenizer) if p is not None],
                           overwrite=bool(args.get("overwrite")), runs=_runs(checkpoint))
+
+
+def _check_open_clip_args(config: Path | None, tokenizer: Path | None, vocab: Path | None, bert: Path | None) -> None:
+    """--open-clip-config (a file) with --tokenizer (a folder), and neither --vocab nor --bert; --tokenizer only
+    with it."""
+    from cocos.errors import CocosError
+
+    if config is None:
+        if tokenizer is not None:
+            raise CocosError("--tokenizer is for open_clip checkpoints (with --open-clip-config CONFIG.json)")
+        return
+    check_input_file(config, "open_clip model config")
+    if vocab is not None or bert is not None:
+        raise CocosError("--open-clip-config reads open_clip checkpoints; --vocab and --bert do not apply")
+    if tokenizer is None:
+        raise CocosError("an open_clip checkpoint holds no tokenizer; pass --tokenizer DIR (a Hugging Face CLIP "
+                         "tokenizer folder: tokenizer.json, or vocab.json and merges.txt)")
+    check_input_dir(tokenizer, "tokenizer folder")
 
 
 @app.command("import")
@@ -37,7 +57,8 @@ def import_checkpoint(
     checkpoint: Path = typer.Argument(..., help="model_best.pth.tar of the original VSE++ (fartashf/vsepp), VSRN "
                                                 "(KunpengLi1994/VSRN) or COCOS reproducibility code; model_best.pth "
                                                 "of VSE∞ (woodfrog/vse_infty, microsoft/VSE_Gradient); a Hugging "
-                                                "Face CLIP folder (with --data only)."),
+                                                "Face CLIP folder (with --data only); open_clip's epoch_K.pt (with "
+                                                "--open-clip-config and --tokenizer)."),
     vocab: Path = typer.Option(None, "--vocab", metavar="PATH",
                                help="The run's vocabulary: its *_vocab.pkl (read without running code) or a "
                                     "vocabulary JSON (SCAN/VSRN). Required, except for VSE∞ (--bert)."),
@@ -51,6 +72,13 @@ def import_checkpoint(
                                    "or the {train,val,test}_set.p pickles). Required."),
     out: Path = typer.Option(None, "--out", metavar="PATH", help="The cocos checkpoint to write (e.g. model.pt). "
                                                                  "Required."),
+    open_clip_config: Path = typer.Option(None, "--open-clip-config", metavar="CONFIG.json",
+                                          help="The checkpoint is open_clip's (epoch_K.pt of its trainer): its model "
+                                               "config (open_clip's ViT-B-32.json, ..., or a hub "
+                                               "open_clip_config.json); needs --tokenizer."),
+    tokenizer: Path = typer.Option(None, "--tokenizer", metavar="DIR",
+                                   help="open_clip checkpoints: the tokenizer, a Hugging Face CLIP tokenizer folder "
+                                        "(tokenizer.json, or vocab.json and merges.txt; OpenAI's BPE)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out file."),
     trust_checkpoint: bool = typer.Option(False, "--trust-checkpoint",
                                           help="Load the checkpoint with full pickle (weights_only=False): code in "
@@ -63,12 +91,19 @@ def import_checkpoint(
     from cocos.training.trainer import build_from_checkpoint
 
     inputs = _check_inputs(checkpoint, vocab, bert, data, out)
+    inputs += [p for p in (open_clip_config, tokenizer) if p is not None]
     with output_lock(out):  # one writer of --out: a second import into it is refused in one line
         check_output_file(out, inputs, overwrite=overwrite, runs=_runs(checkpoint))
         if trust_checkpoint:
             typer.echo("warning: --trust-checkpoint: the checkpoint is loaded with full pickle, code in it may run",
                        err=True)
-        ckpt, converted = _read(checkpoint, vocab, bert, data, trust_checkpoint)
+        if open_clip_config is not None:
+            from cocos.models.open_clip import open_clip_checkpoint
+
+            ckpt = open_clip_checkpoint(checkpoint, open_clip_config, tokenizer, data, trust=trust_checkpoint)
+            converted = True
+        else:
+            ckpt, converted = _read(checkpoint, vocab, bert, data, trust_checkpoint)
         if not converted:  # a cocos checkpoint refuses --vocab and --bert
             raise CocosError(f"{checkpoint}: already a cocos checkpoint")
         if ckpt["data"].get("input") == "images":

@@ -56,7 +56,8 @@ class FrozenModel:
     @classmethod
     def load(cls, checkpoint: str | os.PathLike, data: str | os.PathLike | None = None,
              device: str = "auto", vocab: str | os.PathLike | None = None, trust: bool = False,
-             image_options: dict | None = None, bert: str | os.PathLike | None = None) -> FrozenModel:
+             image_options: dict | None = None, bert: str | os.PathLike | None = None,
+             reader=None) -> FrozenModel:
         """A cocos checkpoint, or a ``model_best.pth.tar`` of the original VSE++/VSRN code (a
         ``model_best.pth`` of the original VSE∞ code), or a Hugging Face CLIP folder (:mod:`cocos.models.clip_folder`:
         ``data`` needed).
@@ -68,9 +69,12 @@ class FrozenModel:
         ``torch.load(weights_only=False)``: only for files the user trusts). A raw-image
         model (``vsepp_full``) reads its ``data`` as an image dataset; ``image_options``
         (``resize``, ``crop_size``, ``features``, ``workers``, ``log``) go to
-        :func:`cocos.embed.images.image_source_of`.
+        :func:`cocos.embed.images.image_source_of`. ``reader``, ``(path, data, *, log) -> checkpoint dict``, reads
+        a checkpoint of another tool (open_clip's ``epoch_K.pt``:
+        :func:`cocos.models.open_clip.open_clip_checkpoint`) into a cocos checkpoint in memory.
         """
-        whole = folder_checkpoint(checkpoint)  # a Hugging Face model folder a family reads whole (CLIP's)
+        # a Hugging Face model folder a family reads whole (CLIP's), or the caller's reader of another tool's file
+        whole = reader if reader is not None else folder_checkpoint(checkpoint)
         if whole is not None:  # its checkpoint, built in memory
             if vocab is not None or bert is not None:
                 raise CocosError(f"{checkpoint}: a model folder carries its tokenizer; --vocab and --bert do not "

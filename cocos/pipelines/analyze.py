@@ -140,6 +140,7 @@ def analyze_checkpoint(
     trust: bool = False,
     image_options: dict | None = None,
     bert: str | os.PathLike | None = None,
+    reader=None,
 ) -> Analysis:
     """Encode the training split once, count every loss both ways (in both modes), evaluate.
 
@@ -154,14 +155,16 @@ def analyze_checkpoint(
     ``vocab`` and an image dataset as ``data``) is encoded as the COCOS authors' notebooks did: the
     evaluation transform on the training images, one frozen encoding; its pooled CNN features come
     from a matching feature cache when there is one (``image_options``: ``features`` folders,
-    ``resize``, ``crop_size``, ``workers``, ``log``; :mod:`cocos.embed.images`).
+    ``resize``, ``crop_size``, ``workers``, ``log``; :mod:`cocos.embed.images`). ``reader`` reads a checkpoint
+    of another tool into a cocos checkpoint in memory (:meth:`cocos.embed.FrozenModel.load`; open_clip's:
+    :func:`cocos.models.open_clip.open_clip_checkpoint`).
     """
 
     clock = time.perf_counter()
     timings = {}
     refuse_embeddings(checkpoint)
     frozen = FrozenModel.load(checkpoint, data, device, vocab=vocab, trust=trust, image_options=image_options,
-                              bert=bert)
+                              bert=bert, reader=reader)
     ckpt = frozen.checkpoint
     if losses is None:  # the paper's four counters and the checkpoint's own training loss
         own = ckpt["loss"]["name"]
