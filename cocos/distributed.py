@@ -207,6 +207,33 @@ def all_gather_with_grad(x: torch.Tensor, group: Dist = SINGLE) -> torch.Tensor:
     return torch.cat([part[: int(n)] for part, n in zip(parts, all_sizes, strict=True)], dim=0)
 
 
+def gather_rows(x: torch.Tensor, sizes: list[int], group: Dist = SINGLE) -> list[torch.Tensor]:
+    """Every rank's ``x`` (detached: no gradient flows back), in rank order, on every rank: one ``all_gather``.
+
+    ``sizes`` are the ranks' numbers of rows (known to every rank, e.g. from :func:`gather_blocks`); the ranks may
+    hold different numbers (an epoch's short last batch): each part is padded to the largest for the collective
+    and cut back after it. The rows keep their dtype and values bit for bit. A CPU tensor is gathered through the
+    current CUDA device where the group has no CPU backend (NCCL alone) and comes back to the CPU."""
+    x = x.detach()
+    if not group.active:
+        return [x]
+    if len(sizes) != group.world or sizes[group.rank] != x.shape[0]:
+        raise CocosError(f"rank {group.rank}: gather_rows needs every rank's number of rows, got {sizes} "
+                         f"({x.shape[0]} here)")
+    home = x.device
+    if home.type == "cpu" and "gloo" not in str(dist.get_backend()).lower() and torch.cuda.is_available():
+        x = x.to(torch.device("cuda", torch.cuda.current_device()))
+    largest = max(int(n) for n in sizes)
+    padded = x if x.shape[0] == largest else torch.cat([x, x.new_zeros(largest - x.shape[0], *x.shape[1:])])
+    parts = [torch.empty_like(padded) for _ in range(group.world)]
+    try:
+        dist.all_gather(parts, padded.contiguous())
+    except RuntimeError as exc:  # a peer died or timed out, or the group cannot gather this device's tensors
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise CocosError(f"rank {group.rank}: cannot gather the other processes' rows ({first})") from None
+    return [part[: int(n)].to(home) for part, n in zip(parts, sizes, strict=True)]
+
+
 def broadcast_buffers(module: torch.nn.Module, group: Dist = SINGLE) -> None:
     """Rank 0's buffers (BatchNorm running statistics) on every rank, as DistributedDataParallel keeps them."""
     if not group.active:

@@ -55,6 +55,7 @@ LONG_FIRST = [
     "tests/test_model_plugins.py",  # fresh processes, each training or importing torch
     "tests/test_plugins.py",  # fresh processes
     "tests/test_distributed.py",  # a torchrun launch
+    "tests/test_track_global.py",  # a launch of two processes
     "tests/test_cnn.py",
     "tests/test_train_images.py",
     "tests/test_figure_print.py",

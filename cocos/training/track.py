@@ -45,6 +45,34 @@ Definitions (``docs/definitions.md``, "Notation"):
   :data:`cocos.counting.blocks.BLOCK_BUDGET` bytes of temporaries (256 MB; about 64 bytes per query-candidate pair
   and positive: 4 GB for 8192 x 8192) is counted in blocks of query rows against all candidates, with the same
   values (:func:`cocos.counting.blocks.count_batch_values`; counters that cannot be blocked are counted whole).
+- **Several processes** (``torch.distributed`` joined before the tracker is made: torchrun, open_clip, Lightning
+  DDP). Every rank makes the tracker with the same arguments and observes every step with its own embeddings;
+  ``batch`` says which batch is counted, that which the loss sees:
+
+  - ``"global"`` (the default): the *global batch*, every rank's images and captions gathered (``all_gather`` of
+    detached tensors) and concatenated in rank order, as a loss over the gathered embeddings sees it (open_clip's
+    ``gather_features`` with ``local_loss=False``). The values are those one process computes for the
+    concatenated batch.
+  - ``"local"``: open_clip's ``local_loss=True``, where rank ``r``'s loss is its own queries against every
+    rank's candidates (``image_features @ all_text_features.T`` and ``text_features @ all_image_features.T``):
+    each rank's block of queries (images for i2t, captions for t2i; a ranking batch's pair counters: the images'
+    first captions) is counted against all candidates (:func:`count_local`), and the statistic is reduced over
+    every rank's queries. Only counters whose per-query values read the query's own row can be so counted
+    (:meth:`cocos.losses.counts.Counter.blocks`: Triplet, Triplet SH, NT-Xent, SmoothAP, but not the published
+    Triplet/SmoothAP t2i of ``compat``, IMC or a whole-batch callable): others are one error line when the tracker
+    is made. For the counters that can, the values are the global batch's (each query's row is the same), up to
+    rounding.
+  - ``"given"``: the embeddings :meth:`Tracker.observe` is given, as they are, with no collective (observe on any
+    rank, or on one): a loop that gathers the global batch itself (``cocos train`` does, and counts it on rank
+    0), or one rank's batch.
+
+  Gathered, a rank's ``caption_image`` holds rows of its own images (offset by the images of the ranks before it
+  in the global batch; ``c // k`` where not given) and ``image_ids`` are dataset ids (given on every rank or on
+  none); ranks may hold different numbers of rows (an epoch's short last batch). Whether a due batch is counted
+  or skipped follows the global shape, alike on every rank. Rank 0 counts and alone writes the files and
+  TensorBoard values; every rank holds the same rows (:meth:`Tracker.frame`). A counted step costs two
+  ``all_gather_object`` of a few numbers and one ``all_gather`` per modality; a refused part of a batch on one
+  rank is the same error line on every rank. In one process the three count the batch given.
 
 Observing has no effect on the caller's training: the embeddings are detached and
 counted under ``torch.no_grad`` (the grad mode is restored on return), no random
@@ -66,7 +94,8 @@ dataset, feature cache, report, ``cocos train`` run) is refused even with ``over
 a track already needs ``overwrite=True``. Every argument is checked before the folder is created.
 With ``tensorboard`` the same values go to a ``SummaryWriter`` (one written into
 ``out_dir``, or any object with ``add_scalar(tag, value, global_step)``) under
-:func:`tensorboard_tag`. On several processes, observe on one (rank 0).
+:func:`tensorboard_tag`. On several processes counting one batch (``batch`` "global" or "local"), rank 0
+alone opens the folder and writes; every rank learns whether it could.
 """
 
 from __future__ import annotations
@@ -82,8 +111,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from cocos.counting.blocks import count_batch_values
+from cocos.counting import get_counter
+from cocos.counting.blocks import BLOCK_BUDGET, count_batch_values, whole_bytes
 from cocos.counting.engine import counter_settings, resolve_losses
+from cocos.data.layout import DIRECTIONS, QueryView, batch_similarity
+from cocos.distributed import SINGLE, Dist, current, gather_blocks, gather_rows
 from cocos.errors import CocosError
 from cocos.io import KINDS, make_dirs, mark_output, output_kind, output_lock, remove_created, write_csv, write_json
 from cocos.objectives import counter_params, get_objective, names, order, paper_names
@@ -95,6 +127,7 @@ META_FORMAT, META_VERSION = "cocos-track", 1
 TENSORBOARD_HINT = "pip install tensorboard (or 'cocos[tensorboard]')"
 FLOAT_FORMAT = "%.10g"  # the values' format in cocos_track.csv (as cocos train writes it)
 TRACK_KIND = "track"  # the kind of cocos folder a Tracker writes (cocos.io.KINDS)
+BATCHES = ("global", "local", "given")  # what a Tracker counts under torch.distributed (Tracker's ``batch``)
 
 
 def tensorboard_tag(loss: str, direction: str, stat: str) -> str:
@@ -168,6 +201,178 @@ def csv_lines(rows) -> str:
     return out.getvalue()
 
 
+# ---------------------------------------------------------------------- the batch of several processes
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+
+
+def _batch_mode(batch) -> str:
+    if batch is None:
+        return "global"
+    if not isinstance(batch, str) or batch not in BATCHES:
+        raise CocosError(f"batch must be 'global' (every rank's embeddings gathered: the global batch), 'local' "
+                         f"(each rank's queries against every rank's candidates, open_clip's local_loss) or "
+                         f"'given' (the embeddings observe is given, as they are), got {batch!r}")
+    return batch
+
+
+def _part_of(step: int, images: torch.Tensor, captions: torch.Tensor, caption_image, image_ids) -> dict:
+    """What the other ranks need of this rank's part of a batch: its shape and dtypes, ``caption_image`` (rows
+    of this part's images) and ``image_ids`` as integer arrays (one :class:`CocosError` line for bad ones)."""
+    n, m = int(images.shape[0]), int(captions.shape[0])
+    part = {"images": n, "captions": m, "dim": int(images.shape[1]), "dtypes": (str(images.dtype),
+            str(captions.dtype)), "caption_image": None, "image_ids": None}
+    if caption_image is not None:
+        ci = np.asarray(torch.as_tensor(caption_image).detach().cpu())
+        if ci.shape != (m,) or not np.issubdtype(ci.dtype, np.integer) or ci.min() < 0 or ci.max() >= n:
+            raise CocosError(f"Tracker.observe at step {step}: caption_image must be {m} integers in [0, {n}) (the "
+                             "rows of this process's own images)")
+        part["caption_image"] = ci.astype(np.int64)
+    if image_ids is not None:
+        ids = np.asarray(torch.as_tensor(image_ids).detach().cpu())
+        if ids.shape != (n,) or not np.issubdtype(ids.dtype, np.integer):
+            raise CocosError(f"Tracker.observe at step {step}: image_ids must be {n} integers (one per image)")
+        part["image_ids"] = ids.astype(np.int64)
+    return part
+
+
+def _check_parts(step: int, parts: list[dict]) -> None:
+    """Every rank's part of a batch (:func:`_part_of`, in rank order) usable together: a rank's refusal is its
+    one error line (naming the rank), and the ranks' embedding widths and dtypes must agree."""
+    for rank, p in enumerate(parts):
+        if "error" in p:
+            raise CocosError(p["error"].replace(f"at step {step}:", f"at step {step}, rank {rank}:", 1))
+    for key, what in (("dim", "embedding widths"), ("dtypes", "embedding dtypes")):
+        if len({p[key] for p in parts}) > 1:
+            raise CocosError(f"Tracker.observe at step {step}: the ranks' {what} differ "
+                             f"({', '.join(str(p[key]) for p in parts)})")
+
+
+def _part_caption_image(step: int, rank: int, part: dict) -> np.ndarray:
+    """Rank ``rank``'s ``caption_image`` (rows of its own images): as given, else ``c // k`` for its ``k``
+    captions per image (one error line where its captions are not a multiple of its images)."""
+    if part["caption_image"] is not None:
+        return part["caption_image"]
+    if part["captions"] % part["images"]:
+        raise CocosError(f"Tracker.observe at step {step}: rank {rank}'s {part['captions']} captions is not "
+                         f"a multiple of its {part['images']} images; give caption_image")
+    return np.arange(part["captions"]) // (part["captions"] // part["images"])
+
+
+def _joined_caption_image(step: int, parts: list[dict]) -> np.ndarray | None:
+    """``caption_image`` of the global batch: each rank's caption rows offset by the images of the ranks before
+    it (None where no rank gives one and every rank has the same ``k`` captions per image: ``c // k`` holds for
+    the whole)."""
+    ks = {p["captions"] // p["images"] if p["captions"] % p["images"] == 0 else None for p in parts}
+    if not (any(p["caption_image"] is not None for p in parts) or len(ks) > 1 or None in ks):
+        return None
+    rows, offset = [], 0
+    for rank, p in enumerate(parts):
+        rows.append(_part_caption_image(step, rank, p) + offset)
+        offset += p["images"]
+    return np.concatenate(rows)
+
+
+def _joined_image_ids(step: int, parts: list[dict]) -> np.ndarray | None:
+    """``image_ids`` of the global batch: the ranks' ids concatenated (None where no rank gives them; one error
+    line where only some do)."""
+    given = [p["image_ids"] is not None for p in parts]
+    if any(given) and not all(given):
+        raise CocosError(f"Tracker.observe at step {step}: image_ids given on rank(s) "
+                         f"{', '.join(str(r) for r, g in enumerate(given) if g)} only; give them on every rank or none")
+    return np.concatenate([p["image_ids"] for p in parts]) if all(given) else None
+
+
+def _joined(step: int, parts: list[dict]) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """``caption_image`` and ``image_ids`` of the global batch (the ranks' parts in rank order): each rank's
+    caption rows offset by the images of the ranks before it (None where no rank gives one and every rank has
+    the same ``k`` captions per image: ``c // k`` holds for the whole); the ids concatenated (None where no rank
+    gives them)."""
+    caption_image = _joined_caption_image(step, parts)
+    return caption_image, _joined_image_ids(step, parts)
+
+
+# ---------------------------------------------------------------------- open_clip's local loss
+
+
+def _check_blocks(counter, loss, compat: bool) -> None:
+    """One :class:`CocosError` line for a counter whose per-query values do not read the query's own row alone
+    (:meth:`Counter.blocks`): it cannot be counted per query block."""
+    refused = [d for d in DIRECTIONS if not counter.blocks(d, compat)]
+    if refused:
+        raise CocosError(f"{getattr(loss, 'name', loss)} ({'/'.join(refused)}{', compat' if compat else ''}) cannot "
+                         "be counted per query block: its per-query values do not read the query's row alone")
+
+
+def _bytes_per_pair(scores: torch.Tensor, layout, caption_image) -> int:
+    """The temporaries a whole count of the batch needs per query-candidate pair (at least one byte), as
+    :func:`cocos.counting.blocks.whole_bytes` estimates them."""
+    itemsize = 8 if scores.dtype == torch.float64 else 4
+    return max(1, whole_bytes(layout.n_images, layout.n_captions, caption_image, itemsize)
+               // (layout.n_images * layout.n_captions))
+
+
+def _query_edges(bounds, n_queries: int, direction: str) -> list[int]:
+    """``bounds`` as the edges of the ranks' query blocks: from 0 to ``n_queries``, never decreasing (one
+    :class:`CocosError` line otherwise)."""
+    edges = [int(b) for b in bounds]
+    if edges[0] != 0 or edges[-1] != n_queries or any(a > b for a, b in zip(edges[:-1], edges[1:], strict=True)):
+        raise CocosError(f"query blocks {edges} do not cut the {n_queries} {direction} queries")
+    return edges
+
+
+def _query_rows(edges: list[int], rows: int):
+    """The ``(start, stop)`` query rows counted together: each rank's block cut into pieces of at most ``rows``."""
+    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+        for a in range(lo, hi, rows):
+            yield a, min(hi, a + rows)
+
+
+def _per_query_local(counter, scores: torch.Tensor, layout, direction: str, bounds, per_pair: int, budget: int,
+                     compat: bool) -> dict[str, torch.Tensor]:
+    """``{stat: per-query values}`` of one direction's queries: ``bounds`` cuts them into the ranks' blocks
+    (:func:`_query_edges`), each counted against every candidate in pieces of as many rows as ``budget`` bytes
+    of temporaries allow at ``per_pair`` bytes a pair (:func:`_query_rows`)."""
+    pos, neg = layout.masks(direction, compat)
+    oriented = scores if direction == "i2t" else scores.T
+    edges = _query_edges(bounds, pos.shape[0], direction)
+    rows = max(1, budget // (per_pair * pos.shape[1]))
+    values: dict[str, torch.Tensor] = {}
+    for a, b in _query_rows(edges, rows):
+        view = QueryView(scores=oriented[a:b].contiguous(), pos=pos[a:b], neg=neg[a:b], direction=direction,
+                         group_size=layout.group_size, compat=compat)
+        block = counter.count(view).per_query
+        if not values:
+            values = {k: torch.empty(pos.shape[0], dtype=v.dtype, device=v.device) for k, v in block.items()}
+        for k, v in values.items():
+            v[a:b] = block[k]
+    return values
+
+
+def count_local(images, captions, loss, bounds: dict[str, list[int]], *, compat: bool = False, caption_image=None,
+                image_ids=None, budget: int | None = None, **params) -> dict[str, dict[str, torch.Tensor]]:
+    """``{direction: {stat: batch value}}`` of the batch the ranks' losses see with open_clip's ``local_loss``:
+    each block of queries against every candidate, the blocks' per-query values reduced together.
+
+    ``bounds[direction]`` cuts that direction's queries (images for ``i2t``, captions for ``t2i``) into the ranks'
+    blocks (``[0, n_0, n_0 + n_1, ..., Q]``). Each block is counted against all candidates (in smaller blocks of
+    rows where the budget of :func:`cocos.counting.blocks.count_batch_values` asks for them); the batch values
+    are those of all the blocks' queries (:meth:`Counter.batch_of`). Only counters whose per-query values read
+    the query's own row (:meth:`Counter.blocks`) have such a count: one :class:`CocosError` line for others."""
+    budget = BLOCK_BUDGET if budget is None else int(budget)
+    counter = get_counter(loss, **params)
+    _check_blocks(counter, loss, compat)
+    scores, layout = batch_similarity(images, captions, caption_image, image_ids)
+    per_pair = _bytes_per_pair(scores, layout, caption_image)
+    out = {}
+    for direction in DIRECTIONS:
+        values = _per_query_local(counter, scores, layout, direction, bounds[direction], per_pair, budget, compat)
+        out[direction] = counter.batch_of(values, compat)
+    return out
+
+
 # ---------------------------------------------------------------------- the tracker
 
 
@@ -180,20 +385,33 @@ class Tracker:
     each counted observation's rows are appended to the CSV (and flushed) at once, ``overwrite`` whether an
     ``out_dir`` that holds a track already may be replaced (otherwise one :class:`CocosError` line). The tracker
     holds ``out_dir``'s lock until :meth:`close` (a ``with`` block closes it).
+
+    ``batch`` is what is counted when ``torch.distributed`` has several processes (module docstring, "Several
+    processes"): ``"global"`` (the default) every rank's embeddings gathered, the global batch; ``"local"`` each
+    rank's queries against every rank's candidates (open_clip's ``local_loss``), all ranks' queries reduced
+    together; ``"given"`` the embeddings :meth:`observe` is given, as they are, with no collective. In one
+    process the three count the batch given (``"local"`` refuses the counters it cannot count all the same).
     """
 
     def __init__(self, out_dir: str | os.PathLike | None = None, every: int = 1, losses=None, *,
                  params: dict | None = None, eps: float | None = None, compat: bool = False,
                  batch_size: int | None = None, tensorboard=False, autoflush: bool = True,
-                 overwrite: bool = False, _kinds: tuple[str, ...] = (TRACK_KIND,)) -> None:
+                 overwrite: bool = False, batch: str | None = None,
+                 _kinds: tuple[str, ...] = (TRACK_KIND,)) -> None:
         self._closed, self._lock, self._csv = True, None, None  # until opened (a refused tracker holds nothing)
         self.every = _positive_int(every, "every (count every N steps)")
+        self.batch = _batch_mode(batch)
+        # the process group joined before the tracker was made; "global" and "local" gather over it (collectives)
+        self.group: Dist = SINGLE if self.batch == "given" else current()
+        self.collective = self.group.active
         self.compat, self.autoflush = bool(compat), bool(autoflush)
         self.batch_size = None if batch_size is None else _positive_int(batch_size, "batch_size")
         self.default = losses is None  # the paper's four, less those the batches cannot serve
         objectives = resolve_losses(losses)
         self._objectives = {o.name: o for o in objectives}
         self.losses = counter_settings(objectives, dict(params or {}), eps)
+        if self.batch == "local":
+            self._check_local()
         self.layout: str | None = None  # "pair" or "ranking": fixed by the first counted batch (or the trainer)
         self.shape: tuple[int, int] | None = None  # (images, captions) of a counted batch
         self.skipped = 0
@@ -203,9 +421,47 @@ class Tracker:
         self.out_dir = None if out_dir is None else Path(out_dir)
         writer = _writer_class(tensorboard, self.out_dir)  # every argument checked before the folder exists
         self.sink, self._owns_sink = (None if tensorboard is True or tensorboard is False else tensorboard), False
+        if not self.writes:  # several processes counting one batch: rank 0 alone writes and logs
+            self.sink = None
         if self.out_dir is not None:
-            self._open(overwrite, _kinds, writer)
+            self._open_shared(overwrite, _kinds, writer)
         self._closed = False
+
+    @property
+    def writes(self) -> bool:
+        """Whether this process writes the files and the TensorBoard values: one process, ``batch="given"``, or
+        rank 0 of several that count one batch."""
+        return not self.collective or self.group.is_main
+
+    def _check_local(self) -> None:
+        """``batch="local"`` counts each rank's queries against all candidates: only counters whose per-query
+        values read the query's own row (:meth:`cocos.losses.counts.Counter.blocks`) can be so counted."""
+        for name, objective in self._objectives.items():
+            counter = get_counter(objective, **self.losses[name])
+            refused = [d for d in DIRECTIONS if not counter.blocks(d, self.compat)]
+            if refused:
+                raise CocosError(f"batch='local' counts each rank's queries against every rank's candidates, which "
+                                 f"{name} ({'/'.join(refused)}{' in compat mode' if self.compat else ''}) cannot: its "
+                                 "per-query values do not read the query's own row alone; count batch='global' or "
+                                 "leave it out")
+
+    def _open_shared(self, overwrite: bool, kinds: tuple[str, ...], writer) -> None:
+        """:meth:`_open` in one process; on several processes counting one batch, rank 0 opens the folder and
+        every rank learns whether it could (rank 0's failure is one error line on every rank)."""
+        if not self.collective:
+            self._open(overwrite, kinds, writer)
+            return
+        failure = None
+        if self.writes:
+            try:
+                self._open(overwrite, kinds, writer)
+            except BaseException as exc:
+                failure = exc
+        refused = gather_blocks(None if failure is None else _first_line(failure), self.group)[0]
+        if failure is not None:
+            raise failure
+        if refused is not None:
+            raise CocosError(f"{refused} (rank 0 could not open the tracker)")
 
     def _open(self, overwrite: bool, kinds: tuple[str, ...], writer) -> None:
         """Lock ``out_dir``, check it under the lock, create and mark it (new or empty), start the files and the
@@ -239,8 +495,9 @@ class Tracker:
         if batch_layout == "pair":  # a pair batch cannot serve a ranking counter (k captions per image)
             names = [n for n in names if n == loss or get_objective(n).layout == "pair"]
         params = counter_params(loss, loss_params, names)
+        # the trainer gathers every rank's embeddings for its loss and hands rank 0 the global batch: counted as given
         tracker = cls(every=every, losses=names, params={n: params[n] for n in names if params.get(n)},
-                      compat=compat, _kinds=(TRACK_KIND, "run"), **kw)
+                      compat=compat, batch="given", _kinds=(TRACK_KIND, "run"), **kw)
         tracker.layout = batch_layout
         return tracker
 
@@ -284,11 +541,15 @@ class Tracker:
         step, epoch = self._advance(step, epoch)
         fresh = step > self._last[0]  # a due step is counted once: its first batch
         counted = due = self.due(step) and fresh
-        if due:
+        if due and self.collective:
+            counted = self._observe_gathered(step, epoch, image_emb, caption_emb, caption_image, image_ids)
+        elif due:
+            self._check_group(step)
             images, captions = self._tensors(step, image_emb, caption_emb)
-            counted = self._fits(images, captions)
+            counted = self._fits((int(images.shape[0]), int(captions.shape[0])))
             if counted:
-                self._count(step, epoch, images, captions, caption_image, image_ids)
+                bounds = None if self.batch != "local" else ([0, len(images)], [0, len(captions)])
+                self._count(step, epoch, images, captions, caption_image, image_ids, bounds)
             else:
                 self.skipped += 1
         self._last = (step, epoch)  # after the checks: a refused observation leaves the tracker as it was
@@ -312,10 +573,90 @@ class Tracker:
                                  "least one image and one caption")
         return images, captions
 
-    def _fits(self, images: torch.Tensor, captions: torch.Tensor) -> bool:
+    def _check_group(self, step: int) -> None:
+        """A tracker of one process that counts the global batch, in a process group joined after it was made,
+        would count one rank's batch: one error line."""
+        if self.batch != "given" and current().active:
+            raise CocosError(f"Tracker.observe at step {step}: the tracker was made before "
+                             "torch.distributed.init_process_group; make it after (every rank, to count the global "
+                             "batch), or pass batch='given' to count each process's batch as given")
+
+    def _observe_gathered(self, step: int, epoch: int, image_emb, caption_emb, caption_image, image_ids) -> bool:
+        """A due step on several processes (``batch`` "global" or "local"): every rank's part gathered, the
+        batch counted on rank 0, its values shared with every rank (whose rows are then rank 0's); a refused
+        part or batch is the same one error line on every rank. Every rank must observe every due step."""
+        tensors, parts = self._gather_parts(step, image_emb, caption_emb, caption_image, image_ids)
+        caption_image, image_ids = _joined(step, parts)
+        shape = (sum(p["images"] for p in parts), sum(p["captions"] for p in parts))
+        if not self._fits(shape):
+            self.skipped += 1  # every rank decides alike: the global shape
+            return False
+        keys, values = self._shared_values(step, *self._gather_batch(tensors, parts, caption_image, image_ids))
+        self._record(step, epoch, keys, values, shape)
+        return True
+
+    def _gather_parts(self, step: int, image_emb, caption_emb, caption_image, image_ids) -> tuple:
+        """This rank's embeddings (:meth:`_tensors`) and every rank's part of the batch (:func:`_part_of`, in
+        rank order), in one collective; a part refused on any rank is its one error line on every rank."""
+        tensors, part = None, None
+        try:
+            tensors = self._tensors(step, image_emb, caption_emb)
+            part = _part_of(step, *tensors, caption_image, image_ids)
+        except CocosError as exc:
+            part = {"error": str(exc)}
+        parts = gather_blocks(part, self.group)  # one collective: every part's shape, layout, or its refusal
+        _check_parts(step, parts)
+        return tensors, parts
+
+    def _gather_batch(self, tensors: tuple, parts: list[dict], caption_image, image_ids) -> tuple:
+        """The global batch on every rank: the ranks' images and captions gathered in rank order (one
+        ``all_gather`` each), ``caption_image`` and ``image_ids`` on their device, and with ``batch="local"`` the
+        ranks' first image and caption rows (:meth:`_values`'s ``bounds``; else None)."""
+        group = self.group
+        images, captions = tensors
+        n = [p["images"] for p in parts]
+        images = torch.cat(gather_rows(images, n, group))
+        captions = torch.cat(gather_rows(captions, [p["captions"] for p in parts], group))
+        device = images.device
+        caption_image = None if caption_image is None else torch.as_tensor(caption_image, device=device)
+        image_ids = None if image_ids is None else torch.as_tensor(image_ids, device=device)
+        bounds = None
+        if self.batch == "local":
+            bounds = (np.cumsum([0, *n]).tolist(), np.cumsum([0, *(p["captions"] for p in parts)]).tolist())
+        return images, captions, caption_image, image_ids, bounds
+
+    def _shared_values(self, step: int, images, captions, caption_image, image_ids, bounds) -> tuple[list, list]:
+        """:meth:`_values` of the gathered batch, counted on rank 0 and shared with every rank (one collective),
+        with rank 0's layout; rank 0's refusal or failure is one error line on every rank (rank 0 raises its
+        own)."""
+        outcome, failure = None, None
+        if self.group.is_main:
+            outcome, failure = self._main_outcome(step, images, captions, caption_image, image_ids, bounds)
+        outcome = gather_blocks(outcome, self.group)[0]  # rank 0's values (or refusal) on every rank
+        if failure is not None:
+            raise failure
+        if "error" in outcome:
+            raise CocosError(outcome["error"])
+        self.layout = outcome["layout"]
+        return outcome["keys"], outcome["values"]
+
+    def _main_outcome(self, step: int, images, captions, caption_image, image_ids,
+                      bounds) -> tuple[dict, BaseException | None]:
+        """Rank 0's count of the gathered batch, as the other ranks receive it (``keys``, ``values`` and
+        ``layout``, or the ``error`` line), and what it raised (None: counted; the layout is then left as it
+        was)."""
+        layout = self.layout
+        try:
+            keys, values = self._values(step, images, captions, caption_image, image_ids, bounds)
+            return {"keys": keys, "values": values, "layout": self.layout}, None
+        except BaseException as exc:  # every rank stops with the same line
+            self.layout = layout
+            return {"error": str(exc) if isinstance(exc, CocosError) else
+                    f"Tracker.observe at step {step}: rank 0 could not count the batch ({_first_line(exc)})"}, exc
+
+    def _fits(self, shape: tuple[int, int]) -> bool:
         """Whether the batch has the tracked shape (images and captions); the first batch that fits
         ``batch_size`` fixes it."""
-        shape = (int(images.shape[0]), int(captions.shape[0]))
         if self.shape is None:  # fixed by _count once the batch is counted (a refused one fixes nothing)
             return self.batch_size is None or shape[0] == self.batch_size
         return shape == self.shape
@@ -350,25 +691,45 @@ class Tracker:
             raise CocosError(f"Tracker.observe at step {step}: image {int(np.argmax(first == m))} has no caption")
         return torch.as_tensor(first)
 
+    def _count(self, step: int, epoch: int, images, captions, caption_image, image_ids, bounds=None) -> None:
+        keys, values = self._values(step, images, captions, caption_image, image_ids, bounds)
+        self._record(step, epoch, keys, values, (int(images.shape[0]), int(captions.shape[0])))
+
     @torch.no_grad()
-    def _count(self, step: int, epoch: int, images, captions, caption_image, image_ids) -> None:
+    def _values(self, step: int, images, captions, caption_image, image_ids, bounds=None) -> tuple[list, list]:
+        """Each counted ``(loss, direction, stat)`` and its batch value. ``bounds`` (``batch="local"``): the
+        ranks' first image and caption rows, each rank's queries counted against all candidates
+        (:func:`count_local`); the pair view of a ranking batch (each image with its first caption) is cut by
+        the images'."""
         views = self._views(step, images, captions, caption_image, image_ids)
         keys, values = [], []
         for name, objective in self._objectives.items():
             if name not in self.counted:
                 continue
-            args = views["ranking" if objective.layout == "ranking" else "pair"]
+            view = "ranking" if objective.layout == "ranking" else "pair"
+            args = views[view]
             try:
-                counts = count_batch_values(args[0], args[1], objective, compat=self.compat, caption_image=args[2],
-                                            image_ids=args[3], **self.losses[name])
+                if bounds is None:
+                    counts = count_batch_values(args[0], args[1], objective, compat=self.compat,
+                                                caption_image=args[2], image_ids=args[3], **self.losses[name])
+                else:
+                    paired = view == "pair" and self.layout == "ranking"  # the images' first captions
+                    counts = count_local(args[0], args[1], objective,
+                                         {"i2t": bounds[0], "t2i": bounds[0] if paired else bounds[1]},
+                                         compat=self.compat, caption_image=args[2], image_ids=args[3],
+                                         **self.losses[name])
             except CocosError as exc:
                 raise CocosError(f"Tracker.observe at step {step}: {exc}") from None
             for direction, batch in counts.items():
                 for stat in objective.stats:
                     keys.append((name, direction, stat))
                     values.append(batch[stat].reshape(()).double())
-        values = torch.stack(values).cpu().tolist()  # one device sync per observation
-        self.shape = self.shape or (int(images.shape[0]), int(captions.shape[0]))  # the batch shape tracked
+        return keys, torch.stack(values).cpu().tolist()  # one device sync per observation
+
+    def _record(self, step: int, epoch: int, keys: list, values: list, shape: tuple[int, int]) -> None:
+        """The rows of a counted batch of ``shape`` (the first fixes the tracked shape), and its TensorBoard
+        values."""
+        self.shape = self.shape or shape  # the batch shape tracked
         self.rows.extend((step, epoch, *key, value) for key, value in zip(keys, values, strict=True))
         if self.sink is not None:
             for (name, direction, stat), value in zip(keys, values, strict=True):
@@ -391,7 +752,10 @@ class Tracker:
 
     def write(self, path: str | os.PathLike) -> Path:
         """The table as CSV at ``path``, atomically (the float format ``cocos train`` writes); the tracker's own
-        ``cocos_track.csv`` is then appended to from there."""
+        ``cocos_track.csv`` is then appended to from there. On several processes counting one batch, rank 0 alone
+        writes (the others hold the same rows)."""
+        if not self.writes:
+            return Path(path)
         write_csv(path, self.frame(), float_format=FLOAT_FORMAT)
         if self._csv is not None and Path(path).resolve() == self.path.resolve():  # our own file, replaced
             self._close_csv()
@@ -401,14 +765,16 @@ class Tracker:
     def meta(self) -> dict:
         """``cocos_track.json``: the settings of the track and how each counter is shown (its
         :class:`~cocos.presentation.Presentation`, as ``results.json`` stores it: the report layer reads this,
-        never the loss registry)."""
+        never the loss registry). ``counted`` is :attr:`batch` and ``ranks`` the processes whose embeddings a
+        counted batch gathers (1: the batch as given)."""
         from cocos import __version__
 
         ranks = {n: i for i, n in enumerate(names())}
         return {"format": META_FORMAT, "format_version": META_VERSION, "cocos_version": __version__,
                 "every": self.every, "compat": self.compat, "layout": self.layout,
                 "batch": None if self.shape is None else {"images": self.shape[0], "captions": self.shape[1]},
-                "skipped": self.skipped, "losses": {n: dict(self.losses[n]) for n in self.counted},
+                "skipped": self.skipped, "counted": self.batch, "ranks": self.group.world if self.collective else 1,
+                "losses": {n: dict(self.losses[n]) for n in self.counted},
                 "presentation": {n: o.presentation(ranks.get(n, LAST)).to_dict()
                                  for n, o in self._objectives.items() if n in self.counted}}
 
