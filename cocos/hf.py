@@ -170,6 +170,11 @@ def is_clip_folder(folder: str | os.PathLike) -> bool:
     return model_type(folder) == "clip"
 
 
+def is_siglip_folder(folder: str | os.PathLike) -> bool:
+    """A folder whose ``config.json`` says ``model_type: siglip`` (a Hugging Face ``SiglipModel``)."""
+    return model_type(folder) == "siglip"
+
+
 # -- weights --------------------------------------------------------------------------------------------------
 
 
@@ -330,5 +335,5 @@ def _load_stored(key: str, stored: tuple, want):
 
 
 __all__ = ["MAX_CONFIG_BYTES", "MAX_LAYERS", "MAX_TOKENIZER_BYTES", "MAX_VOCAB", "check_file_size", "check_heads",
-           "check_layers", "check_memory", "check_vocab", "config_int", "is_clip_folder", "json_depth", "model_type",
-           "read_json", "read_weights", "weights_files"]
+           "check_layers", "check_memory", "check_vocab", "config_int", "is_clip_folder", "is_siglip_folder",
+           "json_depth", "model_type", "read_json", "read_weights", "weights_files"]

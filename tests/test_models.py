@@ -147,7 +147,7 @@ def test_vsrn_has_n_gcn_layers_all_identity():
 
 
 def test_unknown_kind():
-    with pytest.raises(CocosError, match=r"^unknown model 'x' \(choose from vsepp, vsrn, vsepp_full, vse_infty, vse_infty_full, clip\)$"):
+    with pytest.raises(CocosError, match=r"^unknown model 'x' \(choose from vsepp, vsrn, vsepp_full, vse_infty, vse_infty_full, clip, siglip\)$"):
         build_model("x", **HPARAMS)
 
 

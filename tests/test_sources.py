@@ -21,7 +21,7 @@ def _train(tmp_path, *args):
 
 @pytest.mark.parametrize(("args", "line"), [
     (["--source", "nope=x"], "error: --source nope: no model family takes a source of that name (sources: bert "
-                             "(vse_infty, vse_infty_full); clip (clip))"),
+                             "(vse_infty, vse_infty_full); clip (clip); siglip (siglip))"),
     (["--source", "bert"], "error: --source takes NAME=PATH, got 'bert'"),
     (["--model", "vse_infty", "--source", "bert=a", "--bert", "b"], "error: --source bert: given twice"),
     (["--source", "bert=a"], "error: --bert applies to vse_infty, vse_infty_full, not to --model vsepp"),

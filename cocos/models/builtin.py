@@ -18,6 +18,8 @@ from cocos.models.cnn import CNN_TYPES
 from cocos.models.family import ModelFamily, OriginalImage, Source
 from cocos.models.image import VSEPPFull
 from cocos.models.registry import register
+from cocos.models.siglip import SiglipDual
+from cocos.models.siglip import describe as describe_siglip
 from cocos.models.vse_infty import REGION_DROP, VSEInfty, VSEInftyFull
 from cocos.models.vsepp import VSEPP
 from cocos.models.vsrn import VSRN
@@ -115,6 +117,18 @@ def _clip_checkpoint(folder, data, *, log=None) -> dict:
     return clip_checkpoint(folder, data, log=log)
 
 
+def _read_siglip(path: str):
+    from cocos.data.siglip import SiglipFolder
+
+    return SiglipFolder.read(path, copies=4)  # to train: the weights, their gradient and AdamW's two moments
+
+
+def _siglip_checkpoint(folder, data, *, log=None) -> dict:
+    from cocos.models.siglip_folder import siglip_checkpoint
+
+    return siglip_checkpoint(folder, data, log=log)
+
+
 # VSE∞'s caption encoder: a Hugging Face BERT folder (its config, word pieces and weights)
 BERT_SOURCE = Source(
     name="bert", what="a Hugging Face BERT folder (config.json, weights, vocab.txt or tokenizer.json), e.g. "
@@ -164,5 +178,29 @@ CLIP_FAMILY = ModelFamily(
     description="CLIP-style dual encoder (Radford et al. 2021): a Hugging Face CLIPModel folder (--clip DIR), "
                 "its tokenizer and preprocessing")
 
-for _family in (VSEPP_FAMILY, VSRN_FAMILY, VSEPP_FULL_FAMILY, VSE_INFTY_FAMILY, VSE_INFTY_FULL_FAMILY, CLIP_FAMILY):
+
+# a SigLIP dual encoder's starting point: a Hugging Face SigLIP folder (config, preprocessing, tokenizer, weights)
+SIGLIP_SOURCE = Source(
+    name="siglip", what="a Hugging Face SigLIP folder (config.json, weights, tokenizer.json and "
+                        "tokenizer_config.json, preprocessor_config.json or processor_config.json) saved on disk",
+    read=_read_siglip,
+    records=lambda folder: {"siglip_config": folder.config, "preprocess": folder.preprocess.record(),
+                            "text_padding": folder.padding.record()},
+    recorded=("siglip_config", "preprocess", "text_padding"),
+    load=lambda model, folder: model.load_pretrained(folder.path), coder_words="its SigLIP tokenizer")
+# fine-tuning a SigLIP as open_clip does: AdamW (weight decay 0.1) at a small rate, no gradient clipping, and SigLIP's
+# own loss unless told (its t and b learned as the model's logit_scale and logit_bias, cocos.losses.siglip); a loss
+# with a softmax temperature (NT-Xent) learns it as 1 / t, through logit_scale, as CLIP's
+SIGLIP_RECIPE = {"optimizer": "adamw", "weight_decay": 0.1, "lr": 1e-5, "grad_clip": 0.0, "loss": "siglip",
+                 "learn_tau": True}
+SIGLIP_FAMILY = ModelFamily(
+    name="siglip", label="SigLIP", module=SiglipDual, input="images", text="clip",
+    defaults={"freeze": "none", "unfrozen_blocks": 0}, check=check_clip, describe=describe_siglip,
+    recipe=SIGLIP_RECIPE, sources=(SIGLIP_SOURCE,), folders={"siglip": _siglip_checkpoint},
+    imports="a Hugging Face SigLIP folder (analyze/import SIGLIP_DIR --data)",
+    description="SigLIP dual encoder (Zhai et al. 2023): a Hugging Face SiglipModel folder (--siglip DIR), its "
+                "tokenizer (captions padded to its length) and preprocessing")
+
+for _family in (VSEPP_FAMILY, VSRN_FAMILY, VSEPP_FULL_FAMILY, VSE_INFTY_FAMILY, VSE_INFTY_FULL_FAMILY, CLIP_FAMILY,
+                SIGLIP_FAMILY):
     register(_family)

@@ -5,7 +5,7 @@ name and label, the input it reads (``features``: precomputed ``(n, d)`` or regi
 features; ``images``: raw pixels through a CNN), the caption input it takes (``vocab``: word ids of a
 cocos :class:`~cocos.data.text.Vocabulary`, padded; ``wordpiece``: a BERT's word pieces,
 :class:`~cocos.data.wordpiece.WordPieceCoder`, the BERT's ``config.json`` passed as ``bert_config``; ``clip``: a
-CLIP folder's tokenizer, :class:`~cocos.data.clip.CLIPCoder`), its
+CLIP or SigLIP folder's tokenizer, :class:`~cocos.data.clip.CLIPCoder`), its
 training hyper-parameters with their
 defaults and checks, how its module is built (``module(**hparams)``; the module records ``kind`` and
 ``hparams``, enough to rebuild it), and how the original code's checkpoints map onto it
@@ -31,7 +31,9 @@ from cocos.errors import CocosError
 INPUTS = ("features", "images")  # precomputed (n, d) / (n, R, d) features; raw pixels through a CNN
 # word ids of a cocos Vocabulary (the GRU caption encoders of VSE++ and VSRN); BERT word pieces of a BERT folder
 # (VSE∞: cocos.data.wordpiece, the folder given as --bert, its config.json passed to the module as bert_config)
-# the byte-level BPE of a CLIP folder (cocos.data.clip, the folder given as --clip)
+# a Hugging Face folder's own tokenizer (its tokenizers JSON, cut to the text tower's positions: cocos.data.clip's
+# CLIPCoder): the byte-level BPE of a CLIP folder (the folder given as --clip), a SigLIP folder's (--siglip;
+# cocos.data.siglip: its module pads the ids to the tower's length)
 TEXTS = ("vocab", "wordpiece", "clip")
 
 

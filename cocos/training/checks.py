@@ -47,7 +47,8 @@ def with_recipe(flat: dict, given) -> dict:
     trains without one; another optimiser than the recipe's takes no weight decay from it; a loss without a softmax
     temperature, or one whose temperature is given, does not learn it (CLIP's ``learn_tau``)."""
     recipe = family_recipe(flat)
-    objective = get_objective(flat.get("loss") or LossConfig().name)
+    loss = flat.get("loss") if given("loss") else recipe.get("loss", flat.get("loss"))  # a SigLIP's: siglip
+    objective = get_objective(loss or LossConfig().name)
     if objective.warmup_loss is None:
         recipe.pop("warmup_epochs", None)
     if objective.temperature is None or loss_params_of(flat).get(objective.temperature) is not None:
