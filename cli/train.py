@@ -49,6 +49,10 @@ def train(
     track_cocos: int = typer.Option(None, metavar="N", help="Count COCOS on the training batch every N steps "
                                                             "(cocos_track.csv)."),
     save_every: int = typer.Option(None, metavar="K", help="Keep a checkpoint epoch_NNN.pt every K epochs."),
+    tensorboard: bool = typer.Option(False, "--tensorboard",
+                                     help="Write TensorBoard event files into OUT/tensorboard/ (loss per step, dev "
+                                          "rsum and R@K, learning rate, learned loss parameters); needs "
+                                          "'cocos[tensorboard]'."),
     k: int = typer.Option(default(DataConfig, "k"), help="Captions per image."),
     vocab: Path = typer.Option(None, help="A SCAN-style vocab JSON (default: built from the training captions)."),
     cnn: str = typer.Option(None, help="Raw images: the CNN (resnet18/34/50/101/152, resnext50_32x4d, "
@@ -105,9 +109,13 @@ def train(
                 finetune=finetune, crop_size=crop_size, use_restval=use_restval, workers=workers,
                 optimizer=optimizer, weight_decay=weight_decay, lr_groups=_lr_groups(lr_group) or None,
                 sources=_sources([*source, *source_args], bert=bert, clip=clip) or None, learn_tau=learn_tau,
-                resize=resize)
+                resize=resize, tensorboard=tensorboard)
     cfg = TrainConfig.of(**_with_recipe(ctx, flat, resume))
     cfg.validate()  # nonsense flags first, before any file is looked at
+    if cfg.hooks.tensorboard:  # the writer's package, before anything is read
+        from cocos.training.hooks import summary_writer
+
+        summary_writer()
     if json_path is not None:
         _check_json(json_path, cfg, overwrite)
     import contextlib

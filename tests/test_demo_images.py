@@ -86,6 +86,14 @@ def test_image_demo_pretrains_writes_features_and_the_report(demo):
     assert res["training"]["loss"] == "triplet" and res["data"]["path"] == str(feats[0])
 
 
+def test_image_demo_says_where_it_is_without_a_bar(demo):
+    """--no-progress: the pre-training still reports each epoch (a long one also a line a minute, cocos.progress),
+    and the report's figures are announced before they are drawn."""
+    _, output = demo
+    assert re.search(r"^\[pre-training\] epoch 1/1: loss \d+\.\d{4} \(\d+ s\)$", output, re.M), output
+    assert "writing the report: the tables and figures of 1 model(s)" in output
+
+
 def test_image_demo_rerun_reuses_the_cnn_the_features_and_the_model(demo, monkeypatch):
     empty_figures(monkeypatch)  # the files, not their drawing (tests/test_report_figures.py, test_figure_print.py)
     tmp, _ = demo

@@ -468,7 +468,7 @@ def _run(cfg: DemoConfig, runs: dict, out: Path, inputs: list, data: Path, gener
         check_interrupt()
         analyses[loss] = analyze_checkpoint(Path(train_cfg.out) / "model_best.pt", analysed,
                                             batch_size=cfg.batch_size, seed=cfg.seed, device=cfg.device,
-                                            label=_label(cfg, run), progress=False,
+                                            label=_label(cfg, run), progress=progress,
                                             image_options={"workers": cfg.workers} if cfg.finetune else None)
         timings[loss] = (t1 - t0, time.perf_counter() - t1)
         log(f"[{loss}] test rsum {analyses[loss].results.evaluation.metrics['rsum']:.1f}; "
@@ -478,6 +478,7 @@ def _run(cfg: DemoConfig, runs: dict, out: Path, inputs: list, data: Path, gener
     check_interrupt()
     triplets = {loss: diagram_points(a.results, a.embeddings) for loss, a in analyses.items()}
     extent = common_extent(list(triplets.values()))
+    log(f"writing the report: the tables and figures of {len(analyses)} model(s) ...")
     # the old report stays until this one is whole
     with atomic_dir(out, inputs=inputs, overwrite=cfg.overwrite, kind="report", by="demo") as tmp:
         for loss, analysis in analyses.items():

@@ -103,11 +103,12 @@ class OptimConfig:
 @dataclass
 class HookConfig:
     """What a run adds to the loop (:mod:`cocos.training.hooks`): LTD, COCOS tracking every N steps, checkpoints
-    every K epochs."""
+    every K epochs, TensorBoard event files (``OUT/tensorboard/``; records of earlier versions lack it: off)."""
 
     ltd: LTDConfig | None = None
     track_cocos: int | None = None
     save_every: int | None = None
+    tensorboard: bool = False
 
 
 @dataclass
@@ -174,7 +175,7 @@ FLAT = {"data": ("data", "path"), "model": ("model", "name"), "loss": ("loss", "
         "use_restval": ("data", "use_restval"), "workers": ("data", "workers"),
         "optimizer": ("optim", "optimizer"), "weight_decay": ("optim", "weight_decay"),
         "lr_groups": ("optim", "lr_groups"), "model_params": ("model", "params"), "sources": ("model", "sources"),
-        "learn_tau": ("loss", "learn_tau"), "resize": ("data", "resize")}
+        "learn_tau": ("loss", "learn_tau"), "resize": ("data", "resize"), "tensorboard": ("hooks", "tensorboard")}
 MODEL_FLAT = {"embed_size": "embed_size", "word_dim": "word_dim", "cnn": "cnn_type", "finetune": "finetune"}
 LTD_FLAT = {"ltd_mode": "mode", "ltd_eta": "eta", "ltd_beta": "beta", "ltd_targets": "targets"}
 LOSS_FLAT = ("margin", "tau")  # settings of their own beside params before loss parameters were the spec's flags
@@ -186,7 +187,7 @@ ORDER = ("data", "model", "loss", "out", "epochs", "lr", "lr_update", "batch_siz
 # settings added since, written where they differ from their default (an earlier run had the default)
 ADDED_DEFAULTS = {"optimizer": default(OptimConfig, "optimizer"), "weight_decay": default(OptimConfig, "weight_decay"),
                   "lr_groups": None, "model_params": None, "sources": None, "learn_tau": False,
-                  "resize": None}
+                  "resize": None, "tensorboard": default(HookConfig, "tensorboard")}
 SECTIONS = {"data": DataConfig, "model": ModelConfig, "loss": LossConfig, "optim": OptimConfig, "hooks": HookConfig}
 
 

@@ -10,11 +10,15 @@ Everything a run adds to it is a :class:`Hook`, called at fixed points of each s
 
 ``parameters()`` are trained and clipped with the model; ``checkpoint(full)`` adds entries to the checkpoint,
 ``resume(ckpt, logs)`` restores them, and ``write_logs(out)`` writes the hook's own log beside ``train_log.csv``.
-Every method is a no-op by default.
+After each epoch, once its ``last.pt`` is saved, ``end_epoch(epoch, record)`` gets the epoch's record (its
+history row, the dev ``metrics`` and its ``steps``' rows of the step log); ``close()`` ends the run (failed or
+not). Every method is a no-op by default.
 """
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +26,11 @@ import numpy as np
 import torch
 
 from cocos.errors import CocosError
+from cocos.training.track import TENSORBOARD_HINT
+
+TENSORBOARD_DIR = "tensorboard"  # OUT/tensorboard/: cocos train --tensorboard's event files
+EVENT_FILES = "events.out.tfevents.*"  # what a SummaryWriter writes into its folder
+_REFUSED = re.compile(r"[^-/.\w]")  # characters TensorBoard refuses in a tag
 
 
 @dataclass
@@ -63,6 +72,12 @@ class Hook:
         pass
 
     def write_logs(self, out: Path) -> None:
+        pass
+
+    def end_epoch(self, epoch: int, record: dict) -> None:
+        pass
+
+    def close(self) -> None:
         pass
 
 
@@ -158,3 +173,82 @@ class TrackHook(Hook):
 
     def write_logs(self, out: Path) -> None:
         self.tracker.write(out / self.log_name)
+
+
+def summary_writer():
+    """TensorBoard's ``SummaryWriter`` class; one line saying how to install it where it is not installed (the
+    Tracker's hint: :data:`cocos.training.track.TENSORBOARD_HINT`)."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise CocosError(f"--tensorboard needs the tensorboard package: {TENSORBOARD_HINT}") from None
+    return SummaryWriter
+
+
+def scalar_tag(section: str, name: str) -> str:
+    """``section/name`` as TensorBoard takes it: ``R@1`` is ``R1``, any other character TensorBoard refuses
+    ``_`` (``L_con/query`` stays: ``/`` groups)."""
+    return f"{section}/{_REFUSED.sub('_', name.replace('@', ''))}"
+
+
+def _scalars(values: dict) -> dict[str, float]:
+    """The real numbers of a record (not bools, not the counters ``step`` and ``epoch``)."""
+    return {k: float(v) for k, v in values.items() if k not in ("step", "epoch") and not isinstance(v, bool)
+            and isinstance(v, (int, float, np.integer, np.floating)) and not math.isnan(float(v))}
+
+
+class TensorBoardHook(Hook):
+    """``--tensorboard``: the run's values as TensorBoard scalars in ``OUT/tensorboard/``, on rank 0, all at the
+    global step (TensorBoard's x axis), written after each epoch once its ``last.pt`` is saved:
+
+    - ``train/<column>`` at each step: the step log's values (``train/loss``, ``train/L_con``, ...: those of
+      ``train_log.csv``);
+    - at the epoch's last step: ``dev/<metric>`` (``dev/rsum``, ``dev/i2t_R1``, ... the dev metrics),
+      ``train/lr`` (the epoch's learning rate), ``train/epoch_loss`` (its mean loss) and, where the loss learns
+      them (``live``: ``--learn-tau``'s temperature, SigLIP's ``t`` and ``b``), ``loss/<param>``.
+
+    A new run starts the folder afresh (a previous run's event files go: ``--overwrite``); a resumed run appends
+    to it, and TensorBoard hides what an interrupted run wrote after the resumed checkpoint's step (the writer's
+    ``purge_step``)."""
+
+    def __init__(self, out: Path, is_main: bool, live=None, writer_class=None) -> None:
+        self.folder, self.is_main, self.live = Path(out) / TENSORBOARD_DIR, is_main, live
+        self.writer_class = writer_class if writer_class is not None else summary_writer()  # checked first
+        self.writer, self.resumed_step = None, None
+
+    def resume(self, ckpt: dict, logs) -> None:
+        steps = getattr(logs, "steps", None)
+        self.resumed_step = int(steps["step"].max()) if steps is not None and len(steps) else 0
+
+    def _open(self):
+        if self.writer is None:
+            if self.resumed_step is None:  # a new run: a previous run's events go
+                for path in self.folder.glob(EVENT_FILES) if self.folder.is_dir() else ():
+                    if path.is_file():
+                        path.unlink()
+            purge = self.resumed_step + 1 if self.resumed_step is not None else None
+            self.writer = self.writer_class(log_dir=str(self.folder), purge_step=purge)
+        return self.writer
+
+    def end_epoch(self, epoch: int, record: dict) -> None:
+        steps = record.get("steps") or []
+        if not self.is_main or not steps:
+            return
+        writer = self._open()
+        for row in steps:
+            for name, value in _scalars(row).items():
+                writer.add_scalar(scalar_tag("train", name), value, int(row["step"]))
+        last = int(steps[-1]["step"])
+        for name, value in _scalars(record.get("metrics") or {}).items():
+            writer.add_scalar(scalar_tag("dev", name), value, last)
+        writer.add_scalar("train/lr", float(record["lr"]), last)
+        writer.add_scalar("train/epoch_loss", float(record["loss"]), last)
+        for params in (self.live() if self.live is not None else {}).values():
+            for name, value in _scalars(params).items():
+                writer.add_scalar(scalar_tag("loss", name), value, last)
+        writer.flush()
+
+    def close(self) -> None:
+        writer, self.writer = self.writer, None
+        if writer is not None:
+            writer.close()

@@ -62,7 +62,7 @@ from cocos.data.transforms import batch_pixel_bytes, check_image_sizes, eval_tra
 from cocos.errors import CocosError
 from cocos.io import atomic_dir, available_memory, check_interrupt, check_output_dir, sha256_file
 from cocos.models.cnn import build_cnn, cnn_family
-from cocos.progress import progress_bar
+from cocos.progress import draws_bar, progress_bar
 
 FORMAT = "cocos-pretrain/1"
 RECORD = "pretrain.json"
@@ -136,7 +136,7 @@ def attribute_accuracy(logits: torch.Tensor, targets: torch.Tensor) -> dict[str,
     return out
 
 
-def _pixels(data, split: str, cfg: PretrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
+def _pixels(data, split: str, cfg: PretrainConfig, progress: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """A split's images through the evaluation transform, ``(N, 3, c, c)``, and its targets ``(N, 5, 3)``."""
     images = load_image_split(data, split)
     targets = attribute_targets(read_scenes(data, split))
@@ -147,9 +147,12 @@ def _pixels(data, split: str, cfg: PretrainConfig) -> tuple[torch.Tensor, torch.
         raise CocosError(f"pre-training holds the {images.n_images:,} images of split {split} at crop size "
                          f"{cfg.crop_size} in memory ({need / 2**30:,.1f} GiB), more than is available: use a "
                          "smaller crop size")
-    pixels = torch.stack([eval_transform(images.image(i), resize=cfg.resize, crop_size=cfg.crop_size)
-                          for i in range(images.n_images)])
-    return pixels, torch.from_numpy(targets)
+    rows = []
+    with progress_bar(images.n_images, f"reading the {split} images", enabled=progress) as advance:
+        for i in range(images.n_images):
+            rows.append(eval_transform(images.image(i), resize=cfg.resize, crop_size=cfg.crop_size))
+            advance()
+    return torch.stack(rows), torch.from_numpy(targets)
 
 
 def _augment(x: torch.Tensor, y: torch.Tensor, shift: int, gen: torch.Generator):
@@ -173,22 +176,26 @@ def build_model(cfg: PretrainConfig) -> torch.nn.Module:
         return build_cnn(cfg.cnn, num_classes=n_outputs())
 
 
-def train_attributes(data, cfg: PretrainConfig, *, progress: bool = True) -> tuple[torch.nn.Module, dict]:
+def train_attributes(data, cfg: PretrainConfig, *, progress: bool = True,
+                     log: Callable[[str], None] | None = None) -> tuple[torch.nn.Module, dict]:
     """Train the CNN on the attribute task of ``data``'s training split (module docstring); returns the model
-    (eval mode, on the CPU) and what its record holds besides the settings."""
+    (eval mode, on the CPU) and what its record holds besides the settings. Where no bar is drawn
+    (:func:`cocos.progress.draws_bar`: ``progress`` off, or stderr not a terminal), each epoch is a line to
+    ``log`` (``epoch 3/30: loss 0.8123 (45 s)``), and a long epoch a line a minute."""
     cfg.validate()
     device = torch.device(cfg.device)
-    x, y = _pixels(data, "train", cfg)
+    x, y = _pixels(data, "train", cfg, progress)
     model = build_model(cfg).to(device)
     steps = -(-len(x) // cfg.batch_size)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=cfg.epochs * steps)
     gen = torch.Generator().manual_seed(cfg.seed)
-    losses = []
+    losses, start_time = [], time.perf_counter()
+    lines = log if log is not None and not draws_bar(progress) else None
     model.train()
     with progress_bar(cfg.epochs * steps, f"pre-training {cfg.cnn} on attributes", enabled=progress,
-                      fields=True) as advance:
-        for _ in range(cfg.epochs):
+                      fields=True, log=log) as advance:
+        for epoch in range(1, cfg.epochs + 1):
             order, total = torch.randperm(len(x), generator=gen), 0.0
             for start in range(0, len(x), cfg.batch_size):
                 check_interrupt()
@@ -203,6 +210,8 @@ def train_attributes(data, cfg: PretrainConfig, *, progress: bool = True) -> tup
                 total += value * len(rows)
                 advance(status=f"loss {value:.3f}")
             losses.append(round(total / len(x), 6))
+            if lines is not None:
+                lines(f"epoch {epoch}/{cfg.epochs}: loss {losses[-1]:.4f} ({time.perf_counter() - start_time:.0f} s)")
     model.eval().cpu()
     return model, {"epoch_loss": losses, "n_images": len(x)}
 
@@ -234,7 +243,7 @@ def pretrain_cnn(data, out, cfg: PretrainConfig, *, progress: bool = True, log: 
     check_output_dir(out, [data], overwrite, kind="pretrain", by=by)
     start = time.perf_counter()
     fingerprint = load_image_split(data, "train").fingerprint()
-    model, info = train_attributes(data, cfg, progress=progress)
+    model, info = train_attributes(data, cfg, progress=progress, log=log)
     accuracy = evaluate_attributes(model, data, cfg, "dev")
     with atomic_dir(out, [data], overwrite, kind="pretrain", by=by) as tmp:
         staged = tmp / "weights.pth"

@@ -46,7 +46,7 @@ from cocos.objectives import get_loss, get_objective
 from cocos.objectives import names as loss_names
 from cocos.training.config import TrainConfig, lr_group_names
 from cocos.training.evaluate import tokenize_split
-from cocos.training.hooks import Hook, LearnedHook, LTDHook, TrackHook, WarmUp
+from cocos.training.hooks import Hook, LearnedHook, LTDHook, TensorBoardHook, TrackHook, WarmUp
 from cocos.training.pixels import eval_resize, prepare_model
 from cocos.training.resume import check_resume
 from cocos.training.track import Tracker
@@ -111,7 +111,7 @@ def resolve(cfg: TrainConfig, *, resume_ckpt: dict | None, last_path: Path, devi
     torch.manual_seed(cfg.optim.seed)
     model = build_model(cfg, family, data, device)
     loss_fn = learn_temperature(cfg, model, get_loss(cfg.loss.name, **cfg.loss_params(), compat=cfg.loss.compat))
-    loss_fn = learn_parameters(model, loss_fn)
+    loss_fn = learn_parameters(cfg, model, loss_fn)
     hooks = make_hooks(cfg, model, loss_fn, data.targets, last_path, group.is_main, device)
     optimizer = make_optimizer(cfg, model, hooks, big=data.images or bool(family.sources))
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=cfg.optim.lr_update, gamma=0.1)
@@ -249,30 +249,32 @@ def learn_temperature(cfg: TrainConfig, model: torch.nn.Module, loss_fn):
     if cfg.loss.learn_tau:
         loss_fn = LearnedTemperature(loss_fn, scale)
         loss_fn.project_()  # a folder saved above CLIP's clamp trains from the clamp
-    if not any(p.requires_grad for p in model.parameters()):
-        raise CocosError(f"--model {cfg.model.name}: nothing to train (every weight is frozen"
-                         f"{'' if scale is None else ', and the temperature is not learned'})")
     return loss_fn
 
 
-def learn_parameters(model: torch.nn.Module, loss_fn):
+def learn_parameters(cfg: TrainConfig, model: torch.nn.Module, loss_fn):
     """The objective's learned parameters (:attr:`~cocos.losses.spec.Objective.learned`: SigLIP's ``t`` and
     ``b``), always learned in training: the model's parameters of their names where it has them (a SigLIP
     folder's ``logit_scale`` and ``logit_bias``, trained even where the model's would not), else the loss's own
-    (:class:`~cocos.losses.base.LearnedParameters`), clamped from the start."""
-    if not loss_fn.objective.learned or isinstance(loss_fn, LearnedTemperature):
-        return loss_fn
-    loss_fn = LearnedParameters(loss_fn, model)
-    for held in loss_fn.held():
-        held.requires_grad_(True)
-    loss_fn.project_()
+    (:class:`~cocos.losses.base.LearnedParameters`), clamped from the start. A run with nothing left to train
+    (every weight frozen, no temperature or loss parameter learned) is one line."""
+    if loss_fn.objective.learned and not isinstance(loss_fn, LearnedTemperature):
+        loss_fn = LearnedParameters(loss_fn, model)
+        for held in loss_fn.held():
+            held.requires_grad_(True)
+        loss_fn.project_()
+    if not any(p.requires_grad for p in model.parameters()) and not getattr(loss_fn, "own_parameters", list)():
+        scale = getattr(model, "logit_scale", None)
+        raise CocosError(f"--model {cfg.model.name}: nothing to train (every weight is frozen"
+                         f"{'' if scale is None else ', and the temperature is not learned'})")
     return loss_fn
 
 
 def make_hooks(cfg: TrainConfig, model, loss_fn, targets, last_path: Path, is_main: bool, device) -> list[Hook]:
     """The run's extensions of the loop (:mod:`cocos.training.hooks`), in the order they are called: the
     objective's warm-up loss (with the parameters it shares with the loss: the margin), LTD (built after the model:
-    its initialisation is that of a run without LTD), COCOS tracking (with a learned temperature read live)."""
+    its initialisation is that of a run without LTD), COCOS tracking (with a learned temperature read live),
+    TensorBoard (``OUT/tensorboard/``, rank 0; one line where the package is not installed)."""
     hooks: list[Hook] = []
     if cfg.loss.warmup_epochs:
         warmup = get_objective(loss_fn.objective.warmup_loss)
@@ -287,6 +289,8 @@ def make_hooks(cfg: TrainConfig, model, loss_fn, targets, last_path: Path, is_ma
         tracker = Tracker.for_training(cfg.hooks.track_cocos, cfg.loss.name, loss_fn.params(),
                                        loss_fn.batch_layout, compat=cfg.loss.compat)
         hooks.append(TrackHook(tracker, is_main, TRACK_LOG, live=learned_params(cfg, loss_fn)))
+    if cfg.hooks.tensorboard:
+        hooks.append(TensorBoardHook(last_path.parent, is_main, live=learned_params(cfg, loss_fn)))
     return hooks
 
 

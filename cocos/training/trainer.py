@@ -21,7 +21,7 @@ The step is VSE++'s loop (forward, loss, backward, clip, step); what a run adds 
 is a hook (:mod:`cocos.training.hooks`): ``warmup_epochs`` trains the family's warm-up
 loss first; ``ltd`` adds latent target decoding (:mod:`cocos.losses.ltd`) to any loss;
 ``track_cocos`` counts the training batch every N steps (:mod:`cocos.training.track`,
-``cocos_track.csv``). ``save_every``
+``cocos_track.csv``); ``tensorboard`` writes the logs' values to TensorBoard (``tensorboard/``). ``save_every``
 keeps ``epoch_NNN.pt`` every K epochs. Every step's losses (and LTD's ``λ`` and
 ``L_rec/η``) go to ``train_log.csv``. Both CSVs are rewritten atomically at the end
 of each epoch and cut back to the checkpoint's epoch on resume.
@@ -306,7 +306,7 @@ class Trainer:
         sizes = self.setup.data.eval_sizes
         return evaluate_model(self.model, self.dev_split, self.dev_ids, device=self.device,
                               workers=self.cfg.data.workers, crop_size=self.cfg.data.crop_size,
-                              resize=sizes.resize if sizes is not None else None)
+                              resize=sizes.resize if sizes is not None else None, progress=self.progress)
 
     def fit(self) -> dict:
         """Train the remaining epochs; returns the best checkpoint's validation metrics.
@@ -327,6 +327,9 @@ class Trainer:
                 if not self.last_saved:  # nothing of this run worth keeping (a full disk, Ctrl-C in epoch 1, ...)
                     self.folder.undo()
                 raise
+            finally:
+                for hook in self.hooks:
+                    hook.close()
             barrier(self.group)  # rank 0 has written the last checkpoint
             if not self.group.is_main:  # other nodes need not share rank 0's file system
                 return dict(self.best_metrics)
@@ -336,6 +339,7 @@ class Trainer:
         """Train, validate and save one epoch (``last_saved`` once its ``last.pt`` is on disk)."""
         epoch = self.epoch_running = self.epoch + 1
         lr = self.optimizer.param_groups[0]["lr"]
+        first = len(self.step_log)
         loss, rate = self.train_epoch(epoch)
         self.scheduler.step()
         metrics = self.evaluate_dev()
@@ -348,6 +352,8 @@ class Trainer:
                              **{k: metrics[k] for k in ("rsum", "i2t_R@1", "t2i_R@1")}})
         if self.group.is_main:  # rank 0 alone writes (every rank holds the same weights)
             self._save(epoch, metrics, improved)
+        for hook in self.hooks:  # once last.pt holds the epoch (TensorBoard)
+            hook.end_epoch(epoch, {**self.history[-1], "metrics": metrics, "steps": self.step_log[first:]})
         self.epoch_running = 0
         self.log(self._epoch_line(epoch, loss, rate, metrics, improved))
 
