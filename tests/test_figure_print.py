@@ -15,6 +15,7 @@ from cocos.pipelines.folder import write_results_folder
 from cocos.pipelines.triplets import plot_pair_weights, plot_triplet_diagram
 from cocos.report import style
 from cocos.report import training as T
+from cocos.report.figures import plot_cocos_vs_rsum
 from cocos.report.merge import build_report, write_report
 from cocos.results import builtin_presentations
 from tests.test_llncs import FAMILIES, _analyzed
@@ -72,11 +73,18 @@ def drawn(tmp_path_factory):
         write_report(build_report(files[7:], label="epoch"), root / "epochs")  # cocos_by_epoch
         steps = pd.DataFrame({"step": np.arange(100), "epoch": np.arange(100) // 50, "L_con": np.linspace(9, 1, 100),
                               "lambda": np.linspace(0, 1, 100), "L_rec/eta": np.linspace(2, 0.8, 100)})
-        T.plot_training(steps.assign(label="VSE++ + LTD, NT-Xent"), root / "training")
-        track = pd.DataFrame([(s, 0, loss, d, stat, 10.0 / (1 + s)) for s in range(0, 100, 10)
-                              for loss in ("triplet", "ntxent") for d in ("i2t", "t2i") for stat in ("C_q", "C_B")],
+        history = pd.DataFrame({"label": "VSE++ + LTD, NT-Xent", "epoch": [0, 1], "rsum": [250.0, 310.5]})
+        T.plot_training(steps.assign(label="VSE++ + LTD, NT-Xent"), root / "training", history=history)
+        # SmoothAP at a quarter of the others' steps per epoch: the figure's note says so
+        track = pd.DataFrame([(s, s // 50 + 1, loss, d, stat, 10.0 / (1 + s)) for loss in ("triplet", "ntxent", "smoothap")
+                              for s in range(0, 100, 10) for d in ("i2t", "t2i") for stat in ("C_q", "C_B")],
                              columns=["step", "epoch", "loss", "direction", "stat", "value"])
+        track.loc[track["loss"] == "smoothap", "step"] //= 4
         T.plot_track(track, root / "track", looks=builtin_presentations())
+        coincident = pd.DataFrame([{"label": m, "model": m, "loss": "triplet_sh", "direction": d, "stat": "C_q",
+                                    "rsum": r, "cocos": 1.0} for m, r in (("VSE++", 453.3), ("VSE∞", 408.4))
+                                   for d in ("i2t", "t2i")])
+        plot_cocos_vs_rsum(coincident, root / "coincident", looks=builtin_presentations())
         plot_triplet_diagram(["T_cir*P_sig-ms+", "T_cir*P_sig-ms-"], params={"tau": 10.0},
                              points={"i2t": (g.uniform(0, 1, 99), g.uniform(0, 1, 99))}, path_stem=root / "goal")
         plot_pair_weights(path_stem=root / "pairs")
@@ -88,7 +96,7 @@ def drawn(tmp_path_factory):
 def test_every_kind_is_drawn(drawn):
     kinds = {s.rsplit("/", 1)[-1] for s in drawn}
     assert {"counts", "eps_sweep", "goal_distributions", "triplet_diagram", "cocos_vs_rsum", "cocos_by_epoch",
-            "training", "track", "goal", "pairs"} <= kinds
+            "training", "track", "goal", "pairs", "coincident"} <= kinds
 
 
 def test_pdfs_are_print_width_with_7_to_9_pt_text(drawn):
@@ -141,9 +149,10 @@ def test_label_epoch_plots_every_counter_and_rsum_against_epoch(tmp_path):
     images = g.normal(size=(24, 6))
     np.savez(tmp_path / "e.npz", images=images, captions=np.repeat(images, 5, 0) + g.normal(size=(120, 6)))
     base = count_file(tmp_path / "e.npz", FAMILIES[:4], batch_size=8).results.to_dict()
-    files = []
+    files, rsums = [], []
     for e in (1, 2, 4):
         d = _analyzed(base, "triplet_sh", 0, epoch=e)
+        rsums.append(d["evaluation"]["metrics"]["rsum"])
         for r in d["statistics"]:  # a count that changes with the epoch (at the counter's own threshold)
             if (r["loss"], r["direction"], r["stat"], r["eps"]) == ("ntxent", "i2t", "C_qv-", 0.01):
                 r["mean"] = 10.0 + e
@@ -157,4 +166,4 @@ def test_label_epoch_plots_every_counter_and_rsum_against_epoch(tmp_path):
     x, y = out.data["lines"][("VSE++, Triplet loss SH", "ntxent", "i2t")]
     assert list(x) == [1, 2, 4] and list(y) == [11.0, 12.0, 14.0]
     _, rsum = out.data["lines"][("VSE++, Triplet loss SH", "rsum", "both")]
-    assert list(rsum) == [309.4 + e for e in (1, 2, 4)]
+    assert list(rsum) == rsums and rsums[2] - rsums[0] == 3  # the test rsum of each epoch's results

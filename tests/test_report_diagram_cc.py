@@ -91,3 +91,29 @@ def test_point_summary_one_line_per_triplet_weight_from_its_first_panel():
         "T_nca: share of triplets in the active region (T > 0.5): i2t 12.5%, t2i 100.0%",
         "note: 25.0% of t2i triplets lie outside the drawn square",
     ]
+
+
+def test_i2t_and_t2i_triplets_are_told_apart_by_colour_and_line_style(tmp_path, monkeypatch):
+    """Issue 40: the two directions' density contours had one colour; i2t is now the loss's colour (solid), t2i
+    near-black (dashed), in the panels and in the legend."""
+    import matplotlib.colors as mcolors
+
+    from cocos.report import style
+
+    figures = []
+    monkeypatch.setattr(style, "save", lambda fig, stem: figures.append(fig) or [])
+    g = np.random.default_rng(0)
+    pts = {d: (0.6 + 0.05 * g.normal(size=200), 0.4 + 0.05 * g.normal(size=200)) for d in ("i2t", "t2i")}
+    D.draw_triplet_diagram(P.triplet_diagram("T_con", points=pts, resolution=11), path_stem=tmp_path / "d",
+                           color="#ff7f0e")
+    (ax,) = [a for a in figures[0].axes if a.get_title()]
+    drawn = {c.get_gid(): c for c in ax.collections if str(c.get_gid()).startswith("triplets")}
+    i2t, t2i = drawn["triplets i2t"], drawn["triplets t2i"]
+    colour = {k: mcolors.to_hex(c.get_edgecolor()[0]) for k, c in (("i2t", i2t), ("t2i", t2i))}
+    assert colour == {"i2t": "#ff7f0e", "t2i": "#1a1a1a"}
+    assert i2t.get_linestyle() != t2i.get_linestyle()
+    legend = {t.get_text().split()[0]: h for t, h in zip(figures[0].legends[0].get_texts(),
+                                                          figures[0].legends[0].legend_handles, strict=True)}
+    assert {k: mcolors.to_hex(legend[k].get_color()) for k in ("i2t", "t2i")} == colour
+    assert legend["i2t"].get_linestyle() == "-" and legend["t2i"].get_linestyle() == "--"
+    assert D.direction_colours("#101030")["t2i"] == "white"  # beside a dark loss colour

@@ -168,3 +168,37 @@ def test_cocos_vs_rsum_shows_every_panels_points_on_the_shared_rsum_axis(tmp_pat
     low, high = out.data["ylim"]
     assert all(low <= y <= high for _, y in out.data["points"]), (out.data["ylim"], out.data["points"])
     assert low <= 16.0 and high >= 16.0 + 3 * 4.0  # chance and its band are shown too
+
+
+def test_cocos_vs_rsum_sets_coincident_markers_side_by_side(tmp_path, monkeypatch):
+    """Issue 40: VSE++ and VSE∞ with Triplet SH both count C^q = 1 in both directions: i2t and t2i of each model
+    were one marker. Markers at one point are set side by side on the page (their data unchanged), their count
+    written above them, and the legend says so; a point of its own is not moved."""
+    import pandas as pd
+
+    from cocos.report import style
+
+    figures = []
+    monkeypatch.setattr(style, "save", lambda fig, stem: figures.append(fig) or [])
+    rows = pd.DataFrame([{"label": m, "model": m, "loss": "triplet_sh", "direction": d, "stat": "C_q", "rsum": r,
+                          "cocos": c} for m, r, c in (("VSE++", 453.3, 1.0), ("VSE∞", 408.4, 1.0), ("X", 420.0, 6.0))
+                         for d in ("i2t", "t2i")])
+    rows.loc[5, "cocos"] = 7.0  # X's t2i: a point of its own
+    out = plot_cocos_vs_rsum(rows, tmp_path / "f", looks=LOOKS)
+    np.testing.assert_allclose(out.data["points"], rows[["cocos", "rsum"]].to_numpy())  # the data as given
+    assert out.data["coincident"] == [["VSE++ (i2t)", "VSE++ (t2i)"], ["VSE∞ (i2t)", "VSE∞ (t2i)"]]
+    assert out.data["offsets"][:4] == [-3.5, 3.5, -3.5, 3.5] and out.data["offsets"][4:] == [0.0, 0.0]
+    (ax,) = figures[0].axes
+    fig = figures[0]
+    fig.set_dpi(style.DPI)
+    fig.draw_without_rendering()
+    markers = [ln for ln in ax.get_lines() if ln.get_marker() not in (None, "None", "")][:len(rows)]
+    page = [ln.get_transform().transform(np.column_stack(ln.get_data()))[0] for ln in markers]
+    gap_pt = (page[1][0] - page[0][0]) * 72 / style.DPI
+    assert gap_pt >= 5.0 and page[1][1] == pytest.approx(page[0][1])  # apart by more than a marker, level
+    notes = [t.get_text() for t in ax.texts if t.get_gid() == "coincident"]
+    assert notes == ["1.00", "1.00"]
+    assert any("side by side" in t.get_text() for t in fig.legends[0].get_texts())
+    alone = plot_cocos_vs_rsum(rows.iloc[4:], tmp_path / "g", looks=LOOKS)
+    assert alone.data["coincident"] == [] and set(alone.data["offsets"]) == {0.0}
+    assert not any("side by side" in t.get_text() for t in figures[-1].legends[0].get_texts())

@@ -29,7 +29,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import matplotlib.colors as mcolors
 import numpy as np
+from matplotlib import patheffects
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
@@ -39,7 +41,10 @@ ACTIVE_THRESHOLD = 0.5  # a triplet is in the active region where its triplet we
 DEFAULT_EXTENT = (0.0, 1.0)
 FULL_EXTENT = (-1.0, 1.0)
 DENSITY_LEVELS = (0.5, 0.9)  # contours enclosing these shares of the points
-DIRECTION_STYLE = {"i2t": ("#d62728", "solid"), "t2i": ("#ff9896", "dashed")}
+# i2t in the loss's colour (this red without one), solid; t2i near-black (white beside a dark loss colour), dashed;
+# each contour on a thin halo of the opposite lightness, so that it shows on any part of the viridis map
+DIRECTION_STYLE = {"i2t": ("#d62728", "solid"), "t2i": ("#1a1a1a", "dashed")}
+CONTOUR_PT, HALO_PT = 1.2, 1.0  # the density contours' width; the halo's on either side
 MAX_PANELS_PER_ROW = 2  # two panels across the 12.2 cm column
 WEIGHT_LEVELS = (0.1, 0.3, 0.5, 0.7, 0.9)  # contour levels of a continuous weight, as shares of its maximum (or 1)
 
@@ -201,6 +206,26 @@ def density_grid(sp, sn, extent: tuple[float, float], bins: int = 80, sigma: flo
 # -- the diagram -------------------------------------------------------------------------------
 
 
+def _luminance(color) -> float:
+    r, g, b = mcolors.to_rgb(color)
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+def direction_colours(color: str) -> dict[str, str]:
+    """The contour colour of each direction's triplets: i2t in ``color`` (the loss's), t2i near-black, or white
+    where ``color`` is itself dark: two colours (and two line styles) a reader tells apart."""
+    return {"i2t": color, "t2i": "white" if _luminance(color) < 0.2 else DIRECTION_STYLE["t2i"][0]}
+
+
+def _direction_style(key: str, color: str) -> dict:
+    """Colour, line style and halo (``path_effects``) of one direction's density contours and legend line."""
+    line = direction_colours(color).get(key, color)
+    halo = "white" if _luminance(line) < 0.6 else "0.1"
+    return {"color": line, "linestyle": DIRECTION_STYLE.get(key, (None, "solid"))[1],
+            "path_effects": [patheffects.withStroke(linewidth=CONTOUR_PT + 2 * HALO_PT, foreground=halo, alpha=0.8),
+                             patheffects.Normal()]}
+
+
 def draw_triplet_diagram(
     diagram: TripletDiagram,
     *,
@@ -209,9 +234,10 @@ def draw_triplet_diagram(
     color: str = DIRECTION_STYLE["i2t"][0],
     points_label: str = "triplets",
 ) -> DiagramResult:
-    """Draw the heat maps of ``diagram`` (one panel each, two per row) with its triplets as density contours in
-    ``color`` (i2t solid, t2i dashed), named ``points_label`` in the legend; write ``path_stem.png`` and
-    ``path_stem.pdf`` (``title`` is their metadata title: a figure's title belongs in its caption)."""
+    """Draw the heat maps of ``diagram`` (one panel each, two per row) with its triplets as density contours (i2t
+    solid in ``color``, t2i dashed in near-black: :func:`direction_colours`), named ``points_label`` in the legend;
+    write ``path_stem.png`` and ``path_stem.pdf`` (``title`` is their metadata title: a figure's title belongs in
+    its caption)."""
     panels = diagram.panels
     result = DiagramResult(paths=[], sp=diagram.grid, sn=diagram.grid.copy(),
                            values={p.name: p.values for p in panels}, extent=diagram.extent,
@@ -277,8 +303,8 @@ def _legend(fig, diagram: TripletDiagram, color: str, points_label: str, ncols: 
     """The figure's legend: one line per direction with at least two triplets and, if a panel shows a
     triplet weight's active share, what that share means."""
     held = " / ".join(f"{q:.0%}" for q in DENSITY_LEVELS)
-    handles = [Line2D([], [], color=color, linestyle=DIRECTION_STYLE.get(k, ("C0", "solid"))[1],
-                      label=f"{k} {points_label} (contours hold {held})")
+    handles = [Line2D([], [], linewidth=CONTOUR_PT, label=f"{k} {points_label} (contours hold {held})",
+                      **_direction_style(k, color))
                for k, (sp, _) in diagram.points.items() if sp.size >= 2]
     if any(p.pair is None for p in diagram.panels):
         handles.append(Patch(facecolor="none", edgecolor="none",
@@ -288,16 +314,19 @@ def _legend(fig, diagram: TripletDiagram, color: str, points_label: str, ncols: 
 
 
 def _draw_points(ax, pts: dict, extent, color: str, active: dict) -> None:
-    """Density contours of each direction's triplets (i2t solid, t2i dashed) and, on a T panel, the share of them
-    in its active region (a T·P panel's region is that of its T: said once)."""
+    """Density contours of each direction's triplets (i2t solid in ``color``, t2i dashed near-black: see
+    :func:`direction_colours`; ``gid`` ``triplets i2t``/``triplets t2i``) and, on a T panel, the share of them in its
+    active region (a T·P panel's region is that of its T: said once)."""
 
     for i, (key, (sp, sn)) in enumerate(pts.items()):
         if sp.size < 2:
             continue
         centres, dens, dlevels = density_grid(sp, sn, extent)
         if dlevels:
-            ax.contour(centres, centres, dens, levels=dlevels, colors=[color],
-                       linestyles=DIRECTION_STYLE.get(key, (None, "solid"))[1], linewidths=1.2)
+            look = _direction_style(key, color)
+            cs = ax.contour(centres, centres, dens, levels=dlevels, colors=[look["color"]],
+                            linestyles=look["linestyle"], linewidths=CONTOUR_PT)
+            cs.set(path_effects=look["path_effects"], gid=f"triplets {key}")
         share = active.get(key)
         if share is not None:
             ax.text(0.03, 0.97 - 0.09 * i, f"{key}: {100 * share:.1f}% active", transform=ax.transAxes,

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import seaborn as sns
+from matplotlib.legend_handler import HandlerLine2D
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
@@ -240,41 +241,108 @@ def plot_cocos_vs_rsum(rows, path_stem: str | os.PathLike, title: str | None = N
 
     stats = list(dict.fromkeys(rows["stat"]))
     models = list(dict.fromkeys(rows["model"] if "model" in rows else ["model"] * len(rows)))
-    points, labels, legend, chance = [], [], {}, []
+    points, labels, legend, chance, drawn = [], [], {}, [], []
     with style.paper_style():
         fig = style.figure(2.6 + 0.12 * len(set(zip(rows["loss"], rows.get("model", rows["loss"]), strict=True))))
         axes = fig.subplots(1, max(1, len(stats)), squeeze=False, sharey=True)[0]
         for ax, stat in zip(axes, stats, strict=False):
             part = rows[rows["stat"] == stat]
             for _, r in part.iterrows():
-                name, color, _, _ = style.loss_style(r["loss"], looks)
-                model = r.get("model", "model")
-                marker = MODEL_MARKERS[models.index(model) % len(MODEL_MARKERS)]
-                xs, ys = _errorbar(ax, r, color, marker, filled=r["direction"] == "i2t")
-                points.append((xs, ys))
+                container, (entry, handle) = _rsum_point(ax, r, models, looks)
+                xs, ys = container.lines[0].get_data()
+                points.append((float(xs[0]), float(ys[0])))
+                drawn.append((ax, container))
                 labels.append(f"{r['label']} ({r['direction']})")
-                warm = " (warm-up epoch)" if bool(r.get("warmup", False)) else ""
-                legend.setdefault((f"{model}, {name}" if len(models) > 1 else name) + warm,
-                                  Line2D([], [], color=color, marker=marker, linestyle="", markersize=5))
+                legend.setdefault(entry, handle)
             spread = part["cocos_std"].fillna(0) if "cocos_std" in part else 0
             right = float(np.nanmax(part["cocos"] + spread)) if len(part) else 1.0
             ax.set_xlim(0, 1.15 * right if right > 0 else 1.0)
             ax.set_xlabel(f"{style.stat_math(stat)} of the training loss")
             ax.set_ylabel("rsum (test)")
             chance.append(_chance_band(ax, part))
-        handles = list(legend.values()) + [
-            Line2D([], [], color="0.3", marker="o", linestyle="", markersize=5),
-            Line2D([], [], color="0.3", marker="o", markerfacecolor="none", linestyle="", markersize=5)]
-        names = [*legend, "i2t (filled)", "t2i (open)"]
-        if any(c is not None for c in chance):
-            handles.append(Line2D([], [], color=style.GREY, linestyle="--", linewidth=1))
-            names.append(f"chance; shaded: within noise of chance (+{CHANCE_NOISE_SD:g} sd)")
-        fig.legend(handles, names, loc="outside lower center", ncols=2)
-        style.caption(fig, (title or "COCOS at the selected checkpoint vs retrieval") + _chance_caption(rows))
+        offsets, groups = _dodge(fig, drawn, points)
+        _rsum_legend(fig, legend, any(c is not None for c in chance), bool(groups))
+        style.caption(fig, (title or "COCOS at the selected checkpoint vs retrieval") + _chance_caption(rows)
+                      + (f"; {DODGE_NOTE}" if groups else ""))
         ylim = tuple(float(y) for y in axes[0].get_ylim())
         paths = style.save(fig, path_stem)
     return FigureOutput(paths, {"points": np.array(points, dtype=np.float64).reshape(-1, 2), "labels": labels,
-                                "panels": stats, "legend": list(legend), "chance": chance, "ylim": ylim})
+                                "panels": stats, "legend": list(legend), "chance": chance, "ylim": ylim,
+                                "offsets": offsets, "coincident": [[labels[i] for i in g] for g in groups]})
+
+
+def _rsum_point(ax, r, models: list, looks: Mapping | None):
+    """One row of :func:`plot_cocos_vs_rsum` drawn (:func:`_errorbar`): its container, and its legend entry and
+    handle (a colour per loss, a marker per model)."""
+    name, color, _, _ = style.loss_style(r["loss"], looks)
+    model = r.get("model", "model")
+    marker = MODEL_MARKERS[models.index(model) % len(MODEL_MARKERS)]
+    container = _errorbar(ax, r, color, marker, filled=r["direction"] == "i2t")
+    warm = " (warm-up epoch)" if bool(r.get("warmup", False)) else ""
+    entry = (f"{model}, {name}" if len(models) > 1 else name) + warm
+    return container, (entry, Line2D([], [], color=color, marker=marker, linestyle="", markersize=5))
+
+
+def _rsum_legend(fig, legend: dict, chance: bool, dodged: bool) -> None:
+    """The legend of :func:`plot_cocos_vs_rsum`: a marker per model and loss, i2t filled and t2i open, the chance
+    line where there is one, and what markers side by side mean where some are."""
+    handles = list(legend.values()) + [
+        Line2D([], [], color="0.3", marker="o", linestyle="", markersize=5),
+        Line2D([], [], color="0.3", marker="o", markerfacecolor="none", linestyle="", markersize=5)]
+    names = [*legend, "i2t (filled)", "t2i (open)"]
+    if chance:
+        handles.append(Line2D([], [], color=style.GREY, linestyle="--", linewidth=1))
+        names.append(f"chance; shaded: within noise of chance (+{CHANCE_NOISE_SD:g} sd)")
+    pair = {}
+    if dodged:  # two markers side by side
+        handles.append(Line2D([], [], color="0.3", marker="o", linestyle="", markersize=4))
+        names.append(DODGE_NOTE)
+        pair = {handles[-1]: HandlerLine2D(numpoints=2)}
+    fig.legend(handles, names, loc="outside lower center", ncols=2, handler_map=pair)
+
+
+DODGE_PT = 7.0  # markers (5 pt) at one point are set this far apart on the page, side by side
+COINCIDE = 0.02  # markers closer than this share of both axes' spans would hide one another
+DODGE_NOTE = "markers side by side: one point (its count above)"
+
+
+def _clusters(points: list, indices: list[int], near: tuple[float, float]) -> list[list[int]]:
+    """The groups (of two or more, in order) of ``points[indices]`` within ``near`` (x, y) of a group's first."""
+    clusters: list[list[int]] = []
+    for i in indices:
+        home = next((c for c in clusters if abs(points[i][0] - points[c[0]][0]) <= near[0]
+                     and abs(points[i][1] - points[c[0]][1]) <= near[1]), None)
+        if home is None:
+            clusters.append([i])
+        else:
+            home.append(i)
+    return [c for c in clusters if len(c) > 1]
+
+
+def _dodge(fig, drawn: list, points: list) -> tuple[list[float], list[list[int]]]:
+    """Markers that would hide one another (closer than :data:`COINCIDE` of both spans of their panel: models with
+    the same count and rsum, or i2t and t2i of one) set side by side, :data:`DODGE_PT` apart on the page, in the
+    order drawn (i2t, filled, left of t2i), the count they share written above them (``gid`` ``coincident``); their
+    data, and the points read back, stay as they are. Returns each
+    point's shift in points (0: not moved) and the groups of points (indices) moved."""
+    from matplotlib.transforms import ScaledTranslation
+
+    offsets: list[float] = [0.0] * len(drawn)
+    groups: list[list[int]] = []
+    for ax in dict.fromkeys(a for a, _ in drawn):
+        (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
+        near = COINCIDE * abs(x1 - x0), COINCIDE * abs(y1 - y0)
+        for cluster in _clusters(points, [i for i, (a, _) in enumerate(drawn) if a is ax], near):
+            groups.append(cluster)
+            x, y = points[cluster[0]]
+            ax.annotate(f"{x:.2f}", (x, y), xytext=(0, 4), textcoords="offset points", ha="center", va="bottom",
+                        fontsize=style.SMALL_PT, color="0.3", gid="coincident")
+            for k, i in enumerate(cluster):
+                offsets[i] = (k - (len(cluster) - 1) / 2) * DODGE_PT
+                shift = ScaledTranslation(offsets[i] / 72, 0, fig.dpi_scale_trans)
+                for artist in drawn[i][1].get_children():
+                    artist.set_transform(artist.get_transform() + shift)
+    return offsets, groups
 
 
 def _chance_band(ax, part) -> tuple[float, float] | None:
@@ -315,12 +383,11 @@ def _chance_caption(rows) -> str:
 MODEL_MARKERS = ("o", "^", "s", "D", "v", "P", "X")
 
 
-def _errorbar(ax, r, color: str, marker: str, filled: bool) -> tuple[float, float]:
-    """One (COCOS, rsum) point with its error bars over seeds; returns where the marker was drawn."""
+def _errorbar(ax, r, color: str, marker: str, filled: bool):
+    """One (COCOS, rsum) point with its error bars over seeds; returns its ``ErrorbarContainer`` (the marker is
+    ``lines[0]``)."""
     xerr = r.get("cocos_std") if np.isfinite(r.get("cocos_std", np.nan)) else None
     yerr = r.get("rsum_std") if np.isfinite(r.get("rsum_std", np.nan)) else None
-    container = ax.errorbar([r["cocos"]], [r["rsum"]], xerr=xerr, yerr=yerr, fmt=marker, color=color, markersize=5,
-                            markerfacecolor=color if filled else "none", markeredgewidth=1.0, elinewidth=0.8,
-                            capsize=2, zorder=3 if filled else 4)
-    xs, ys = container.lines[0].get_data()
-    return float(xs[0]), float(ys[0])
+    return ax.errorbar([r["cocos"]], [r["rsum"]], xerr=xerr, yerr=yerr, fmt=marker, color=color, markersize=5,
+                       markerfacecolor=color if filled else "none", markeredgewidth=1.0, elinewidth=0.8,
+                       capsize=2, zorder=3 if filled else 4)

@@ -17,6 +17,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import matplotlib
+import matplotlib.colors as mcolors
 import seaborn as sns
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -36,6 +37,11 @@ SMALL_PT = 7  # the smallest text cocos draws
 # Fixed metadata: no creation dates, so the same input gives the same bytes.
 _META = {"png": {"Software": "cocos"}, "pdf": {"Creator": "cocos", "Producer": "cocos", "CreationDate": None}}
 DIRECTION_DASHES = {"i2t": "-", "t2i": "--"}
+# Lines at print size: none thinner than MIN_LINE_PT; faint lines (per-batch values under their rolling mean) are an
+# opaque tint of their colour (overlapping lines do not darken) with FAINT_INK of ink (style.ink: 1 is black).
+MIN_LINE_PT = 0.6
+FAINT_LINE_PT = 0.75
+FAINT_INK = 0.5
 
 
 def rc() -> dict:
@@ -87,6 +93,21 @@ def save(fig, path_stem: str | os.PathLike) -> list[Path]:
         paths.append(path)
         fig.set_layout_engine("none")  # the first save laid the figure out; the second keeps that layout
     return paths
+
+
+def ink(color) -> float:
+    """How much a colour stands out from white paper: its darkest channel's distance from white, times its alpha
+    (0: invisible, 1: black)."""
+    r, g, b, a = mcolors.to_rgba(color)
+    return (1.0 - min(r, g, b)) * a
+
+
+def faint(color) -> tuple[float, float, float]:
+    """The colour of faint lines: an opaque lighter tint of ``color`` with :data:`FAINT_INK` of ink (the colour
+    itself where it has less), visible at print size where an alpha of 0.3 was not."""
+    rgb = mcolors.to_rgb(color)
+    keep = min(1.0, FAINT_INK / max(ink(rgb), 1e-9))
+    return tuple(1.0 - keep * (1.0 - c) for c in rgb)
 
 
 def loss_style(loss: str, looks: Mapping[str, Presentation] | None = None) -> tuple[str, str, str, str]:
