@@ -174,6 +174,8 @@ def analyze(
     trust_checkpoint: bool = typer.Option(False, "--trust-checkpoint",
                                           help="Load checkpoints with full pickle (weights_only=False): code in the "
                                                "file may run. Only for files you trust."),
+    label_prefix: str = typer.Option(None, "--label-prefix", metavar="TEXT",
+                                     help="Start every LaTeX label of tables.tex with this (tab:[PREFIX-]NAME-ROLE)."),
 ) -> None:
     """Encode the training set with the frozen model, count every loss both ways, write tables and figures."""
     from cocos.objectives import parse_names
@@ -193,6 +195,7 @@ def analyze(
     outputs = {"inputs": inputs, "save_embeddings": save_embeddings, "overwrite": overwrite, "per_query": per_query,
                "latex_width": latex_width}
     options["reader"] = _open_clip_reader(open_clip_config, tokenizer, trust_checkpoint)
+    outputs["label_prefix"] = label_prefix
     _analyze_all(checkpoints, targets, data, options, outputs)
 
 
@@ -289,7 +292,7 @@ def _image_options(features, resize, crop_size, workers) -> dict:
             "log": typer.echo}
 
 
-def _write(analysis, target, inputs, save_embeddings, overwrite, per_query, latex_width) -> None:
+def _write(analysis, target, inputs, save_embeddings, overwrite, per_query, latex_width, label_prefix=None) -> None:
     """The report folder, then the embeddings (last: a failed or interrupted analysis leaves no embeddings file).
     ``inputs``: every checkpoint's inputs (no report folder may hold any of them)."""
     from cocos.embed import save_embeddings as write_embeddings
@@ -297,7 +300,7 @@ def _write(analysis, target, inputs, save_embeddings, overwrite, per_query, late
 
     files = write_results_folder(analysis.results, analysis.run, target, inputs, overwrite,
                                  per_query=per_query, embeddings=analysis.embeddings, latex_width=latex_width,
-                                 logs=analysis.logs, by="analyze")
+                                 logs=analysis.logs, by="analyze", label_prefix=label_prefix)
     if save_embeddings is not None:
         write_embeddings(save_embeddings, analysis.embeddings)
     for line in summary_lines(analysis.results):

@@ -55,6 +55,9 @@ def count(
     overwrite: bool = typer.Option(False, "--overwrite",
                                    help="Replace an --out report (never another folder), or an existing --json file."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+    label_prefix: str = typer.Option(None, "--label-prefix", metavar="TEXT",
+                                     help="Start every LaTeX label of the --out tables.tex with this "
+                                          "(tab:[PREFIX-]NAME-ROLE)."),
 ) -> None:
     """Count contributing samples per loss and direction on your own embeddings."""
     from cocos.objectives import parse_names
@@ -75,9 +78,9 @@ def count(
     _print_tables(counted.results, embeddings, batch_size, seed, compat)
     if out is not None:
         from cocos.pipelines.folder import write_results_folder
-
         files = write_results_folder(counted.results, counted.run, out, inputs, overwrite, per_query=per_query,
-                                     embeddings=counted.embeddings, latex_width=latex_width, by="count")
+                                     embeddings=counted.embeddings, latex_width=latex_width, by="count",
+                                     label_prefix=label_prefix)
         typer.echo(f"wrote {out}/: {', '.join(f.name for f in files)}")
     if json_path is not None:
         counted.results.write(json_path)

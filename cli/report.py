@@ -34,9 +34,13 @@ def report(
                                          "12.2 cm LNCS text."),
     label: str = typer.Option(None, metavar="epoch", help="epoch: tell checkpoints of one run apart by their epoch "
                                                          "(cocos train --save-every), with a figure over epochs."),
+    label_prefix: str = typer.Option(None, "--label-prefix", metavar="TEXT",
+                                     help="Start every LaTeX label with this (labels are tab:[PREFIX-]NAME-ROLE, "
+                                          "NAME the --out folder's name): for two reports of one name in a paper."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an --out report (never another folder)."),
 ) -> None:
-    """Tables 1-4 of the COCOS paper (mean ± std over seeds) and COCOS vs rsum, from results.json files."""
+    """Tables 1-4 of the COCOS paper (mean ± std over seeds, rows compared by t-tests over 3 or more seeds) and COCOS
+    vs rsum, from results.json files."""
     from cocos.errors import CocosError
     from cocos.io import check_output_dir
     from cocos.report.merge import build_report, write_report
@@ -49,7 +53,8 @@ def report(
     check_latex_width(latex_width)
     # before any input is read: --out is no input, holds none, and is absent, empty or a report (with --overwrite)
     check_output_dir(out, results, overwrite, kind="report", by="report", may_lie_in=[r for r in results if r.is_dir()])
-    report = build_report(results, compat=COUNTING[counting], counters=counters, label=label)
+    report = build_report(results, compat=COUNTING[counting], counters=counters, label=label,
+                          label_prefix=label_prefix)
     files = write_report(report, out, overwrite=overwrite, latex_width=latex_width, by="report")
     for w in report.warnings:
         typer.echo(f"warning: {w}", err=True)

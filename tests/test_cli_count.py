@@ -116,8 +116,9 @@ def test_count_out_writes_the_same_folder_as_analyze_and_report_merges_two_seeds
         assert res.exit_code == 0, res.output
         folders.append(out)
     names = sorted(p.name for p in folders[0].iterdir() if p.name != MARKER)
-    assert names == ["batches.csv", "counts.pdf", "counts.png", "eps_sweep.pdf", "eps_sweep.png", "queries.csv",
-                     "results.json", "tables.md", "tables.tex", "triplet_diagram.pdf", "triplet_diagram.png"]
+    assert names == ["batches.csv", "counts.pdf", "counts.png", "eps_sweep.pdf", "eps_sweep.png", "explorer.json",
+                     "index.html", "queries.csv", "results.json", "tables.md", "tables.tex", "triplet_diagram.pdf",
+                     "triplet_diagram.png"]
     import pandas as pd
 
     batches = pd.read_csv(folders[0] / "batches.csv")

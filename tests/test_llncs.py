@@ -60,13 +60,15 @@ def _analyzed(counted: dict, loss: str, seed: int, epoch: int = 7, ltd: bool = F
                   "hparams": {}}
     d["training"] = {"loss": loss, "params": {"margin": 0.25} if loss == "triplet" else {}, "seed": seed,
                      "ltd": {"mode": "constraint", "eta": 0.1, "beta": 1.0} if ltd else None}
-    d["evaluation"] = {"split": "test", "metrics": {**METRICS, "rsum": METRICS["rsum"] + seed + epoch}}
+    rsum = METRICS["rsum"] + seed + epoch + 10 * FAMILIES.index(loss)  # losses apart: the tests over seeds hold
+    d["evaluation"] = {"split": "test", "metrics": {**METRICS, "rsum": rsum}}
     return d
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    """results.json files of every kind: each family (two seeds), LTD, VSRN, one run's epochs, two counting seeds."""
+    """results.json files of every kind: each family (two seeds, three for some: tested over seeds), LTD, VSRN, one
+    run's epochs, two counting seeds."""
     root = tmp_path_factory.mktemp("kinds")
     counted = []
     for seed in (0, 1):
@@ -84,6 +86,7 @@ def files(tmp_path_factory):
 
     out = {f"{loss}-{seed}": write(f"{loss}-{seed}", _analyzed(counted[0], loss, seed))
            for loss in FAMILIES for seed in (0, 1)}
+    out |= {f"{loss}-2": write(f"{loss}-2", _analyzed(counted[0], loss, 2)) for loss in FAMILIES[:3]}
     out["ltd"] = write("ltd", _analyzed(counted[0], "ntxent", 0, ltd=True))
     out["vsrn"] = write("vsrn", _analyzed(counted[0], "goal", 0, kind="vsrn"))
     out |= {f"epoch-{e}": write(f"epoch-{e}", _analyzed(counted[0], "triplet_sh", 0, epoch=e)) for e in (1, 2, 3, 10)}
@@ -97,17 +100,18 @@ def every_tables_tex(files: dict, width: str) -> list[str]:
         groups, _ = group_results([Results.read(path)])
         return "\n".join(to_latex(t, width=width) for t in build_tables(groups, counters="all"))
 
-    def report(keys, **kw):
-        return render_report(build_report([files[k] for k in keys], **kw), width)[1]
+    def report(name, keys, **kw):  # as written to a folder of that name
+        return render_report(build_report([files[k] for k in keys], **kw), width, name=name)[1]
 
     trained = [k for k in files if not k.startswith(("count", "epoch"))]
     epochs = [k for k in files if k.startswith("epoch")]
     return [*(single(files[k]) for k in files),
-            report([f"{loss}-0" for loss in FAMILIES] + ["ltd"]),  # the summary of one seed each
-            report(trained),  # several seeds, LTD and VSRN rows
-            report(trained, counters="all"),
-            report(epochs, label="epoch"), report(epochs, label="epoch", counters="all"),
-            report(["count-0", "count-1"]), report(["count-0"])]
+            report("summary", [f"{loss}-0" for loss in FAMILIES] + ["ltd"]),  # one seed each: not tested
+            report("trained", trained),  # two and three seeds (compared, marked *), LTD and VSRN rows
+            report("trained-all", trained, counters="all"),
+            report("three-seeds", [f"{loss}-{seed}" for loss in FAMILIES[:3] for seed in (0, 1, 2)]),
+            report("epochs", epochs, label="epoch"), report("epochs-all", epochs, label="epoch", counters="all"),
+            report("count", ["count-0", "count-1"]), report("count-0", ["count-0"])]
 
 
 @pytest.mark.parametrize("width", ["column", "page"])
@@ -115,7 +119,9 @@ def test_every_tables_tex_compiles_together_in_llncs(files, width, tmp_path):
     texts = every_tables_tex(files, width)
     body = "\n\\clearpage\n".join(texts)  # one paper: a page break now and then so floats never pile up
     labels = re.findall(r"\\label\{([^}]*)\}", body)
-    assert len(labels) == len(set(labels)) > 60  # unique per model, loss, run and options
+    assert len(labels) == len(set(labels)) > 60  # unique per result (dataset, model, loss, seed, checkpoint), report
+    assert body.count(r"\textsuperscript{*}") > 10 and "paired t-test" in body  # differences that hold, marked
+    assert "Not tested for significance: 1 seed per row" in body and "Not tested (fewer than 3 seeds)" in body
     if width == "page":
         assert body.count(r"\begin{table*}") == len(labels)
     assert "\\resizebox" not in body and body.isascii()

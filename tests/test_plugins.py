@@ -101,7 +101,7 @@ def test_an_entry_point_plugin_is_listed_counted_and_reported_without_being_inst
     (_, listed), _, _ = cocos_several(
         [["losses"], ["count", str(plugin / "emb.npz"), "--loss", "sqhinge", "--loss", "triplet", "--batch-size",
                       "16", "--out", str(tmp_path / "with"), "--no-progress"],
-         ["report", str(tmp_path / "with"), "--out", str(tmp_path / "plugged")]], tmp_path, path=plugin)
+         ["report", str(tmp_path / "with"), "--out", str(tmp_path / "plugged" / "report")]], tmp_path, path=plugin)
     assert "sqhinge" in listed and "Squared hinge" in listed
     results = json.loads((tmp_path / "with" / "results.json").read_text())
     assert results["presentation"]["sqhinge"]["label"] == "Squared hinge"
@@ -115,12 +115,14 @@ def test_an_entry_point_plugin_is_listed_counted_and_reported_without_being_inst
 
     assert "sqhinge" not in objectives.names()
     empty_figures(monkeypatch)  # as in the plugin's process: the tables are compared
-    rendered = CliRunner().invoke(app, ["report", str(tmp_path / "with"), "--out", str(tmp_path / "without")])
+    rendered = CliRunner().invoke(app, ["report", str(tmp_path / "with"), "--out",
+                                          str(tmp_path / "without" / "report")])  # the same name: the same labels
     assert rendered.exit_code == 0, rendered.output
     assert "sqhinge" not in objectives.names()
     for name in ("tables.md", "tables.tex"):
-        assert (tmp_path / "without" / name).read_text() == (tmp_path / "plugged" / name).read_text()
-    assert "Squared hinge" in (tmp_path / "without" / "tables.md").read_text()
+        assert (tmp_path / "without" / "report" / name).read_text() == \
+            (tmp_path / "plugged" / "report" / name).read_text()
+    assert "Squared hinge" in (tmp_path / "without" / "report" / "tables.md").read_text()
 
 
 def test_cocos_plugins_names_a_module_on_the_path(plugin, tmp_path):

@@ -272,7 +272,7 @@ def test_cli_report_writes_tables_and_figure(tmp_path):
     res = runner.invoke(app, ["report", str(a), str(b), "--out", str(out)])
     assert res.exit_code == 0, res.output
     assert sorted(p.name for p in out.iterdir() if p.name != MARKER) == ["cocos_vs_rsum.pdf", "cocos_vs_rsum.png",
-                                                     "tables.md", "tables.tex"]
+                                                     "index.html", "tables.md", "tables.tex"]
     assert "305.0 ± 7.1" in res.stdout and str(out / "tables.md") in res.stdout
     md = (out / "tables.md").read_text()
     assert md_cell(md[md.index("**Table 1"):], "Triplet loss", "rsum") == "305.0 ± 7.1"

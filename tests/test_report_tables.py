@@ -417,3 +417,66 @@ def test_committed_example_tables_compile_together_in_llncs(tmp_path):
     assert body.isascii() and "\\resizebox" not in body
     check_latex(body)
     assert_clean(compile_llncs(tmp_path, body))  # no overfull box, no multiply defined label
+
+
+# --------------------------------------------------------------------------- LaTeX labels: what a table is
+
+
+def _labels(tex: str) -> list[str]:
+    return re.findall(r"\\label\{([^}]*)\}", tex)
+
+
+def test_report_labels_follow_its_name_and_role_so_regenerating_keeps_them(tmp_path):
+    """The same report from copies of its results in two places, as two folders ``summary``: the same labels; two
+    reports of different names: no label in common; a prefix starts every label."""
+    import json
+    from pathlib import Path
+
+    from cocos.report.merge import build_report, render_report
+
+    def results_in(folder):
+        folder.mkdir(parents=True)
+        paths = []
+        for loss in ("triplet", "triplet_sh", "ntxent"):
+            paths.append(folder / f"{loss}.json")
+            paths[-1].write_text(json.dumps(make_results(loss, 0, rsum=400.0)))
+        return paths
+
+    def labels(paths, out, **kw):
+        return _labels(render_report(build_report(paths, **kw), name=Path(out).name)[1])
+
+    first, again = results_in(tmp_path / "a"), results_in(tmp_path / "b")
+    summary = labels(first, tmp_path / "a" / "summary")
+    assert summary == labels(again, tmp_path / "b" / "summary") == [
+        "tab:summary-retrieval", "tab:summary-table2", "tab:summary-table3", "tab:summary-companions"]
+    assert not set(summary) & set(labels(first, tmp_path / "coco"))
+    prefixed = labels(first, tmp_path / "a" / "summary", label_prefix="ECIR 2022")
+    assert prefixed == [label.replace("tab:", "tab:ecir-2022-") for label in summary]
+
+
+def test_labels_of_one_result_name_what_it_is_and_take_the_commands_prefix():
+    from cocos.report.merge import build_tables
+
+    def labels(r, prefix=None):
+        groups, _ = group_results([as_results(r)])
+        return [to_latex(t).split(r"\label{")[1].split("}")[0]
+                for t in build_tables(groups, counters="all", label_prefix=prefix)]
+
+    vsepp = labels(make_results("triplet_sh", 3))
+    assert vsepp[:2] == ["tab:f30k-vsepp-triplet-sh-s3-retrieval", "tab:f30k-vsepp-triplet-sh-s3-table2"]
+    assert vsepp == labels(make_results("triplet_sh", 3, checkpoint="elsewhere/run/model_best.pt"))  # same table
+    assert not set(vsepp) & set(labels(make_results("triplet_sh", 3, model="vse_infty")))  # VSE∞: vseinf
+    assert labels(make_results("triplet_sh", 3, checkpoint="run/epoch_005.pt"))[0] == (
+        "tab:f30k-vsepp-triplet-sh-s3-epoch-005-retrieval")  # a checkpoint other than model_best is named
+    # cocos analyze/count --label-prefix
+    assert labels(make_results("triplet_sh", 3), "paper") == [x.replace("tab:", "tab:paper-") for x in vsepp]
+
+
+def test_analyze_and_count_take_a_label_prefix():
+    from typer.testing import CliRunner
+
+    from cocos_cli.main import app
+
+    for command in ("analyze", "count", "report"):
+        res = CliRunner().invoke(app, [command, "--help"], terminal_width=200)
+        assert res.exit_code == 0 and "--label-prefix" in res.output, res.output

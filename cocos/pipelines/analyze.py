@@ -25,6 +25,7 @@ from cocos.errors import CocosError
 from cocos.losses.spec import Objective, format_value
 from cocos.models.registry import get_family
 from cocos.objectives import OBJECTIVES, counter_params, names, paper_names, resolve
+from cocos.pipelines.explorer import LabelledEmbeddings
 from cocos.presentation import LAST, Presentation
 from cocos.results import (
     CountingInfo,
@@ -45,7 +46,7 @@ from cocos.training.logs import TrainingLogs, read_logs
 class Analysis:
     results: Results  # what results.json holds (see cocos/results/SCHEMA.md)
     run: CountRun  # the tidy per-batch and per-query values, both modes
-    embeddings: EmbeddingSet  # the counted split's frozen embeddings
+    embeddings: EmbeddingSet  # the counted split's frozen embeddings (a LabelledEmbeddings: with its captions' texts)
     timings: dict  # seconds per stage (not part of results.json, which must be reproducible)
     logs: TrainingLogs | None = None  # the run's step log and COCOS track up to this checkpoint's epoch
     warnings: list = field(default_factory=list)  # one line each, for the terminal
@@ -178,6 +179,8 @@ def analyze_checkpoint(
     _check_batch_size(batch_size, train, losses)  # before minutes of encoding
     timings["load"] = time.perf_counter() - clock
     emb = frozen.encode(train, progress=progress)
+    # what the report's query explorer shows: the captions' texts, and the images of a raw-image dataset
+    emb = LabelledEmbeddings.of(emb, texts=getattr(train, "captions", None), pictures=getattr(train, "images", None))
     timings["encode"] = time.perf_counter() - clock - timings["load"]
     trained = ckpt["loss"]["name"]
     params = counter_params(trained, ckpt["loss"].get("params", {}), losses)
@@ -211,6 +214,8 @@ def analyze_checkpoint(
     )
     results = Results.from_dict(results.to_dict())  # exactly what results.json will hold
     logs = read_logs(Path(checkpoint).parent, max_epoch=int(ckpt["epoch"]))  # beside the checkpoint, if any
+    if logs:  # the training figure's dev rsum per epoch, to this checkpoint's epoch
+        logs.history = [h for h in ckpt.get("history") or [] if int(h.get("epoch", 0)) <= int(ckpt["epoch"])] or None
     return Analysis(results=results, run=run, embeddings=emb, timings=timings, logs=logs or None,
                     warnings=data_warnings(frozen, train))
 

@@ -15,18 +15,32 @@ A column never mixes kinds of spread, and every caption says which it shows:
 * COCOS tables: with one result per row the cell is its batch mean ± batch std; with
   several seeds, the mean over seeds of those means ± their sample std over seeds (rows
   with a single seed then show the mean alone).
+
+Tests over seeds
+----------------
+Rows of a table are compared pairwise (:mod:`cocos.report.significance`): Table 1 on rsum, a COCOS table on
+the main statistic of its families in each direction; paired t-tests where the rows' seeds match, Welch's
+otherwise, Holm-adjusted within the table. The higher cell of a pair that holds is marked ``*``, the caption
+names the test, a note lists the pairs; rows of fewer than 3 seeds are not tested, and a note says so.
+
+LaTeX labels
+------------
+``tab:[PREFIX-]NAME-ROLE``: ROLE the table (``retrieval``, ``table2``, ...), NAME the report's folder name
+(:func:`relabel`, from :func:`cocos.report.merge.write_report`) or, for one result, what it is
+(:func:`label_name`), never a digest of the inputs: regenerating a report keeps its labels.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from cocos.presentation import Presentation, format_value, ranked
+from cocos.report import significance
 from cocos.report.groups import (
     Group,
     aggregate,
@@ -50,7 +64,9 @@ from cocos.report.tables import (
     differs,
     fmt_compact,
     latex_escape,
+    latex_label,
     mode_name,
+    slug,
 )
 from cocos.results import CHANCE_NOISE_SD
 
@@ -138,9 +154,10 @@ def retrieval_table(groups: Sequence[Group]) -> Table | None:
     notes = [Footnote("Recalls and mAP@5 (image to text) in percent; rsum is the sum of the six recalls."
                       + (" In LaTeX only rsum shows its std (the others are in tables.md)." if seeds else ""))]
     rows, flag_notes = _flag_rows(evaluated, rows)
-    return Table(_table1_title(evaluated, fixed), tuple(TABLE1_LABELS[j] for j in keep), columns,
-                 [Row(tuple(labels[j] for j in keep), cells) for labels, cells in rows], notes + flag_notes,
-                 key="retrieval", stack=False)
+    table = Table(_table1_title(evaluated, fixed), tuple(TABLE1_LABELS[j] for j in keep), columns,
+                  [Row(tuple(labels[j] for j in keep), cells) for labels, cells in rows], notes + flag_notes,
+                  key="retrieval", stack=False)
+    return _test_caption(_with_tests(table, [("rsum", "both", _rsum_entries(evaluated))]))
 
 
 def _table1_title(groups: Sequence[Group], fixed: dict[str, str]) -> str:
@@ -189,6 +206,46 @@ def _flag_rows(groups: Sequence[Group], rows: list) -> tuple[list, list[Footnote
     out = [(labels, _mark_rsum(cells, mark)) for (labels, cells), mark in zip(rows, marks, strict=True)]
     notes = [note for note in (_warmup_note(groups, warm), _chance_note(groups, chance)) if note is not None]
     return out, notes
+
+
+def _rsum_entries(groups: Sequence[Group]) -> list[significance.Entry]:
+    """Table 1's rsum per row and seed, for the tests over seeds (rows named by their number, ``#2``)."""
+    frame = metric_frame(groups, ["rsum"])
+    seeds: dict[int, dict[int, float]] = {gi: {} for gi in range(len(groups))}
+    for gi, ri, value in zip(frame["group"], frame["replicate"], frame["value"], strict=True):
+        seeds[gi][groups[gi].results[ri].replicate] = value
+    return [significance.Entry(gi, RSUM_COLUMN, gi, g.dataset, _row_name(g), f"#{gi + 1}", None, True, seeds[gi])
+            for gi, g in enumerate(groups)]
+
+
+def _row_name(g: Group, counter: str | None = None) -> str:
+    """A row as significance.csv names it: model, training loss, and the counter where it is another loss's."""
+    r = g.results[0]
+    parts = [g.model, *([loss_label(g.loss, r)] if g.loss else [])]
+    if counter is not None and counter != g.loss:
+        parts.append(f"{r.look(counter).label} counter")
+    return " / ".join(parts)
+
+
+def _with_tests(table: Table, columns, what=None) -> Table:
+    """The table with its rows compared pairwise over seeds (:mod:`cocos.report.significance`), ``columns`` being
+    ``(metric, direction, entries)``: the higher cell of a pair that holds marked ``*``, notes that name the pairs
+    that hold (and the rows left untested), and the comparisons kept for significance.csv."""
+    comparisons = significance.adjust([c for metric, direction, entries in columns
+                                       for c in significance.compare_column(table.key, metric, direction, entries)])
+    if not comparisons:
+        return table
+    marked = significance.marked_rows(comparisons)
+    rows = [Row(row.labels, tuple(replace(cell, mark=cell.mark + significance.MARK) if (i, j) in marked else cell
+                                  for j, cell in enumerate(row.cells))) for i, row in enumerate(table.rows)]
+    notes = [Footnote(plain, mark, tex) for mark, plain, tex in
+             significance.notes(comparisons, what or (lambda c: (c.metric, c.metric)))]
+    return replace(table, rows=rows, footnotes=[*table.footnotes, *notes], comparisons=comparisons)
+
+
+def _test_caption(table: Table) -> Table:
+    """The caption names the test where any pair of rows was tested."""
+    return replace(table, title=table.title + significance.caption_clause(table.comparisons))
 
 
 def _mark_rsum(cells: tuple[Cell, ...], mark: str) -> tuple[Cell, ...]:
@@ -279,6 +336,7 @@ class _Rows:
     single: bool
     one_context: bool
     extra_counter: bool
+    seeds: dict = field(default_factory=dict)  # (group, counter, direction, stat) -> {seed: value}, main stats
 
     def row_labels(self, gi: int, c: str) -> tuple[str, ...]:
         if self.single:
@@ -325,7 +383,7 @@ def cocos_tables(groups: Sequence[Group], compat: bool | None = None, counters: 
     comp = [(gi, c) for gi, c in pairs if _has_companions(lay, gi, c)]
     if comp:
         tables.append(_companions_table(lay, comp, about, label_columns))
-    return [_constant_labels_to_title(t) for t in tables]
+    return [_test_caption(_constant_labels_to_title(t)) for t in tables]
 
 
 def _has_companions(lay: _Rows, gi: int, c: str) -> bool:
@@ -343,7 +401,17 @@ def _rows_of(groups: Sequence[Group], frame: pd.DataFrame, pairs, looks: dict) -
     modes = {gi: set(map(bool, v)) for gi, v in shown.groupby("group")["compat"]}
     return _Rows(groups, aggregate(frame, groups).to_dict("index"), modes,
                  {c: look.label for c, look in looks.items()}, single, not single and len(contexts) == 1,
-                 not single and any(groups[gi].loss != c for gi, c in pairs))
+                 not single and any(groups[gi].loss != c for gi, c in pairs), _seed_values(groups, shown, looks))
+
+
+def _seed_values(groups: Sequence[Group], shown: pd.DataFrame, looks: dict) -> dict:
+    """``{(group, counter, direction, stat): {seed: value}}`` of the main statistics, for the tests over seeds."""
+    main = shown[shown["stat"].isin({look.main_stat for look in looks.values()})]
+    out: dict = {}
+    for gi, ri, c, d, s, v in zip(*(main[k] for k in ("group", "replicate", "counter", "direction", "stat", "mean")),
+                                  strict=True):
+        out.setdefault((gi, c, d, s), {})[groups[gi].results[ri].replicate] = v
+    return out
 
 
 def _about(lay: _Rows, pairs) -> str:
@@ -365,9 +433,8 @@ def _constant_labels_to_title(table: Table) -> Table:
         return table
     keep = [i for i in range(len(table.label_columns)) if i not in same]
     fixed = ", ".join(f"{table.label_columns[i].lower()} {table.rows[0].labels[i]}" for i in same)
-    return Table(f"{table.title} ({fixed})", tuple(table.label_columns[i] for i in keep), table.columns,
-                 [Row(tuple(r.labels[i] for i in keep), r.cells) for r in table.rows], table.footnotes,
-                 key=table.key, stack=table.stack)
+    return replace(table, title=f"{table.title} ({fixed})", label_columns=tuple(table.label_columns[i] for i in keep),
+                   rows=[Row(tuple(r.labels[i] for i in keep), r.cells) for r in table.rows])
 
 
 def _paper_table(lay: _Rows, spec: TableSpec, chosen, looks, about: str, label_columns) -> Table:
@@ -398,8 +465,39 @@ def _paper_table(lay: _Rows, spec: TableSpec, chosen, looks, about: str, label_c
                    r"Batches where no query has a gradient have no $C^{q}$ and are left out of its mean: "
                    + latex_escape("; ".join(skipped)) + ".")
     _eps_note([c for _, c in chosen], lay.groups, gis, marks)
-    return Table(f"{spec.title}{about}; {_spread_phrase([lay.groups[i] for i in gis])}", label_columns,
-                 _stat_columns(spec.stats), rows, marks.footnotes, key=spec.key)
+    table = Table(f"{spec.title}{about}; {_spread_phrase([lay.groups[i] for i in gis])}", label_columns,
+                  _stat_columns(spec.stats), rows, marks.footnotes, key=spec.key)
+    return _with_tests(table, _stat_entries(lay, spec, chosen, looks), _stat_name)
+
+
+def _stat_entries(lay: _Rows, spec: TableSpec, chosen, looks: dict) -> list:
+    """``(stat, direction, entries)`` of a COCOS table's tested columns: the main statistic of each of its families,
+    both directions, over the rows that have it."""
+    mains = [s for s in spec.stats if any(looks[c].main_stat == s for c in spec.counters)]
+    short = _short_names([lay.row_labels(gi, c) for gi, c in chosen])
+    out = []
+    for d in DIRECTIONS:
+        for s in mains:
+            column = DIRECTIONS.index(d) * len(spec.stats) + spec.stats.index(s)
+            entries = [significance.Entry(k, column, gi, lay.groups[gi].dataset, _row_name(lay.groups[gi], c),
+                                          short[k], c, c == lay.groups[gi].loss, lay.seeds[(gi, c, d, s)])
+                       for k, (gi, c) in enumerate(chosen) if (gi, c, d, s) in lay.seeds]
+            out.append((s, d, entries))
+    return out
+
+
+def _short_names(label_rows: Sequence[tuple[str, ...]]) -> list[str]:
+    """Each row's name in the notes: its labels that differ between rows (and always the last), joined by ``/``,
+    as the table shows them once :func:`_constant_labels_to_title` has moved the others to its title."""
+    n = len(label_rows[0]) if label_rows else 0
+    keep = [i for i in range(n) if i == n - 1 or len({labels[i] for labels in label_rows}) > 1]
+    return [" / ".join(labels[i] for i in keep) for labels in label_rows]
+
+
+def _stat_name(c: significance.Comparison) -> tuple[str, str]:
+    """A tested statistic as the notes name it: ``i2t C^q`` (plain), ``i2t $C^{q}$`` (LaTeX)."""
+    plain, tex = STAT_HEADERS.get(c.metric, (c.metric, latex_escape(c.metric)))
+    return f"{c.direction} {plain}", f"{c.direction} {tex}"
 
 
 def _cell(entry, keep_std: bool, mark: str = "") -> Cell:
@@ -454,17 +552,22 @@ def _num(x) -> float | None:
     return None if x is None or pd.isna(x) else float(x)
 
 
-def label_prefix(groups: Sequence[Group], *options) -> str:
-    """What makes LaTeX labels unique: a readable part (one result: its dataset, model, loss and seed) and a digest
-    of the results and the options that shaped the tables, so the tables of every report can go into one paper
-    without a multiply defined label."""
+def label_name(groups: Sequence[Group]) -> str:
+    """The name in the LaTeX labels of tables of these groups, from what they are: one result, its dataset, model,
+    loss, seed and (a checkpoint other than ``model_best``) the checkpoint's name, e.g. ``f30k-vsepp-triplet-s0``;
+    several, ``report`` (a written report names its tables after its folder: :func:`relabel`)."""
     results = [r for g in groups for r in g.results]
-    what = sorted(f"{r.source.sha256}/{r.model.label}/{r.replicate}/{r.counting.compat}" for r in results)
-    digest = hashlib.sha256("\n".join([*what, *map(str, options)]).encode()).hexdigest()[:6]
-    if len(results) > 1:
-        return f"report-{digest}"
+    if len(results) != 1:
+        return "report"
     r, g = results[0], groups[0]
-    return "-".join(str(p) for p in (g.dataset, g.model, g.loss, f"s{r.replicate}", digest) if p is not None)
+    stem = Path(r.source.path).name.split(".")[0] if r.source.kind == "analyze" else ""
+    parts = (g.dataset, g.model, g.loss, f"s{r.replicate}", "" if stem == "model_best" else stem)
+    return "-".join(slug(p) for p in parts if p)
+
+
+def relabel(tables: Sequence[Table], name: str, prefix: str | None = None) -> list[Table]:
+    """The tables with LaTeX labels ``[PREFIX-]NAME-ROLE`` (:func:`cocos.report.tables.latex_label`)."""
+    return [replace(t, label=latex_label(t.key, name, prefix)) for t in tables]
 
 
 def _eps_note(counters: Sequence[str], groups: Sequence[Group], gis: Sequence[int], marks: Marks) -> None:
@@ -474,11 +577,10 @@ def _eps_note(counters: Sequence[str], groups: Sequence[Group], gis: Sequence[in
         marks.note(f"Threshold ε = {', '.join(f'{v:g}' for v in values)}.")
 
 
-def build_tables(groups: Sequence[Group], compat: bool | None = None, counters: str = "own") -> list[Table]:
-    """Table 1 (when any group was evaluated) and the COCOS tables."""
+def build_tables(groups: Sequence[Group], compat: bool | None = None, counters: str = "own", *,
+                 name: str | None = None, label_prefix: str | None = None) -> list[Table]:
+    """Table 1 (when any group was evaluated) and the COCOS tables, labelled ``[label_prefix-]name-ROLE``
+    (``name`` default: :func:`label_name`)."""
     t1 = retrieval_table(groups)
     tables = ([t1] if t1 is not None else []) + cocos_tables(groups, compat, counters)
-    prefix = label_prefix(groups, compat, counters)
-    for t in tables:
-        t.key = f"{prefix}-{t.key}"
-    return tables
+    return relabel(tables, name or label_name(groups), label_prefix)

@@ -108,8 +108,10 @@ class Table:
     columns: tuple[Column, ...]
     rows: list[Row] = field(default_factory=list)
     footnotes: list[Footnote] = field(default_factory=list)
-    key: str = "table"  # LaTeX \label{tab:<key>}
+    key: str = "table"  # what the table is (its role: retrieval, table2, companions, a family's name)
     stack: bool = True  # too wide for the width: stack the column groups as panels (False: set it smaller)
+    label: str = ""  # LaTeX \label{tab:<label>} (:func:`latex_label`; "" means the key)
+    comparisons: list = field(default_factory=list)  # its rows' tests over seeds (cocos.report.significance)
 
     def __post_init__(self) -> None:
         self.label_columns = tuple(self.label_columns)
@@ -332,7 +334,7 @@ def to_latex(table: Table, collapse_labels: bool = True, width: str = "column") 
     caption = _sentence(re.sub(r"^Table \d+:\s*", "", table.title))  # LaTeX numbers the table itself
     out = [rf"\begin{{{env}}}[t]", r"\centering", font, rf"\setlength{{\tabcolsep}}{{{colsep:g}pt}}",
            rf"\caption{{{latex_escape(caption).replace('query q,', 'query $q$,')}}}",
-           rf"\label{{tab:{_latex_key(table.key)}}}"]
+           rf"\label{{tab:{_latex_key(table.label or table.key)}}}"]
     tabular = _stacked_tabular if stacked else _side_by_side_tabular
     out += tabular(table, heads, value_heads, label_rows, cells)
     out += [r"\bottomrule", r"\end{tabular}"]
@@ -445,6 +447,24 @@ def _sentence(text: str) -> str:
         return text
     text = text[0].upper() + text[1:]
     return text if text.endswith((".", "?", "!")) else text + "."
+
+
+_SLUG_WORDS = {"+": "p", "∞": "inf"}  # VSE++ -> vsepp, VSE∞ -> vseinf: names that differ stay apart
+
+
+def slug(text: str) -> str:
+    """A name as a LaTeX label part: ASCII lower-case letters, digits and dots, words joined by ``-``
+    (``VSE++ + LTD`` -> ``vsepp-ltd``)."""
+    text = "".join(_SLUG_WORDS.get(ch, ch) for ch in str(text).replace(" + ", " "))
+    text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode().lower()
+    return re.sub(r"[^a-z0-9.]+", "-", text).strip("-.")
+
+
+def latex_label(role: str, name: str, prefix: str | None = None) -> str:
+    """A table's LaTeX label (without ``tab:``) from what it is: ``[PREFIX-]NAME-ROLE``, e.g. ``summary-table2``
+    for Table 2 of the report folder ``summary``. Regenerating a report keeps every label; two reports of
+    different names never share one (the same name twice needs a prefix)."""
+    return "-".join(part for part in (slug(prefix or ""), slug(name), slug(role)) if part) or "table"
 
 
 def _latex_key(key: str) -> str:

@@ -30,10 +30,12 @@ LOG_NUMERIC = ("loss", "L_con", PER_QUERY, "L_rec", "L_rec/eta", "lambda")
 
 @dataclass
 class TrainingLogs:
-    """The step log and the COCOS track of one run (either may be absent)."""
+    """The step log and the COCOS track of one run (either may be absent), and the checkpoint's ``history`` (one
+    record per epoch: dev rsum, ...) where the reader was given it (an analysis of a checkpoint)."""
 
     steps: pd.DataFrame | None = None
     track: pd.DataFrame | None = None
+    history: list | None = None
 
     def __bool__(self) -> bool:
         return self.steps is not None or self.track is not None
