@@ -6,11 +6,14 @@ from pathlib import Path
 
 import typer
 
+from cocos.pipelines.demo_clip_config import CLIP_DEFAULTS, CLIP_LOSSES, ClipDemoConfig
 from cocos.pipelines.demo_config import BERT_DEFAULTS, FINETUNE_DEFAULTS, IMAGE_DEFAULTS, DemoConfig
 from cocos.training.config import default
 
 from .common import handle_errors
 from .main import app
+
+CLIP_MODEL = "clip"  # cocos demo --model clip: the demo's own tiny CLIP, pre-trained, then fine-tuned (demo_clip)
 
 
 def _check_paths(args: dict) -> None:
@@ -21,16 +24,19 @@ def _check_paths(args: dict) -> None:
     from cocos.pipelines.demo_config import FINETUNE_DEFAULTS, IMAGE_DEFAULTS
 
     images = bool(args.get("images"))
+    model = args.get("model", default(DemoConfig, "model"))
     defaults = {"out": "reports/demo", "data": "data/synth", "checkpoints": "checkpoints/demo"}
-    if images:
+    if model == CLIP_MODEL:  # the CLIP demo's own folders (its world is the image demo's)
+        defaults = dict(CLIP_DEFAULTS)
+    elif images:
         defaults = {k: (FINETUNE_DEFAULTS if args.get("finetune") else IMAGE_DEFAULTS)[k] for k in defaults}
     paths = {k: Path(args.get(k) or v) for k, v in defaults.items()}
-    if not args.get("out") and args.get("model", default(DemoConfig, "model")) != default(DemoConfig, "model") \
-            and not images:  # another family than the demo's own: perhaps one whose report goes elsewhere
+    if not args.get("out") and model not in (default(DemoConfig, "model"), CLIP_MODEL) and not images:
+        # another family than the demo's own: perhaps one whose report goes elsewhere
         from cocos.pipelines.demo import bert_family
         from cocos.pipelines.demo_config import BERT_DEFAULTS
 
-        if bert_family(args["model"]):
+        if bert_family(model):
             paths["out"] = Path(BERT_DEFAULTS["out"])
     for name in ("data", "checkpoints"):
         if paths[name].exists() and not paths[name].is_dir():
@@ -60,6 +66,31 @@ def _no_image_flags(**values) -> None:
         raise CocosError(f"{', '.join(named)} only apply to cocos demo --images")
 
 
+# the flags of the other demos that cocos demo --model clip does not take, at their defaults
+DEFAULTS_OF_OTHERS = {n: default(DemoConfig, n) for n in ("embed_size", "word_dim", "cnn", "crop_size")}
+
+
+def _clip_demo(paths: dict, loss: list[str], others: dict, progress: bool, **settings) -> None:
+    """``cocos demo --model clip`` (:mod:`cocos.pipelines.demo_clip`): its flags as its config (those not given at
+    its defaults), one line naming the flags it does not take."""
+    from cocos.errors import CocosError
+    from cocos.objectives import parse_names
+    from cocos.pipelines.demo_clip import run_clip_demo
+
+    named = [f"--{n.replace('_', '-')}" for n, v in others.items()
+             if v is not None and v is not False and v != DEFAULTS_OF_OTHERS.get(n)]
+    if named:
+        raise CocosError(f"{', '.join(named)} do not apply to cocos demo --model clip")
+    given = {k: (str(v) if isinstance(v, Path) else v) for k, v in {**paths, **settings}.items() if v is not None}
+    cfg = ClipDemoConfig(**given, losses=parse_names(loss) if loss else list(CLIP_LOSSES))
+    try:
+        run_clip_demo(cfg, progress=progress, log=typer.echo)
+    except KeyboardInterrupt:
+        typer.echo(f"interrupted: {cfg.out} was left as it was; the stages finished in {cfg.checkpoints} are reused "
+                   "by the next cocos demo --model clip", err=True)
+        raise typer.Exit(code=130) from None
+
+
 def _mode_defaults(images: bool, finetune: bool, bert_model: bool) -> dict:
     """The settings where the image demo (frozen or fine-tuned) or a BERT family's demo differs from the plain one."""
     if images:
@@ -70,27 +101,37 @@ def _mode_defaults(images: bool, finetune: bool, bert_model: bool) -> dict:
 @app.command("demo")
 @handle_errors(check=_check_paths)
 def demo(
-    out: Path = typer.Option(None, help="Report folder [default: reports/demo; reports/demo_images with --images]."),
+    out: Path = typer.Option(None, help="Report folder [default: reports/demo; reports/demo_images with --images, "
+                                        f"{CLIP_DEFAULTS['out']} with --model clip]."),
     data: Path = typer.Option(None, help="Synthetic data folder, generated if absent [default: data/synth; "
-                                         "data/synth_images with --images]."),
+                                         "data/synth_images with --images or --model clip]."),
     checkpoints: Path = typer.Option(None, help="Where the four models go [default: checkpoints/demo; "
-                                                "checkpoints/demo_images with --images]."),
+                                                "checkpoints/demo_images with --images, "
+                                                f"{CLIP_DEFAULTS['checkpoints']} with --model clip]."),
     loss: list[str] = typer.Option([], "--loss", "-l", metavar="NAMES",
                                    help="Losses to train and analyse: paper (the COCOS paper's four), all, or "
-                                        "registered names [default: paper; triplet_sh with --model vse_infty]."),
+                                        "registered names [default: paper; triplet_sh with --model vse_infty; "
+                                        f"{', '.join(CLIP_LOSSES)} with --model clip]."),
     all_losses: bool = typer.Option(False, "--all-losses",
                                     help="Also train GOAL (cir x sig_ms and con x con) and IMC models."),
     model: str = typer.Option(default(DemoConfig, "model"), help="A registered model family (see `cocos models`); "
                                                                  "vse_infty trains beside VSE++ on its own schedule "
                                                                  "(2 epochs, VSE∞'s recipe; --epochs, --lr, "
                                                                  "--lr-update and --warmup-epochs set VSE++'s), its "
-                                                                 "report in reports/demo_vse_infty."),
+                                                                 "report in reports/demo_vse_infty; clip "
+                                                                 "pre-trains the demo's own tiny CLIP (random "
+                                                                 "init) on the image world, fine-tunes it with "
+                                                                 "each loss, report in "
+                                                                 f"{CLIP_DEFAULTS['out']}."),
     bert: Path = typer.Option(None, metavar="DIR", help="With --model vse_infty: its BERT folder [default: the "
                                                         "all-MiniLM-L6-v2 of the [ltd] extra]."),
     epochs: int = typer.Option(None, help="Training epochs per model [default: 8; with --images: "
                                           f"{IMAGE_DEFAULTS['epochs']}, {FINETUNE_DEFAULTS['epochs']} with "
-                                          "--finetune]."),
-    lr: float = typer.Option(default(DemoConfig, "lr"), help="Adam learning rate (the demo's shorter schedule)."),
+                                          "--finetune; with --model clip: "
+                                          f"{default(ClipDemoConfig, 'epochs')} of fine-tuning]."),
+    lr: float = typer.Option(None, help="Adam learning rate (the demo's shorter schedule) [default: "
+                                        f"{default(DemoConfig, 'lr'):g}; with --model clip: the fine-tuning's "
+                                        f"AdamW rate, {default(ClipDemoConfig, 'lr'):g}]."),
     lr_update: int = typer.Option(None, help="Epoch after which the learning rate drops x0.1 [default: 6; with "
                                              f"--images: {IMAGE_DEFAULTS['lr_update']}, "
                                              f"{FINETUNE_DEFAULTS['lr_update']} with --finetune]."),
@@ -122,7 +163,9 @@ def demo(
                                                             "instead; report in "
                                                             f"{FINETUNE_DEFAULTS['out']}/."),
     pretrain_epochs: int = typer.Option(None, "--pretrain-epochs", help="With --images: epochs of the attribute "
-                                        f"pre-training [default: {default(DemoConfig, 'pretrain_epochs')}]."),
+                                        f"pre-training [default: {default(DemoConfig, 'pretrain_epochs')}]; with "
+                                        "--model clip: of the CLIP's pre-training "
+                                        f"[default: {default(ClipDemoConfig, 'pretrain_epochs')}]."),
     cnn: str = typer.Option(default(DemoConfig, "cnn"), help="With --images: the CNN (resnet18|34|50|101|152, vgg19)."),
     image_size: int = typer.Option(default(DemoConfig, "image_size"), "--image-size",
                                    help="With --images: side of the rendered images in pixels."),
@@ -134,10 +177,22 @@ def demo(
     """Synthetic data -> VSE++ with the four losses -> cocos analyze each -> combined report (reports/demo/).
 
     With --images: the rendered image world -> a CNN pre-trained on its attributes -> its frozen features ->
-    VSE++ -> reports/demo_images/ (--finetune: the CNN fine-tuned inside VSE++ -> reports/demo_images_finetune/)."""
+    VSE++ -> reports/demo_images/ (--finetune: the CNN fine-tuned inside VSE++ -> reports/demo_images_finetune/).
+
+    With --model clip: the image world -> the demo's own tiny CLIP (random init) pre-trained with CLIP's loss ->
+    fine-tuned with NT-Xent, SigLIP and Triplet SH -> reports/demo_clip/."""
     from cocos.errors import CocosError
     from cocos.pipelines.demo import ALL_LOSSES_EXTRA, DemoConfig, bert_family, run_demo
 
+    if model == CLIP_MODEL:
+        _clip_demo({"out": out, "data": data, "checkpoints": checkpoints}, loss,
+                   {"images": images, "finetune": finetune, "all_losses": all_losses, "bert": bert,
+                    "lr_update": lr_update, "warmup_epochs": warmup_epochs, "embed_size": embed_size,
+                    "word_dim": word_dim, "cnn": cnn, "crop_size": crop_size}, progress,
+                   epochs=epochs, lr=lr, pretrain_epochs=pretrain_epochs, batch_size=batch_size, n_train=n_train,
+                   n_dev=n_test, n_test=n_test, image_size=image_size, seed=seed, device=device, retrain=retrain,
+                   overwrite=overwrite, track_cocos=track_cocos, workers=workers)
+        return
     given = {"out": out, "data": data, "checkpoints": checkpoints, "epochs": epochs, "lr_update": lr_update,
              "n_train": n_train, "n_dev": n_test, "n_test": n_test, "pretrain_epochs": pretrain_epochs,
              "warmup_epochs": warmup_epochs}
@@ -155,7 +210,7 @@ def demo(
         losses=_losses(loss, bert_model) + (list(ALL_LOSSES_EXTRA) if all_losses else []),
         model=model,
         bert=str(bert) if bert else None,
-        lr=lr,
+        lr=lr if lr is not None else default(DemoConfig, "lr"),
         batch_size=batch_size,
         embed_size=embed_size,
         word_dim=word_dim,

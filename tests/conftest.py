@@ -67,6 +67,7 @@ LONG_FIRST = [
     "tests/test_docs.py::TestTutorial",
     "tests/test_docs.py::TestReadme",
     "tests/test_demo.py",
+    "tests/test_demo_clip.py",
     "tests/test_checkpoint_hardening.py",
     "tests/test_clip.py",
 ]
