@@ -371,18 +371,11 @@ def run_clip_demo(cfg: ClipDemoConfig, *, progress: bool = True, log: Callable[[
         raise
 
 
-def _run(cfg: ClipDemoConfig, out: Path, data: Path, generate: bool, progress: bool,
-         log: Callable[[str], None]) -> Path:
-    start = time.perf_counter()
-    if generate:
-        log(f"generating the synthetic image world in {data} ...")
-        make_synthetic_images(data, n_train=cfg.n_train, n_dev=cfg.n_dev, n_test=cfg.n_test, seed=cfg.seed,
-                              image_size=cfg.image_size, overwrite=cfg.overwrite, by="demo", progress=progress)
-    fingerprint = load_image_split(data, "train").fingerprint()
+def _pretrain(cfg: ClipDemoConfig, data: Path, fingerprint: str, progress: bool,
+              log: Callable[[str], None]) -> tuple[bool, list[str]]:
+    """The demo's tiny CLIP built (unless its folder matches the settings), pre-trained (unless its run matches)
+    and saved as a CLIP folder; returns whether later stages must be redone and the stages reused."""
     ck = Path(cfg.checkpoints)
-    times: dict[str, float] = {}
-
-    t0 = time.perf_counter()
     init = ck / INIT_DIR
     redo = cfg.retrain or not _init_matches(cfg, init, fingerprint)
     if redo:
@@ -400,8 +393,23 @@ def _run(cfg: ClipDemoConfig, out: Path, data: Path, generate: bool, progress: b
     if redo or not _export_matches(pretrained, best):  # the same checkpoint saves the same folder
         export_clip_folder(best, init, pretrained, cfg)
         log(f"[pre-training] saved the pre-trained CLIP as a CLIP folder: {pretrained}")
+    return redo, reused
+
+
+def _run(cfg: ClipDemoConfig, out: Path, data: Path, generate: bool, progress: bool,
+         log: Callable[[str], None]) -> Path:
+    start = time.perf_counter()
+    if generate:
+        log(f"generating the synthetic image world in {data} ...")
+        make_synthetic_images(data, n_train=cfg.n_train, n_dev=cfg.n_dev, n_test=cfg.n_test, seed=cfg.seed,
+                              image_size=cfg.image_size, overwrite=cfg.overwrite, by="demo", progress=progress)
+    fingerprint = load_image_split(data, "train").fingerprint()
+    times: dict[str, float] = {}
+
+    t0 = time.perf_counter()
+    redo, reused = _pretrain(cfg, data, fingerprint, progress, log)
     times["pre-training"] = time.perf_counter() - t0
-    pre = _read_record(pretrained) or {}
+    pre = _read_record(Path(cfg.checkpoints) / PRETRAINED_DIR) or {}
     analyses, timings = {}, {}
     for loss in cfg.losses:
         check_interrupt()
