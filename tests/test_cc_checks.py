@@ -184,7 +184,7 @@ def test_tokens_refusals(word2idx, idx2word, idx, detail):
 
 @pytest.fixture(scope="module")
 def results_v3() -> dict:
-    return json.loads((ROOT / "reports" / "example" / "ntxent" / "results.json").read_text())
+    return json.loads((ROOT / "tests" / "fixtures" / "results_v3" / "ntxent" / "results.json").read_text())
 
 
 def _changed(data: dict, *edits) -> dict:

@@ -15,8 +15,8 @@ from cocos.pipelines.sweep import SweepRun, _rsum, analysis_current, run_results
 from cocos.results import Results
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = json.loads((ROOT / "reports" / "example" / "triplet" / "results.json").read_text())
-RSUM = 413.15999999999997  # reports/example/triplet/results.json, evaluation.metrics.rsum
+EXAMPLE = json.loads((ROOT / "tests" / "fixtures" / "results_v3" / "triplet" / "results.json").read_text())
+RSUM = 413.15999999999997  # tests/fixtures/results_v3/triplet/results.json (the example in format 3), its rsum
 BEST = b"a model_best.pt stand-in"
 
 

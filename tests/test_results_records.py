@@ -27,12 +27,14 @@ from tests.test_fuzz_readers import _expect, json_values
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "reports" / "example"
+# the example as the nested-statistics code (format 3) wrote it, with the tables today's code renders of it
+V3 = ROOT / "tests" / "fixtures" / "results_v3"
 LOSSES = ("triplet", "triplet_sh", "ntxent", "smoothap")
 
 
 def v3(loss: str) -> dict:
-    """A committed results.json of format 3 (written by the nested-statistics code)."""
-    data = json.loads((EXAMPLE / loss / "results.json").read_text())
+    """A results.json of format 3 (the committed example as the nested-statistics code wrote it)."""
+    data = json.loads((V3 / loss / "results.json").read_text())
     assert data["format_version"] == 3 and "statistics" not in data
     return data
 
@@ -152,15 +154,16 @@ def test_over_seeds_by_hand():
 
 @pytest.mark.parametrize("loss", LOSSES)
 def test_folder_tables_of_a_format_3_file_and_its_format_4_copy_equal_the_committed_ones(loss, tmp_path):
-    """The committed tables were written by the nested-statistics code from the same results.json."""
+    """The tables of the format-3 file, as today's code renders them (tests/fixtures/results_v3), from the file and
+    from its format-4 copy."""
     data = v3(loss)
     old = folder_tables(Results.from_dict(copy.deepcopy(data)))
     new = folder_tables(Results.read(as_v4(data, tmp_path / "results.json")))
-    assert old == new == ((EXAMPLE / loss / "tables.md").read_text(), (EXAMPLE / loss / "tables.tex").read_text())
+    assert old == new == ((V3 / loss / "tables.md").read_text(), (V3 / loss / "tables.tex").read_text())
 
 
 def _replicates(tmp_path: Path, v4: bool) -> list[Path]:
-    """The committed example, two more seeds of triplet and smoothap (scaled values, one statistic missing in a
+    """The format-3 example, two more seeds of triplet and smoothap (scaled values, one statistic missing in a
     replicate) and two epochs of triplet_sh: in format 3, or each converted to format 4."""
     files = []
     for loss in LOSSES:
@@ -277,3 +280,13 @@ def test_names_with_line_breaks_stay_on_one_line_in_errors():
     with pytest.raises(CocosError) as info:
         Results.from_dict(data)
     assert "\n" not in str(info.value) and "repeats statistics[0]: 'bad\\nname', i2t" in str(info.value)
+
+
+def test_the_committed_example_is_in_the_current_format():
+    """reports/example is regenerated whenever the results format moves on (its format-3 predecessor is kept as a
+    fixture for the readers of old files)."""
+    for loss in LOSSES:
+        data = json.loads((EXAMPLE / loss / "results.json").read_text())
+        assert data["format_version"] == FORMAT_VERSION, loss
+        assert (EXAMPLE / loss / "index.html").is_file(), loss
+    assert (EXAMPLE / "summary" / "index.html").is_file()
