@@ -4,8 +4,10 @@ A model family in a separate package (a linear map of precomputed features and a
 ``cocos_linbow``) registers through the ``cocos.models`` entry-point group (a ``.dist-info`` folder on the path, as
 ``pip install`` leaves it) and is trained, evaluated, analysed and reported with no edit to cocos. A checkpoint
 trained with a loss plugin is evaluated and analysed, with the same numbers, once the plugin is gone; only
-``--resume`` needs it. A plugin that takes a built-in's name is refused in one line naming its package. Each command
-runs in a fresh process, so nothing of the test process's registries leaks into it.
+``--resume`` needs it. A plugin that takes a built-in's name is refused in one line naming its package. The commands
+with a plugin run in fresh processes (the commands of one test one after another in one, :func:`cocos_several`: one
+import of torch), so nothing of the test process's registries leaks into them; a command without a plugin may run in
+the test process, whose registries never have one.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch
 
 from cocos.data.synth import make_synthetic
 from cocos.data.text import tokenize
+from tests.helpers import empty_figures
 
 MODEL_PLUGIN = '''
 from dataclasses import dataclass
@@ -156,6 +159,32 @@ def cocos(args, cwd: Path, path: Path | None = None) -> subprocess.CompletedProc
                           env=env, capture_output=True, text=True, timeout=600)
 
 
+SEVERAL = NO_DRAWING + """
+import json, sys
+from cocos_cli.main import app
+for args in json.loads(sys.argv[1]):
+    try:
+        app(args)
+    except SystemExit as exc:
+        print(f"@@ exit {exc.code or 0}", flush=True)
+"""
+
+
+def cocos_several(commands, cwd: Path, path: Path | None = None) -> list[str]:
+    """Several commands one after another in one fresh process (one start, one import of torch), with ``path`` as
+    its PYTHONPATH and figures written as empty files (:data:`NO_DRAWING`); each must succeed: their stdouts."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "COCOS_PLUGINS")}
+    if path is not None:
+        env["PYTHONPATH"] = str(path)
+    res = subprocess.run([sys.executable, "-c", SEVERAL, json.dumps(commands)], cwd=cwd, env=env,
+                         capture_output=True, text=True, timeout=600)
+    parts = res.stdout.split("@@ exit ")
+    assert len(parts) == len(commands) + 1, (res.stdout, res.stderr)
+    codes = [int(p.split("\n", 1)[0]) for p in parts[1:]]
+    assert codes == [0] * len(commands), (codes, res.stdout, res.stderr)
+    return [parts[0], *(p.split("\n", 1)[1] for p in parts[1:-1])]
+
+
 TRAIN = ["--epochs", "2", "--lr", "5e-3", "--batch-size", "24", "--seed", "0", "--device", "cpu", "--no-progress"]
 
 
@@ -203,7 +232,7 @@ def _saved(path: Path) -> dict:
 @pytest.mark.slow
 def test_a_model_family_plugin_with_its_own_source_trains_resumes_analyses_sweeps_and_reports(world, in_process):
     """Issue 38's proof: a family in a separate package with a pre-trained source of its own (a word-vectors file
-    that gives the caption coder and the word embeddings' start) through every command, in fresh processes, with
+    that gives the caption coder and the word embeddings' start) through every command, in a fresh process, with
     nothing of cocos/training or cli/ naming it."""
     root, data, models, _, vectors = world
     work = root / "model"
@@ -213,15 +242,22 @@ def test_a_model_family_plugin_with_its_own_source_trains_resumes_analyses_sweep
     source = str(root / "vectors.txt")
     common = ["--data", str(data), "--model", "linbow", "--pool", "sum", "--embed-size", "12", "--loss",
               "triplet_sh", *TRAIN]
-    trained = cocos(["train", *common, "--vectors", source, "--out", str(work / "run")], work, path=models)
-    assert trained.returncode == 0, trained.stderr
-    # the same run stopped after one epoch and resumed (the source under --source) equals it, bit for bit
-    half = cocos(["train", *common, "--source", f"vectors={source}", "--epochs", "1", "--out", str(work / "half")],
-                 work, path=models)
-    assert half.returncode == 0, half.stderr
-    resumed = cocos(["train", *common, "--vectors", source, "--resume", "--out", str(work / "half")], work,
-                    path=models)
-    assert resumed.returncode == 0, resumed.stderr
+    grid = work / "grid.toml"
+    grid.write_text(f'name = "bow"\ndata = "{data}"\nmodels = ["linbow"]\nseeds = [0]\ncheckpoints = "{work / "ck"}"\n'
+                    f'reports = "{work / "sw"}"\n[train]\nepochs = 1\nbatch_size = 24\nlr = 5e-3\nembed_size = 12\n'
+                    f'vectors = "{source}"\ndevice = "cpu"\n[[loss]]\nname = "triplet_sh"\n[[loss]]\nname = "ntxent"\n')
+    # every command with the plugin in one fresh process where it is installed only through its entry point (each
+    # must succeed): the run; the same run stopped after one epoch (the source under --source) and resumed; the
+    # analysis and report of the run; a sweep of it, its source under its own name in [train]. Each train seeds
+    # itself: the runs are bit for bit those of three processes (checked when these were merged)
+    *_, swept = cocos_several([
+        ["train", *common, "--vectors", source, "--out", str(work / "run")],
+        ["train", *common, "--source", f"vectors={source}", "--epochs", "1", "--out", str(work / "half")],
+        ["train", *common, "--vectors", source, "--resume", "--out", str(work / "half")],
+        ["analyze", str(work / "run" / "model_best.pt"), "--out", str(work / "rep"), "--no-progress"],
+        ["report", str(work / "rep"), "--out", str(work / "again")],
+        ["sweep", str(grid), "--no-progress"]], work, path=models)
+    # the run resumed after one epoch equals the run of two, bit for bit
     whole, again = _saved(work / "run" / "last.pt")["state_dict"], _saved(work / "half" / "last.pt")["state_dict"]
     assert whole.keys() == again.keys() and all(torch.equal(whole[k], again[k]) for k in whole)
     # the word embeddings started from the file: a word no caption has gets no gradient and keeps its vector
@@ -233,11 +269,6 @@ def test_a_model_family_plugin_with_its_own_source_trains_resumes_analyses_sweep
     evaluated = in_process(["evaluate", str(work / "run" / "model_best.pt"), "--json", str(work / "m.json"),
                             "--no-progress"])
     assert evaluated.exit_code == 0, evaluated.output
-    analysed = cocos(["analyze", str(work / "run" / "model_best.pt"), "--out", str(work / "rep"), "--no-progress"],
-                     work, path=models)
-    assert analysed.returncode == 0, analysed.stderr
-    reported = cocos(["report", str(work / "rep"), "--out", str(work / "again")], work, path=models)
-    assert reported.returncode == 0, reported.stderr
     results = json.loads((work / "rep" / "results.json").read_text())
     # the family's own hyper-parameters, from its flags, and its source's record rebuilt the model
     assert results["model"]["kind"] == "linbow" and results["model"]["label"] == "LinBoW"
@@ -248,14 +279,8 @@ def test_a_model_family_plugin_with_its_own_source_trains_resumes_analyses_sweep
     assert results["evaluation"]["metrics"]["rsum"] == pytest.approx(metrics["rsum"], abs=1e-9)
     assert {r["loss"] for r in results["statistics"]} >= {"triplet", "triplet_sh", "ntxent", "smoothap"}
     assert "LinBoW" in (work / "again" / "tables.md").read_text()
-    # a sweep of it, its source under its own name in [train]
-    grid = work / "grid.toml"
-    grid.write_text(f'name = "bow"\ndata = "{data}"\nmodels = ["linbow"]\nseeds = [0]\ncheckpoints = "{work / "ck"}"\n'
-                    f'reports = "{work / "sw"}"\n[train]\nepochs = 1\nbatch_size = 24\nlr = 5e-3\nembed_size = 12\n'
-                    f'vectors = "{source}"\ndevice = "cpu"\n[[loss]]\nname = "triplet_sh"\n[[loss]]\nname = "ntxent"\n')
-    swept = cocos(["sweep", str(grid), "--no-progress"], work, path=models)
-    assert swept.returncode == 0, swept.stderr + swept.stdout
-    assert "2 of 2 runs ok" in swept.stdout and (work / "sw" / "bow" / "summary" / "tables.md").is_file()
+    # the sweep
+    assert "2 of 2 runs ok" in swept and (work / "sw" / "bow" / "summary" / "tables.md").is_file()
     swept_results = json.loads((work / "sw" / "bow" / "linbow_ntxent_s0" / "results.json").read_text())
     assert swept_results["model"]["hparams"]["vectors_dim"] == 6
     # a bad value of the family's own hyper-parameter is its own check, a missing source one line: nothing trained
@@ -269,21 +294,30 @@ def test_a_model_family_plugin_with_its_own_source_trains_resumes_analyses_sweep
 
 
 @pytest.mark.slow
-def test_a_checkpoint_of_a_loss_plugin_is_evaluated_and_analysed_after_the_plugin_is_gone(world):
+def test_a_checkpoint_of_a_loss_plugin_is_evaluated_and_analysed_after_the_plugin_is_gone(world, monkeypatch):
     root, data, _, losses, _ = world
     work = root / "loss"
     work.mkdir()
-    trained = cocos(["train", "--data", str(data), "--loss", "sqhinge", "--out", str(work / "run"),
-                     "--embed-size", "16", "--word-dim", "8", *TRAIN], work, path=losses)
-    assert trained.returncode == 0, trained.stderr
     best = str(work / "run" / "model_best.pt")
-    runs = {}
-    for name, path in (("with", losses), ("without", None)):
-        ev = cocos(["evaluate", best, "--json", str(work / f"{name}.json"), "--no-progress"], work, path=path)
-        an = cocos(["analyze", best, "--out", str(work / name), "--no-progress"], work, path=path)
-        assert ev.returncode == 0 and an.returncode == 0, (ev.stderr, an.stderr)
-        runs[name] = (json.loads((work / f"{name}.json").read_text()),
-                      json.loads((work / name / "results.json").read_text()))
+    # with the plugin: trained, evaluated and analysed in one fresh process where it is installed (its entry point)
+    cocos_several([["train", "--data", str(data), "--loss", "sqhinge", "--out", str(work / "run"), "--embed-size",
+                    "16", "--word-dim", "8", *TRAIN],
+                   ["evaluate", best, "--json", str(work / "with.json"), "--no-progress"],
+                   ["analyze", best, "--out", str(work / "with"), "--no-progress"]], work, path=losses)
+    # without it: in this process, which never had the plugin's folder on its path (checked first, and after)
+    from typer.testing import CliRunner
+
+    from cocos import objectives
+    from cocos_cli.main import app
+
+    assert "sqhinge" not in objectives.names()
+    empty_figures(monkeypatch)  # as in the plugin's process: the tables are compared
+    monkeypatch.chdir(work)
+    ev = CliRunner().invoke(app, ["evaluate", best, "--json", str(work / "without.json"), "--no-progress"])
+    an = CliRunner().invoke(app, ["analyze", best, "--out", str(work / "without"), "--no-progress"])
+    assert ev.exit_code == 0 and an.exit_code == 0, (ev.output, an.output)
+    runs = {name: (json.loads((work / f"{name}.json").read_text()),
+                   json.loads((work / name / "results.json").read_text())) for name in ("with", "without")}
     (metrics_with, results_with), (metrics_without, results_without) = runs["with"], runs["without"]
     assert metrics_with == metrics_without
     assert results_with["evaluation"] == results_without["evaluation"]
@@ -296,10 +330,11 @@ def test_a_checkpoint_of_a_loss_plugin_is_evaluated_and_analysed_after_the_plugi
     assert results_without["presentation"]["sqhinge"]["label"] == "Squared hinge"
     assert "Squared hinge" in (work / "without" / "tables.md").read_text()
     # only --resume needs the plugin, and says so in one line
-    res = cocos(["train", "--data", str(data), "--loss", "sqhinge", "--out", str(work / "run"), "--resume",
-                 "--epochs", "3"], work)
-    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
+    res = CliRunner().invoke(app, ["train", "--data", str(data), "--loss", "sqhinge", "--out", str(work / "run"),
+                                   "--resume", "--epochs", "3"])
+    assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1, (res.stdout, res.stderr)
     assert "--resume needs the loss 'sqhinge'" in res.stderr and "install the plugin" in res.stderr
+    assert "sqhinge" not in objectives.names()
 
 
 def test_a_plugin_taking_a_built_in_name_is_refused_in_one_line_naming_its_package(tmp_path):

@@ -209,7 +209,7 @@ def test_paper_grid_expands_to_the_papers_runs():
     assert epochs == {"triplet": (30, 15), "triplet_sh": (30, 15), "ntxent": (30, 15), "smoothap": (150, 75)}
     assert len({r.name for r in grid.runs}) == 40
     demo = load_grid(Path(__file__).parent.parent / "examples" / "demo_grid.toml")
-    assert len(demo.runs) == 4
+    assert len(demo.runs) == 6
 
 
 def test_dry_run_writes_nothing(tmp_path, world):
