@@ -313,3 +313,23 @@ def test_above_positive_marks_negatives_above_the_weakest_positive(folders):
             weakest[c["query"]] = min(weakest.get(c["query"], np.inf), c["similarity"])
     negatives = [c for c in records["candidates"] if c["role"] == "negative"]
     assert [c["above_positive"] for c in negatives] == [c["similarity"] > weakest[c["query"]] for c in negatives]
+
+
+def test_every_header_row_spans_all_the_columns():
+    """The group header (i2t, t2i) above the column names spans exactly the columns of its group: the rows of a
+    table's head add up to the same number of columns."""
+    import re
+
+    from cocos.report.html import table_html
+    from cocos.report.merge import build_tables, group_results
+    from tests.test_report_tables import as_results, make_results
+
+    groups, _ = group_results([as_results(make_results("triplet_sh", 0))])
+    tables = build_tables(groups, counters="all")
+    assert any("i2t" in table_html(t) for t in tables)
+    for t in tables:
+        head = table_html(t).split("<thead>")[1].split("</thead>")[0]
+        widths = [sum(int(n) for n in re.findall(r'colspan="(\d+)"', row)) + len(re.findall(r"<th(?: class=\"num\")?>", row))
+                  for row in head.split("</tr>")[:-1]]
+        assert len(widths) >= 1 and len(set(widths)) == 1, (t.title, widths)
+        assert widths[0] == len(t.label_columns) + len(t.columns)

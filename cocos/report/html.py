@@ -173,7 +173,7 @@ def table_html(table: Table, index: int = 0) -> str:
     head = []
     if any(group for group, _, _ in runs):
         cells = [f'<th colspan="{n_labels}"></th>'] if n_labels else []
-        cells += [f'<th colspan="{stop - start}" class="group">{_e(group)}</th>' for group, start, stop in runs]
+        cells += [f'<th colspan="{last - first + 1}" class="group">{_e(group)}</th>' for group, first, last in runs]
         head.append("<tr>" + "".join(cells) + "</tr>")
     names = [f"<th>{_e(name)}</th>" for name in table.label_columns]
     names += [f'<th class="num">{_e(c.name)}</th>' for c in table.columns]
