@@ -167,10 +167,7 @@ def analyze_checkpoint(
     frozen = FrozenModel.load(checkpoint, data, device, vocab=vocab, trust=trust, image_options=image_options,
                               bert=bert, reader=reader)
     ckpt = frozen.checkpoint
-    if losses is None:  # the paper's four counters and the checkpoint's own training loss
-        own = ckpt["loss"]["name"]
-        losses = paper_names() + ([own] if own in OBJECTIVES and own not in paper_names() else [])
-    losses = list(losses)
+    losses = _losses(ckpt, losses)
     if batch_size is None:
         batch_size = int(_trained(ckpt).get("batch_size") or 128)
     if frozen.is_images:  # before minutes of CNN features
@@ -213,11 +210,26 @@ def analyze_checkpoint(
                                    recorded_presentation(ckpt)),
     )
     results = Results.from_dict(results.to_dict())  # exactly what results.json will hold
-    logs = read_logs(Path(checkpoint).parent, max_epoch=int(ckpt["epoch"]))  # beside the checkpoint, if any
-    if logs:  # the training figure's dev rsum per epoch, to this checkpoint's epoch
-        logs.history = [h for h in ckpt.get("history") or [] if int(h.get("epoch", 0)) <= int(ckpt["epoch"])] or None
-    return Analysis(results=results, run=run, embeddings=emb, timings=timings, logs=logs or None,
+    return Analysis(results=results, run=run, embeddings=emb, timings=timings, logs=_run_logs(checkpoint, ckpt),
                     warnings=data_warnings(frozen, train))
+
+
+def _losses(ckpt: dict, losses) -> list[str]:
+    """The counters: ``losses``, by default the paper's four and the checkpoint's own training loss."""
+    if losses is not None:
+        return list(losses)
+    own = ckpt["loss"]["name"]
+    return paper_names() + ([own] if own in OBJECTIVES and own not in paper_names() else [])
+
+
+def _run_logs(checkpoint, ckpt: dict) -> TrainingLogs | None:
+    """The run's step log and COCOS track beside the checkpoint, if any, to its epoch, with the checkpoint's
+    history to that epoch (the training figure's dev rsum)."""
+    logs = read_logs(Path(checkpoint).parent, max_epoch=int(ckpt["epoch"]))
+    if not logs:
+        return None
+    logs.history = [h for h in ckpt.get("history") or [] if int(h.get("epoch", 0)) <= int(ckpt["epoch"])] or None
+    return logs
 
 
 def _trained(ckpt: dict) -> dict:

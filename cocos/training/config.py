@@ -272,6 +272,19 @@ def from_record(train: dict) -> TrainConfig:
     ``train holds ...``)."""
     if not is_sectioned(train):
         return from_flat({k: v for k, v in _spelled_sources(dict(train)).items() if k in names()})
+    _check_sections(train)
+    hooks = dict(train.get("hooks", {}))
+    ltd = hooks.pop("ltd", None)
+    try:
+        return TrainConfig(**{s: SECTIONS[s](**train[s]) for s in RECORD_SECTIONS[:-1]},
+                           hooks=HookConfig(ltd=None if ltd is None else LTDConfig(**ltd), **hooks),
+                           **{k: train[k] for k in ("out", "device") if k in train})
+    except TypeError as exc:
+        raise CocosError(f"does not fit a run's sections ({exc})") from None
+
+
+def _check_sections(train: dict) -> None:
+    """A sectioned ``train`` record holds only a run's sections, each a record of named fields (one line else)."""
     unknown = sorted(set(train) - {*RECORD_SECTIONS, "out", "device"})
     if unknown:
         raise CocosError(f"holds {', '.join(map(str, unknown))}, which is no section of a run (sections: "
@@ -281,14 +294,6 @@ def from_record(train: dict) -> TrainConfig:
                           ("hooks.ltd", hooks.get("ltd") if isinstance(hooks, dict) else None)]:
         if section is not None and not (isinstance(section, dict) and all(isinstance(k, str) for k in section)):
             raise CocosError(f"does not fit a run's sections ({name} is not a record of named fields)")
-    hooks = dict(hooks)
-    ltd = hooks.pop("ltd", None)
-    try:
-        return TrainConfig(**{s: SECTIONS[s](**train[s]) for s in RECORD_SECTIONS[:-1]},
-                           hooks=HookConfig(ltd=None if ltd is None else LTDConfig(**ltd), **hooks),
-                           **{k: train[k] for k in ("out", "device") if k in train})
-    except TypeError as exc:
-        raise CocosError(f"does not fit a run's sections ({exc})") from None
 
 
 def record_flat(train: dict) -> dict:
