@@ -182,6 +182,8 @@ def test_cocos_analyze_and_import_of_a_siglip_folder(world, tmp_path):
     assert results["model"]["kind"] == "siglip" and results["training"]["loss"] == "siglip"
     assert results["training"]["params"] == pytest.approx({"t": 7.0, "b": BIAS}, rel=1e-6)
     assert "siglip" in result.output and "C_qv-" in result.output
+    size = results["model"]["hparams"]["preprocess"]["resize"]  # SigLIP resizes the whole image: no crop to report
+    assert f"own preprocessing (resized to {size} × {size}, no crop," in (out / "tables.md").read_text()
     imported = tmp_path / "siglip.pt"
     result = runner.invoke(app, ["import", str(folder), "--data", str(data), "--out", str(imported)])
     assert result.exit_code == 0, result.output

@@ -75,7 +75,9 @@ def image_transform_text(results: Results) -> str | None:
         return None
     own = results.model.hparams.get("preprocess")
     if isinstance(own, dict):  # a model with its own preprocessing (CLIP)
-        return (f"the model's own preprocessing (Resize {int(own['resize'])}, CenterCrop {int(own['crop_size'])}, "
+        size = (f"resized to {int(own['resize'])} × {int(own['resize'])}, no crop" if own.get("squash") else
+                f"Resize {int(own['resize'])}, CenterCrop {int(own['crop_size'])}")  # SigLIP's squash, CLIP's crop
+        return (f"the model's own preprocessing ({size}, "
                 f"{RESAMPLING_NAMES.get(own.get('resample'), 'PIL resampling ' + str(own.get('resample')))}, "
                 f"mean {_triple(own['mean'])}, std {_triple(own['std'])})")
     return describe_transform(results.model.hparams.get("cnn_type"), record["resize"], record["crop_size"],
