@@ -322,3 +322,26 @@ def test_refusals_are_one_line(world, tmp_path):
     assert no_tok.exit_code == 2 and "pass --tokenizer" in no_tok.output
     stray = runner.invoke(app, ["analyze", str(world.files["gelu"]), "--tokenizer", str(world.tokenizer)])
     assert stray.exit_code == 2 and "--tokenizer is for open_clip" in stray.output
+
+
+def test_the_centre_crop_is_torchvisions_as_open_clips_transform():
+    """open_clip's CenterCrop rounds the offset half to even: on a 32 x 39 image cropped to 32, rows 4..35 (a CLIP
+    folder's processor takes rows 3..34, int(3.5)); the record says which, and an old record is transformers'."""
+    import numpy as np
+    from PIL import Image
+
+    from cocos.data.clip import Preprocess
+    from cocos.models.open_clip import preprocess_of
+
+    pre = preprocess_of(None, 32, "config")
+    assert pre.record()["crop"] == "torchvision" and Preprocess.of(pre.record()) == pre
+    rows = np.repeat(np.arange(39, dtype=np.uint8)[:, None, None] * 6, 32, axis=1).repeat(3, axis=2)  # row r: 6r
+    out = pre.transform(False)(Image.fromarray(rows))
+    first = out[0, :, 0] * pre.std[0] + pre.mean[0]  # un-normalised red channel, column 0: 6r / 255 per row
+    assert torch.allclose(first * 255, torch.arange(4, 36, dtype=torch.float32) * 6, atol=1e-3)
+    folder = Preprocess(resize=32, crop_size=32, mean=pre.mean, std=pre.std, resample=pre.resample)
+    assert "crop" not in folder.record()
+    first = folder.transform(False)(Image.fromarray(rows))[0, :, 0] * pre.std[0] + pre.mean[0]
+    assert torch.allclose(first * 255, torch.arange(3, 35, dtype=torch.float32) * 6, atol=1e-3)
+    with pytest.raises(CocosError, match="crop is transformers or torchvision"):
+        Preprocess.of({**pre.record(), "crop": "mine"})

@@ -40,6 +40,7 @@ from PIL import Image
 from cocos.data.transforms import (
     MAX_RESIZED_PIXELS,
     MAX_SIDE,
+    center_crop,
     normalize,
     random_resized_crop_params,
     resized_size,
@@ -60,6 +61,7 @@ from cocos.hf import (
 
 INSTALL = "CLIP models need transformers and tokenizers: pip install 'cocos[clip]'"
 TRAIN_SCALE = (0.9, 1.0)  # open_clip's RandomResizedCrop scale for fine-tuning
+CROPS = ("transformers", "torchvision")  # whose centre crop a Preprocess takes
 RESAMPLING = {0: Image.NEAREST, 1: Image.LANCZOS, 2: Image.BILINEAR, 3: Image.BICUBIC, 4: Image.BOX, 5: Image.HAMMING}
 # transformers' CLIPTextConfig and CLIPVisionConfig defaults, for sizes a config.json leaves out
 TEXT_SIZES = {"vocab_size": 49408, "hidden_size": 512, "intermediate_size": 2048, "num_hidden_layers": 12,
@@ -178,19 +180,26 @@ class Preprocess:
     mean: tuple = (0.48145466, 0.4578275, 0.40821073)
     std: tuple = (0.26862954, 0.26130258, 0.27577711)
     resample: int = 3  # PIL's BICUBIC
+    # whose centre crop: "transformers" (``top = int((h - c) / 2)``, a CLIP folder's processor) or "torchvision"
+    # (``round((h - c) / 2)``, half to even: open_clip's CenterCrop); recorded only when not transformers'
+    crop: str = "transformers"
 
     def record(self) -> dict:
-        return {"resize": self.resize, "crop_size": self.crop_size, "mean": list(self.mean), "std": list(self.std),
-                "resample": self.resample}
+        out = {"resize": self.resize, "crop_size": self.crop_size, "mean": list(self.mean), "std": list(self.std),
+               "resample": self.resample}
+        return out if self.crop == "transformers" else {**out, "crop": self.crop}
 
     @classmethod
     def of(cls, record: dict) -> Preprocess:
         """From a ``preprocess`` record (a checkpoint's), checked: one line for anything wrong."""
         try:
             out = cls(int(record["resize"]), int(record["crop_size"]), tuple(float(x) for x in record["mean"]),
-                      tuple(float(x) for x in record["std"]), int(record.get("resample", 3)))
+                      tuple(float(x) for x in record["std"]), int(record.get("resample", 3)),
+                      record.get("crop", "transformers"))
         except (KeyError, TypeError, ValueError):
             raise CocosError(f"a CLIP preprocess record needs resize, crop_size, mean, std, got {record!r}") from None
+        if out.crop not in CROPS:
+            raise CocosError(f"a CLIP preprocess record's crop is {' or '.join(CROPS)}, got {str(out.crop)[:40]!r}")
         if min(out.resize, out.crop_size) < 1 or len(out.mean) != 3 or len(out.std) != 3 or min(out.std) <= 0:
             raise CocosError(f"a CLIP preprocess record has sizes >= 1 and 3 means and positive stds, got {record!r}")
         if max(out.resize, out.crop_size) > MAX_SIDE:
@@ -205,7 +214,7 @@ class Preprocess:
         keywords = {"crop_size": self.crop_size, "mean": self.mean, "std": self.std, "resample": self.resample}
         if train:
             return functools.partial(clip_train_transform, **keywords)
-        return functools.partial(clip_eval_transform, resize=self.resize, **keywords)
+        return functools.partial(clip_eval_transform, resize=self.resize, crop=self.crop, **keywords)
 
 
 def read_preprocess(path: Path) -> Preprocess:
@@ -266,10 +275,12 @@ def _crop(img: Image.Image, crop: int) -> Image.Image:
 
 def clip_eval_transform(img: Image.Image, generator: torch.Generator | None = None, *, resize: int = 224,
                         crop_size: int = 224, mean=Preprocess.mean, std=Preprocess.std,
-                        resample: int = 3) -> torch.Tensor:
-    """CLIP's evaluation preprocessing (module docstring): ``(3, crop, crop)`` float32; ``generator`` unused."""
-    img = img.convert("RGB")
-    return normalize(to_tensor(_crop(_resize(img, resize, resample), crop_size)), mean, std)
+                        resample: int = 3, crop: str = "transformers") -> torch.Tensor:
+    """CLIP's evaluation preprocessing (module docstring): ``(3, crop, crop)`` float32; ``generator`` unused;
+    ``crop``: transformers' centre crop or torchvision's (open_clip's, :func:`cocos.data.transforms.center_crop`)."""
+    img = _resize(img.convert("RGB"), resize, resample)
+    return normalize(to_tensor(center_crop(img, crop_size) if crop == "torchvision" else _crop(img, crop_size)),
+                     mean, std)
 
 
 def clip_train_transform(img: Image.Image, generator: torch.Generator, *, crop_size: int = 224,

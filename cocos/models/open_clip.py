@@ -29,9 +29,9 @@ or a Hugging Face hub ``open_clip_config.json``, ``{"model_cfg", "preprocess_cfg
   saved on disk): ``--tokenizer DIR``, cut at the config's ``context_length``; its size must be ``vocab_size``.
 * **images**: open_clip's evaluation transform, the shorter side resized to ``image_size`` with the config's
   ``preprocess_cfg.interpolation`` (bicubic unless bilinear), a centre crop, normalised with its ``mean``/``std``
-  (OpenAI's by default): :class:`cocos.data.clip.Preprocess`. One deviation: the crop's offset is
-  ``int((h - c) / 2)`` (transformers'), where torchvision's ``CenterCrop`` rounds ``(h - c) / 2`` half to even
-  (one pixel apart when ``h - c`` is 3 mod 4).
+  (OpenAI's by default): :class:`cocos.data.clip.Preprocess`, its centre crop torchvision's ``CenterCrop``
+  (``round((h - c) / 2)``, half to even; a CLIP folder's processor takes ``int((h - c) / 2)``, one pixel apart when
+  ``h - c`` is 3 mod 4), recorded as the preprocess record's ``crop``.
 
 **Refused**, in one line naming the key: timm vision towers (``timm_model_name``), ResNet towers (``layers`` a list,
 open_clip's ``ModifiedResNet``), Hugging Face text towers (``hf_model_name``) and tokenizers (``hf_tokenizer_name``,
@@ -267,7 +267,8 @@ def preprocess_of(cfg, image_size: int, where: str) -> Preprocess:
                          f"{', '.join(INTERPOLATION)}")
     record = {"resize": image_size, "crop_size": image_size,
               "mean": _triple(cfg.get("mean", list(OPENAI_MEAN)), where, "mean"),
-              "std": _triple(cfg.get("std", list(OPENAI_STD)), where, "std"), "resample": INTERPOLATION[interpolation]}
+              "std": _triple(cfg.get("std", list(OPENAI_STD)), where, "std"), "resample": INTERPOLATION[interpolation],
+              "crop": "torchvision"}  # open_clip's CenterCrop: the offset rounded half to even
     try:
         return Preprocess.of(record)
     except CocosError as exc:
