@@ -103,6 +103,8 @@ def resolve(cfg: TrainConfig, *, resume_ckpt: dict | None, last_path: Path, devi
         check_resume(resume_ckpt, cfg, data.fingerprint, last_path)
     read_captions(cfg, family, data, resume_ckpt)
     data.eval_sizes = eval_sizes(cfg, resume_ckpt, log) if data.images else None
+    if len(data.train.captions) >= 100_000:  # COCO's 590k through a BERT's tokenizer: a while, said once
+        log(f"coding the {len(data.train.captions):,} training captions")
     data.train_ids = tokenize_split(data.train, data.coder)
     warn_unknown(cfg, data, log)
     data.dev_ids = tokenize_split(data.dev, data.coder)
