@@ -48,15 +48,20 @@ class ContrastiveLoss(nn.Module):
         """Hyper-parameters as plain types (stored in checkpoints)."""
         return dict(self._params)
 
+    def _learned(self) -> dict:
+        """The parameters the maths takes: the plain values (a learning subclass gives tensors with their
+        gradient)."""
+        return self._params
+
     def direction_loss(self, view) -> torch.Tensor:
         """The loss of one direction (a :class:`QueryView`), with this loss's parameters."""
-        return self.objective.direction_loss(view, **self._params)
+        return self.objective.direction_loss(view, **self._learned())
 
     def direction_parts(self, view) -> dict[str, torch.Tensor]:
         """The named parts of one direction's loss (the family's ``parts``; one part ``"L_con"`` without)."""
         if self.objective.parts is None:
             return {"L_con": self.direction_loss(view)}
-        return dict(self.objective.parts(view, **self._params))
+        return dict(self.objective.parts(view, **self._learned()))
 
     def views(self, images, captions, caption_image=None, image_ids=None) -> list:
         """The batch's i2t and t2i :class:`~cocos.data.layout.QueryView` (with this loss's compat mode)."""
@@ -132,14 +137,6 @@ class LearnedTemperature(ContrastiveLoss):
 
     def params(self) -> dict:
         return {**self._params, self._name: float(self.temperature().detach())}
-
-    def direction_loss(self, view) -> torch.Tensor:
-        return self.objective.direction_loss(view, **self._learned())
-
-    def direction_parts(self, view) -> dict[str, torch.Tensor]:
-        if self.objective.parts is None:
-            return {"L_con": self.direction_loss(view)}
-        return dict(self.objective.parts(view, **self._learned()))
 
 
 @dataclass(frozen=True)
@@ -217,14 +214,6 @@ class LearnedParameters(ContrastiveLoss):
     def params(self) -> dict:
         return {**self._params, **{name: float(spec.value(self.raw(name).detach()))
                                    for name, spec in self.objective.learned.items()}}
-
-    def direction_loss(self, view) -> torch.Tensor:
-        return self.objective.direction_loss(view, **self._learned())
-
-    def direction_parts(self, view) -> dict[str, torch.Tensor]:
-        if self.objective.parts is None:
-            return {"L_con": self.direction_loss(view)}
-        return dict(self.objective.parts(view, **self._learned()))
 
     def extra_repr(self) -> str:
         return ", ".join([f"name={self.name}", *(f"{k}={v:g}" for k, v in self.params().items()), "learned"])
