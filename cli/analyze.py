@@ -8,7 +8,14 @@ import typer
 
 from cocos.defaults import DEFAULT_EPS
 
-from .common import check_input_dir, check_input_file, check_input_path, check_latex_width, handle_errors
+from .common import (
+    check_input_dir,
+    check_input_file,
+    check_input_path,
+    check_latex_width,
+    check_open_clip_args,
+    handle_errors,
+)
 from .main import app
 
 
@@ -19,29 +26,9 @@ def _check_paths(args: dict) -> None:
     _check_checkpoint_args(checkpoints, args.get("label"))
     _check_options(args)
     _check_input_paths(args)
-    _check_open_clip_args(args)
+    check_open_clip_args(args.get("open_clip_config"), args.get("tokenizer"), args.get("vocab"), args.get("bert"),
+                         args.get("data"), needs_data=True)
     _check_output_paths(args, checkpoints)
-
-
-def _check_open_clip_args(args: dict) -> None:
-    """--open-clip-config (a file) with --tokenizer (a folder) and --data, and neither --vocab nor --bert;
-    --tokenizer only with it."""
-    from cocos.errors import CocosError
-
-    config, tokenizer = args.get("open_clip_config"), args.get("tokenizer")
-    if config is None:
-        if tokenizer is not None:
-            raise CocosError("--tokenizer is for open_clip checkpoints (with --open-clip-config CONFIG.json)")
-        return
-    check_input_file(config, "open_clip model config")
-    if args.get("vocab") is not None or args.get("bert") is not None:
-        raise CocosError("--open-clip-config reads open_clip checkpoints; --vocab and --bert do not apply")
-    if tokenizer is None:
-        raise CocosError("an open_clip checkpoint holds no tokenizer; pass --tokenizer DIR (a Hugging Face CLIP "
-                         "tokenizer folder: tokenizer.json, or vocab.json and merges.txt)")
-    check_input_dir(tokenizer, "tokenizer folder")
-    if args.get("data") is None:
-        raise CocosError("an open_clip checkpoint records no data; pass --data (an image dataset)")
 
 
 def _check_checkpoint_args(checkpoints: list, label) -> None:

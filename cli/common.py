@@ -285,3 +285,21 @@ def handle_errors(func: Callable[..., Any] | None = None, *,
 
     _with_threads_option(wrapper, func)
     return wrapper
+
+
+def check_open_clip_args(config, tokenizer, vocab=None, bert=None, data=None, *, needs_data: bool = False) -> None:
+    """``--open-clip-config`` (a file) with ``--tokenizer`` (a folder), neither ``--vocab`` nor ``--bert`` (and with
+    ``needs_data``, ``--data``); ``--tokenizer`` only with it (``cocos analyze``, ``cocos import``)."""
+    if config is None:
+        if tokenizer is not None:
+            raise CocosError("--tokenizer is for open_clip checkpoints (with --open-clip-config CONFIG.json)")
+        return
+    check_input_file(config, "open_clip model config")
+    if vocab is not None or bert is not None:
+        raise CocosError("--open-clip-config reads open_clip checkpoints; --vocab and --bert do not apply")
+    if tokenizer is None:
+        raise CocosError("an open_clip checkpoint holds no tokenizer; pass --tokenizer DIR (a Hugging Face CLIP "
+                         "tokenizer folder: tokenizer.json, or vocab.json and merges.txt)")
+    check_input_dir(tokenizer, "tokenizer folder")
+    if needs_data and data is None:
+        raise CocosError("an open_clip checkpoint records no data; pass --data (an image dataset)")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from .common import check_input_dir, check_input_file, handle_errors
+from .common import check_input_dir, check_input_file, check_open_clip_args, handle_errors
 from .main import app
 
 
@@ -21,7 +21,7 @@ def _check_paths(args: dict) -> None:
     config, tokenizer = args.get("open_clip_config"), args.get("tokenizer")
     if model_type(checkpoint) is None:  # a checkpoint file, or a Hugging Face model folder (CLIP's)
         check_input_file(checkpoint, "checkpoint")
-    _check_open_clip_args(config, tokenizer, vocab, bert)
+    check_open_clip_args(config, tokenizer, vocab, bert)
     if vocab is not None:
         check_input_file(vocab, "vocabulary file")
     if bert is not None:
@@ -31,24 +31,6 @@ def _check_paths(args: dict) -> None:
     if out is not None:
         check_output_file(out, [p for p in (checkpoint, vocab, bert, data, config, tokenizer) if p is not None],
                           overwrite=bool(args.get("overwrite")), runs=_runs(checkpoint))
-
-
-def _check_open_clip_args(config: Path | None, tokenizer: Path | None, vocab: Path | None, bert: Path | None) -> None:
-    """--open-clip-config (a file) with --tokenizer (a folder), and neither --vocab nor --bert; --tokenizer only
-    with it."""
-    from cocos.errors import CocosError
-
-    if config is None:
-        if tokenizer is not None:
-            raise CocosError("--tokenizer is for open_clip checkpoints (with --open-clip-config CONFIG.json)")
-        return
-    check_input_file(config, "open_clip model config")
-    if vocab is not None or bert is not None:
-        raise CocosError("--open-clip-config reads open_clip checkpoints; --vocab and --bert do not apply")
-    if tokenizer is None:
-        raise CocosError("an open_clip checkpoint holds no tokenizer; pass --tokenizer DIR (a Hugging Face CLIP "
-                         "tokenizer folder: tokenizer.json, or vocab.json and merges.txt)")
-    check_input_dir(tokenizer, "tokenizer folder")
 
 
 @app.command("import")
