@@ -40,7 +40,7 @@ from __future__ import annotations
 import torch
 
 from cocos.counting import count_queries, get_counter
-from cocos.data.layout import DIRECTIONS, BatchLayout, QueryView, _check_norms, _check_shapes
+from cocos.data.layout import DIRECTIONS, BatchLayout, QueryView, unit_rows
 from cocos.losses.counts import Counter
 
 BLOCK_BUDGET = 256 * 2**20  # bytes of counting temporaries above which a batch is counted in blocks of queries
@@ -85,20 +85,6 @@ def count_batch_values(images, captions, loss, *, compat: bool = False, caption_
             rows = block_rows(budget // (per_row * len(candidates)), len(queries))
             out[d] = _count_direction(counter, queries, candidates, layout, d, compat, rows)
     return out
-
-
-def unit_rows(images: torch.Tensor, captions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The embeddings as :func:`~cocos.data.layout.batch_similarity` normalises them before its product (the same
-    checks and one-line errors, the same dtype rules, the same bits), without the product."""
-    _check_shapes(images, captions)
-    if images.dtype not in (torch.float32, torch.float64):
-        images = images.float()
-    captions = captions.to(images.dtype)
-    image_norms = torch.linalg.vector_norm(images, dim=-1, keepdim=True)
-    caption_norms = torch.linalg.vector_norm(captions, dim=-1, keepdim=True)
-    _check_norms("images", image_norms, images)
-    _check_norms("captions", caption_norms, captions)
-    return images / image_norms.clamp(min=1e-12), captions / caption_norms.clamp(min=1e-12)
 
 
 def block_rows(rows: int, n_queries: int) -> int:

@@ -279,6 +279,18 @@ def batch_similarity(
     float32 and float64 are kept, other dtypes become float32). With ``check``,
     shapes, NaN/Inf and zero vectors raise :class:`CocosError` with one line.
     """
+    images, captions = unit_rows(images, captions, check=check)
+    scores = images @ captions.transpose(-1, -2)
+    layout = BatchLayout.build(
+        images.shape[-2], captions.shape[-2], caption_image, image_ids, device=images.device
+    )
+    return scores, layout
+
+
+def unit_rows(images, captions, *, check: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """The embeddings as :func:`batch_similarity` multiplies them: tensors on the images' device, float32 or float64
+    (other dtypes become float32), each row divided by its norm; with ``check``, shapes, NaN/Inf and zero vectors
+    are one :class:`CocosError` line. Counting in blocks (:mod:`cocos.counting.blocks`) takes rows of these."""
     images = torch.as_tensor(images)
     captions = torch.as_tensor(captions, device=images.device)
     if check:
@@ -291,13 +303,7 @@ def batch_similarity(
     if check:
         _check_norms("images", image_norms, images)
         _check_norms("captions", caption_norms, captions)
-    images = images / image_norms.clamp(min=1e-12)
-    captions = captions / caption_norms.clamp(min=1e-12)
-    scores = images @ captions.transpose(-1, -2)
-    layout = BatchLayout.build(
-        images.shape[-2], captions.shape[-2], caption_image, image_ids, device=images.device
-    )
-    return scores, layout
+    return images / image_norms.clamp(min=1e-12), captions / caption_norms.clamp(min=1e-12)
 
 
 def _check_norms(name: str, norms: torch.Tensor, values: torch.Tensor | None = None, offset: int = 0) -> None:
