@@ -336,4 +336,16 @@ def _load_stored(key: str, stored: tuple, want):
 
 __all__ = ["MAX_CONFIG_BYTES", "MAX_LAYERS", "MAX_TOKENIZER_BYTES", "MAX_VOCAB", "check_file_size", "check_heads",
            "check_layers", "check_memory", "check_vocab", "config_int", "is_clip_folder", "is_siglip_folder",
-           "json_depth", "model_type", "read_json", "read_weights", "weights_files"]
+           "json_depth", "model_type", "quiet_transformers", "read_json", "read_weights", "weights_files"]
+
+
+def quiet_transformers(install: str):
+    """``transformers``, its warnings and progress bars off (a Hub config's out-of-vocabulary ``bos_token_id`` is
+    a warning of every load), or the one line ``install`` naming the extra to install."""
+    try:
+        import transformers
+    except ImportError:
+        raise CocosError(install) from None
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    return transformers

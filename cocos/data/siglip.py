@@ -56,6 +56,9 @@ from cocos.hf import (
     read_json,
     weights_files,
 )
+from cocos.hf import (
+    quiet_transformers as hf_quiet_transformers,
+)
 
 INSTALL = "SigLIP models need transformers and tokenizers: pip install 'cocos[clip]'"
 SIDES = ("right", "left")
@@ -72,15 +75,8 @@ def _first(exc: BaseException) -> str:
 
 
 def quiet_transformers():
-    """``transformers``, its warnings and progress bars off (a Hub config's out-of-vocabulary ``bos_token_id`` is
-    a warning of every load), or one line naming the extra."""
-    try:
-        import transformers
-    except ImportError:
-        raise CocosError(INSTALL) from None
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    return transformers
+    """``transformers``, quiet (:func:`cocos.hf.quiet_transformers`), or one line naming the extra."""
+    return hf_quiet_transformers(INSTALL)
 
 
 # -- captions -------------------------------------------------------------------------------------------------

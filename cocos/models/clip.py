@@ -30,6 +30,7 @@ import torch
 from cocos.data.clip import INSTALL, Preprocess, check_clip_config
 from cocos.defaults import MAX_LOGIT_SCALE
 from cocos.errors import CocosError
+from cocos.hf import quiet_transformers
 from cocos.models.image import PixelModel
 from cocos.models.text import l2norm
 
@@ -52,13 +53,8 @@ def temperature_of(logit_scale: torch.Tensor) -> torch.Tensor:
 
 
 def _transformers():
-    try:
-        import transformers
-    except ImportError:
-        raise CocosError(INSTALL) from None
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    return transformers
+    """``transformers``, quiet (:func:`cocos.hf.quiet_transformers`), or one line naming the extra."""
+    return quiet_transformers(INSTALL)
 
 
 class CLIPDual(PixelModel):
