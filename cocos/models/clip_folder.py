@@ -27,32 +27,39 @@ from cocos.hf import is_clip_folder
 from cocos.models.clip import CLIPDual
 
 
-def clip_checkpoint(folder: str | os.PathLike, data: str | os.PathLike | None, *, log=None) -> dict:
-    """The cocos checkpoint (plain types and tensors) of a CLIP folder, for the image dataset ``data``."""
-    folder = Path(folder)
+def image_data(source, data, what: str, family: str) -> Path:
+    """``data`` of ``what`` (``"a CLIP folder"``, ``"an open_clip checkpoint"``: a model that records none) at
+    ``source``: an image dataset, else one line; ``family``: who encodes raw images (``"CLIP"``)."""
     if data is None:
-        raise CocosError(f"{folder}: a CLIP folder records no data; pass --data (an image dataset)")
+        raise CocosError(f"{source}: {what} records no data; pass --data (an image dataset)")
     data = Path(data)
     if not is_image_dataset(data):
         raise CocosError(f"{data}: not an image dataset (images/ and a dataset_*.json, {{split}}_set.p or a CSV file "
-                         f"list); a CLIP model encodes raw images")
-    clip = CLIPFolder.read(folder)
-    model = CLIPDual(len(clip.coder), clip.config, clip.preprocess.record()).load_pretrained(folder)
-    train = load_image_split(data, "train")
-    k = int(train.image_captions().shape[1])
-    if log is not None and train.n_images >= 1000:
-        log(f"fingerprinting the {train.n_images:,} training images (read once)")
+                         f"list); a {family} model encodes raw images")
+    return data
+
+
+def dual_checkpoint(model, coder, loss: dict, data: Path, *, crop_size: int, log=None, train: dict | None = None,
+                    epoch: int = 0, **extra) -> dict:
+    """The cocos checkpoint (plain types and tensors) of a dual encoder read from elsewhere (a Hugging Face folder,
+    an open_clip file): ``model`` with its weights, its caption ``coder``, the ``loss`` record it was trained with,
+    the image dataset ``data`` (fingerprinted once), ``train`` entries beyond the run's model, loss, data and k
+    (its ``sources``), ``extra`` top-level entries (open_clip's file)."""
+    split = load_image_split(data, "train")
+    k = int(split.image_captions().shape[1])
+    if log is not None and split.n_images >= 1000:
+        log(f"fingerprinting the {split.n_images:,} training images (read once)")
     return {
-        "model": {"kind": CLIPDual.kind, "hparams": dict(model.hparams)},
-        "vocab": clip.coder.tokens,
-        "text": clip.coder.options(),
-        "state_dict": {k_: v.detach().contiguous() for k_, v in model.state_dict().items()},
-        "loss": {"name": "ntxent", "params": {"tau": model.temperature()}, "compat": False},
-        "data": {"path": str(data.resolve()), "fingerprint": train.fingerprint(), "k": k,
-                 "feature_shape": [int(model.img_dim)], "input": "images", "crop_size": clip.preprocess.crop_size},
-        "train": {"model": CLIPDual.kind, "loss": "ntxent", "data": str(data.resolve()), "k": k,
-                  "sources": {"clip": str(folder.resolve())}},
-        "epoch": 0,
+        "model": {"kind": model.kind, "hparams": dict(model.hparams)},
+        "vocab": coder.tokens,
+        "text": coder.options(),
+        "state_dict": {key: v.detach().contiguous() for key, v in model.state_dict().items()},
+        "loss": loss,
+        "data": {"path": str(data.resolve()), "fingerprint": split.fingerprint(), "k": k,
+                 "feature_shape": [int(model.img_dim)], "input": "images", "crop_size": int(crop_size)},
+        "train": {"model": model.kind, "loss": loss["name"], "data": str(data.resolve()), "k": k, **(train or {})},
+        **extra,
+        "epoch": int(epoch),
         "step": 0,
         "metrics": {},
         "best_rsum": None,
@@ -60,4 +67,15 @@ def clip_checkpoint(folder: str | os.PathLike, data: str | os.PathLike | None, *
     }
 
 
-__all__ = ["clip_checkpoint", "is_clip_folder"]
+def clip_checkpoint(folder: str | os.PathLike, data: str | os.PathLike | None, *, log=None) -> dict:
+    """The cocos checkpoint (plain types and tensors) of a CLIP folder, for the image dataset ``data``."""
+    folder = Path(folder)
+    data = image_data(folder, data, "a CLIP folder", "CLIP")
+    clip = CLIPFolder.read(folder)
+    model = CLIPDual(len(clip.coder), clip.config, clip.preprocess.record()).load_pretrained(folder)
+    loss = {"name": "ntxent", "params": {"tau": model.temperature()}, "compat": False}
+    return dual_checkpoint(model, clip.coder, loss, data, crop_size=clip.preprocess.crop_size, log=log,
+                           train={"sources": {"clip": str(folder.resolve())}})
+
+
+__all__ = ["clip_checkpoint", "dual_checkpoint", "image_data", "is_clip_folder"]

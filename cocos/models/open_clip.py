@@ -57,6 +57,7 @@ from cocos.data.clip import CLIPCoder, Preprocess
 from cocos.errors import CocosError
 from cocos.hf import check_layers, check_vocab, config_int, read_json
 from cocos.models.clip import CLIPDual
+from cocos.models.clip_folder import dual_checkpoint, image_data
 
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -473,18 +474,12 @@ def read_checkpoint(path: str | os.PathLike, trust: bool = False) -> tuple[dict,
 def open_clip_checkpoint(path: str | os.PathLike, config_path: str | os.PathLike, tokenizer: str | os.PathLike | None,
                          data: str | os.PathLike | None, *, trust: bool = False, log=None) -> dict:
     """The cocos checkpoint (plain types and tensors) of an open_clip checkpoint for the image dataset ``data``."""
-    from cocos.data.images import is_image_dataset, load_image_split
 
     path = Path(path)
     if tokenizer is None:
         raise CocosError(f"{path}: an open_clip checkpoint holds no tokenizer; pass --tokenizer DIR (a Hugging Face "
                          "CLIP tokenizer folder: tokenizer.json, or vocab.json and merges.txt)")
-    if data is None:
-        raise CocosError(f"{path}: an open_clip checkpoint records no data; pass --data (an image dataset)")
-    data = Path(data)
-    if not is_image_dataset(data):
-        raise CocosError(f"{data}: not an image dataset (images/ and a dataset_*.json, {{split}}_set.p or a CSV file "
-                         f"list); a CLIP model encodes raw images")
+    data = image_data(path, data, "an open_clip checkpoint", "CLIP")
     config = read_config(config_path)
     coder = _coder(Path(tokenizer), config["text"])
     hf_config = clip_config(config)
@@ -496,27 +491,10 @@ def open_clip_checkpoint(path: str | os.PathLike, config_path: str | os.PathLike
     del weights
     loss = ({"name": "siglip", "params": {"t": math.exp(float(model.logit_scale.detach())), "b": bias}, "compat": False}
             if bias is not None else {"name": "ntxent", "params": {"tau": model.temperature()}, "compat": False})
-    train = load_image_split(data, "train")
-    k = int(train.image_captions().shape[1])
-    if log is not None and train.n_images >= 1000:
-        log(f"fingerprinting the {train.n_images:,} training images (read once)")
-    return {
-        "model": {"kind": CLIPDual.kind, "hparams": dict(model.hparams)},
-        "vocab": coder.tokens,
-        "text": coder.options(),
-        "state_dict": {k_: v.detach().contiguous() for k_, v in model.state_dict().items()},
-        "loss": loss,
-        "data": {"path": str(data.resolve()), "fingerprint": train.fingerprint(), "k": k,
-                 "feature_shape": [int(model.img_dim)], "input": "images", "crop_size": model.preprocess.crop_size},
-        "train": {"model": CLIPDual.kind, "loss": loss["name"], "data": str(data.resolve()), "k": k},
-        "open_clip": {"file": str(path.resolve()), "name": meta["name"], "config": str(Path(config_path).resolve()),
-                      "tokenizer": str(Path(tokenizer).resolve())},
-        "epoch": meta["epoch"],
-        "step": 0,
-        "metrics": {},
-        "best_rsum": None,
-        "history": [],
-    }
+    return dual_checkpoint(model, coder, loss, data, crop_size=model.preprocess.crop_size, log=log, epoch=meta["epoch"],
+                           open_clip={"file": str(path.resolve()), "name": meta["name"],
+                                      "config": str(Path(config_path).resolve()),
+                                      "tokenizer": str(Path(tokenizer).resolve())})
 
 
 def _coder(folder: Path, text: dict) -> CLIPCoder:

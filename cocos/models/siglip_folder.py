@@ -20,10 +20,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from cocos.data.images import is_image_dataset, load_image_split
 from cocos.data.siglip import SiglipFolder
-from cocos.errors import CocosError
 from cocos.hf import is_siglip_folder
+from cocos.models.clip_folder import dual_checkpoint, image_data
 from cocos.models.siglip import SiglipDual
 
 LOSS = "siglip"  # SigLIP's own loss family (cocos.losses.siglip): parameters t and b
@@ -32,35 +31,13 @@ LOSS = "siglip"  # SigLIP's own loss family (cocos.losses.siglip): parameters t 
 def siglip_checkpoint(folder: str | os.PathLike, data: str | os.PathLike | None, *, log=None) -> dict:
     """The cocos checkpoint (plain types and tensors) of a SigLIP folder, for the image dataset ``data``."""
     folder = Path(folder)
-    if data is None:
-        raise CocosError(f"{folder}: a SigLIP folder records no data; pass --data (an image dataset)")
-    data = Path(data)
-    if not is_image_dataset(data):
-        raise CocosError(f"{data}: not an image dataset (images/ and a dataset_*.json, {{split}}_set.p or a CSV file "
-                         f"list); a SigLIP model encodes raw images")
+    data = image_data(folder, data, "a SigLIP folder", "SigLIP")
     siglip = SiglipFolder.read(folder)
     model = SiglipDual(len(siglip.coder), siglip.config, siglip.preprocess.record(),
                        siglip.padding.record()).load_pretrained(folder)
-    train = load_image_split(data, "train")
-    k = int(train.image_captions().shape[1])
-    if log is not None and train.n_images >= 1000:
-        log(f"fingerprinting the {train.n_images:,} training images (read once)")
-    return {
-        "model": {"kind": SiglipDual.kind, "hparams": dict(model.hparams)},
-        "vocab": siglip.coder.tokens,
-        "text": siglip.coder.options(),
-        "state_dict": {k_: v.detach().contiguous() for k_, v in model.state_dict().items()},
-        "loss": {"name": LOSS, "params": model.loss_params(), "compat": False},
-        "data": {"path": str(data.resolve()), "fingerprint": train.fingerprint(), "k": k,
-                 "feature_shape": [int(model.img_dim)], "input": "images", "crop_size": siglip.preprocess.size},
-        "train": {"model": SiglipDual.kind, "loss": LOSS, "data": str(data.resolve()), "k": k,
-                  "sources": {"siglip": str(folder.resolve())}},
-        "epoch": 0,
-        "step": 0,
-        "metrics": {},
-        "best_rsum": None,
-        "history": [],
-    }
+    loss = {"name": LOSS, "params": model.loss_params(), "compat": False}
+    return dual_checkpoint(model, siglip.coder, loss, data, crop_size=siglip.preprocess.size, log=log,
+                           train={"sources": {"siglip": str(folder.resolve())}})
 
 
 __all__ = ["siglip_checkpoint", "is_siglip_folder"]
