@@ -42,6 +42,8 @@ def test_demo_end_to_end_and_reuse(plain, monkeypatch):
     assert "![COCOS vs rsum](summary/cocos_vs_rsum.png)" in readme
     assert (tmp_path / "rep" / "summary" / "cocos_vs_rsum.png").exists()
     assert (tmp_path / "rep" / "triplet_sh" / "triplet_diagram.png").exists()
+    top = (tmp_path / "rep" / "index.html").read_text()  # the folder's page: the summary's first, then each model's
+    assert top.index('href="summary/index.html"') < top.index('href="triplet_sh/index.html"')
     sh = json.loads((tmp_path / "rep" / "triplet_sh" / "results.json").read_text())
     assert sh["training"]["loss"] == "triplet_sh" and sh["model"]["kind"] == "vsepp"
     before = (tmp_path / "rep" / "triplet_sh" / "results.json").read_bytes()

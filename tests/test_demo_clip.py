@@ -69,6 +69,7 @@ def test_demo_writes_the_three_losses_cocos_and_their_checkpoints(demo):
     ntxent = torch.load(ck / "ntxent" / "model_best.pt", weights_only=True)
     assert ntxent["train"]["loss"]["learn_tau"] is True  # NT-Xent at CLIP's learned temperature
     assert ntxent["loss"]["params"]["tau"] == pytest.approx(float(torch.exp(-ntxent["state_dict"]["clip.logit_scale"])))
+    assert all(f'href="{name}/index.html"' in (rep / "index.html").read_text() for name in ("summary", "siglip"))
     readme = (rep / "README.md").read_text()
     assert readme.startswith("# cocos demo --model clip") and "**randomly initialised**" in readme
     assert "Table 1" in readme and "Table 2" in readme and f"Chance rsum is {chance_rsum(8):.1f}" in readme

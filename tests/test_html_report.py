@@ -333,3 +333,22 @@ def test_every_header_row_spans_all_the_columns():
                   for row in head.split("</tr>")[:-1]]
         assert len(widths) >= 1 and len(set(widths)) == 1, (t.title, widths)
         assert widths[0] == len(t.label_columns) + len(t.columns)
+
+
+def test_a_folder_of_reports_links_each_page_summary_first(tmp_path):
+    """The top page of a demo's or a sweep's folder (cocos.report.html.collection_page): one link per subfolder
+    page, the merged summary first, each under that page's own title; files listed; every link resolves."""
+    import re
+
+    from cocos.report.html import collection_page, page
+
+    for name, title in (("triplet", "COCOS of VSE++ & co"), ("summary", "COCOS report"), ("ntxent", "COCOS of B")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "index.html").write_text(page(title, "", []), encoding="utf-8")
+    (tmp_path / "logs").mkdir()  # no page: not linked
+    (tmp_path / "README.md").write_text("# x\n")
+    html = collection_page(tmp_path, "cocos demo", "sub")
+    links = re.findall(r'<a href="([^"#]+)">([^<]*)</a>', html)
+    assert links == [("summary/index.html", "summary/: COCOS report"), ("ntxent/index.html", "ntxent/: COCOS of B"),
+                     ("triplet/index.html", "triplet/: COCOS of VSE++ &amp; co"), ("README.md", "README.md")]
+    assert all((tmp_path / target).is_file() for target, _ in links)

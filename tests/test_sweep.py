@@ -93,6 +93,8 @@ def test_sweep_end_to_end_rerun_and_redo_one(world):
     assert res.output.count(": trained, analysed") == 4 and "4 of 4 runs ok, 0 failed" in res.output
     md = (reports / "summary" / "tables.md").read_text()
     assert "Table 1" in md and "±" in md  # two seeds: mean ± sample std
+    top = (reports / "index.html").read_text()  # the sweep's page: the summary and every run's page
+    assert all(f'href="{name}/index.html"' in top for name in ["summary", *names])
     # the merged Table 1 mean is the mean of the two seeds' rsum (computed here from the per-run files)
     values = rsums(reports)
     mean_sh = (values["vsepp_triplet_sh_s0"] + values["vsepp_triplet_sh_s1"]) / 2

@@ -72,6 +72,7 @@ from cocos.pipelines.demo_config import (  # noqa: F401  (re-exported)
 )
 from cocos.pipelines.folder import diagram_points, write_results_folder
 from cocos.pipelines.triplets import common_extent
+from cocos.report.html import collection_page
 from cocos.report.merge import build_report, write_report
 from cocos.report.tables import to_markdown
 from cocos.results import cnn_name, lookup
@@ -491,8 +492,10 @@ def _run(cfg: DemoConfig, runs: dict, out: Path, inputs: list, data: Path, gener
         _fix_report_paths(tmp / "summary", tmp, out)
         readme = demo_readme(cfg, report, timings, time.perf_counter() - start, reused, stages)
         (tmp / "README.md").write_text(readme, encoding="utf-8")
+        (tmp / "index.html").write_text(collection_page(tmp, "cocos demo", readme.splitlines()[0].lstrip("# ")),
+                                        encoding="utf-8")  # the merged report's and each model's page
         check_interrupt()
-    log(f"wrote {out}/ (README.md, summary/, one folder per loss) in {time.perf_counter() - start:.0f} s")
+    log(f"wrote {out}/ (README.md, index.html, summary/, one folder per loss) in {time.perf_counter() - start:.0f} s")
     return out
 
 

@@ -65,6 +65,7 @@ from cocos.pipelines.demo_clip_config import (  # noqa: F401  (re-exported)
 )
 from cocos.pipelines.folder import diagram_points, summary_lines, write_results_folder
 from cocos.pipelines.triplets import common_extent
+from cocos.report.html import collection_page
 from cocos.report.merge import build_report, write_report
 from cocos.report.tables import to_markdown
 from cocos.training.config import TrainConfig
@@ -444,8 +445,10 @@ def _run(cfg: ClipDemoConfig, out: Path, data: Path, generate: bool, progress: b
         text = clip_readme(cfg, report, analyses, pre, times["pre-training"], timings,
                            time.perf_counter() - start, n_test, reused)
         (tmp / "README.md").write_text(text, encoding="utf-8")
-    log(f"wrote {out}/ (README.md, summary/, one folder per loss) in {time.perf_counter() - start:.0f} s; chance "
-        f"rsum {chance_rsum(n_test):.1f} ({n_test} test images, k = {DEMO_K})")
+        page = collection_page(tmp, "cocos demo --model clip", text.splitlines()[0].lstrip("# "))
+        (tmp / "index.html").write_text(page, encoding="utf-8")  # the merged report's and each model's page
+    log(f"wrote {out}/ (README.md, index.html, summary/, one folder per loss) in {time.perf_counter() - start:.0f} s; "
+        f"chance rsum {chance_rsum(n_test):.1f} ({n_test} test images, k = {DEMO_K})")
     return out
 
 

@@ -59,7 +59,7 @@ from pathlib import Path
 import torch
 
 from cocos.errors import CocosError
-from cocos.io import check_output_dir, mark_output, output_kind, output_lock, sha256_file
+from cocos.io import check_output_dir, mark_output, output_kind, output_lock, sha256_file, write_text
 from cocos.pipelines.analyze import analyze_checkpoint
 from cocos.pipelines.folder import write_results_folder
 from cocos.pipelines.sweep_data import PATH_KEYS, check_inputs, check_run_files, fingerprint
@@ -81,6 +81,7 @@ from cocos.pipelines.sweep_schema import (
     read_grid,
     slurm_table,
 )
+from cocos.report.html import collection_page
 from cocos.report.merge import build_report, write_report
 from cocos.results import Results, lookup
 from cocos.training.checkpoint import load_checkpoint
@@ -433,9 +434,11 @@ def _run_sweep(grid: Grid, executor: str, jobs: int, params: dict, resume: bool,
                                        "analysed": "skipped", "rsum": _rsum(r), "error": None, "log": None}
                for r in grid.runs]
     summary = merge_report(grid)
+    write_text(grid.report_dir / "index.html", collection_page(grid.report_dir, f"cocos sweep {grid.name}",
+                                                               f"{len(grid.runs)} runs"))  # each run's page, summary
     for line in summary_lines(results, time.perf_counter() - start):
         log(line)
-    log(f"wrote {summary}/ (tables.md, tables.tex, figures)")
+    log(f"wrote {summary}/ (tables.md, tables.tex, figures) and {grid.report_dir / 'index.html'}")
     return results
 
 

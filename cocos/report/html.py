@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable, Sequence
-from html import escape
+from html import escape, unescape
 from pathlib import Path
 from urllib.parse import quote
 
@@ -408,7 +408,8 @@ def folder_page(results: Results, tables: Sequence[Table], figures: Sequence[str
                 explorer: dict | None = None, thumbs: Iterable[str] = (), extra: Sequence[tuple[str, str]] = (),
                 links: Sequence[tuple[str, str | None, str]] = ()) -> str:
     """``index.html`` of an analysis or count folder."""
-    title = f"COCOS of {results.model.label} on {results.data.name}"
+    trained = f" trained with {loss_label(results.training.loss, results)}" if results.training is not None else ""
+    title = f"COCOS of {results.model.label}{trained} on {results.data.name}"
     subtitle = ("checkpoint analysis" if results.source.kind == "analyze" else "counted embeddings") + \
         f" · {'compat' if results.counting.compat else 'corrected'} counting shown · cocos {results.cocos_version}"
     return page(title, subtitle, [
@@ -471,3 +472,20 @@ def report_index(report, folder: Path, out: str | os.PathLike, subtitle: str = "
     files = sorted([p.name for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")] + ["index.html"])
     return report_page(report.label and f"COCOS report (by {report.label})" or "COCOS report", subtitle,
                        source_links(report, out), report.tables, figures, files, report.warnings)
+
+
+def _page_title(index: Path) -> str:
+    """The ``<title>`` of a page cocos wrote (its folder's name where there is none)."""
+    text = index.read_text(encoding="utf-8", errors="replace")
+    start, end = text.find("<title>"), text.find("</title>")
+    return unescape(text[start + 7:end]) if 0 <= start < end else index.parent.name
+
+
+def collection_page(folder: Path, title: str, subtitle: str = "") -> str:
+    """``index.html`` of a folder of reports (a demo's, a sweep's): a link to each subfolder's page (the merged
+    ``summary/`` first) under its own title, and the folder's README and files; ``folder`` as it is now (its
+    subfolders written), links relative to it."""
+    pages = sorted((p for p in folder.glob("*/index.html")), key=lambda p: (p.parent.name != "summary", p.parent.name))
+    links = [(f"{p.parent.name}/: {_page_title(p)}", quote(f"{p.parent.name}/index.html"), "") for p in pages]
+    files = sorted(p.name for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
+    return page(title, subtitle, [("reports", "Reports", links_html(links)), ("files", "Files", files_html(files))])
