@@ -83,6 +83,14 @@ def test_event_files_hold_the_logs_values_and_a_resume_appends(tiny, tmp_path):
     assert resumed.keys() == whole.keys()
     for tag in whole:  # the same values as the uninterrupted run (a resume is bit-identical)
         assert resumed[tag] == whole[tag], tag
+    # the run started over without --tensorboard: the earlier run's events go with its other files
+    (straight / "tensorboard" / "notes.txt").write_text("mine")  # a file of the user's: the folder stays
+    Trainer(TrainConfig.of(**{**_cfg(tiny, straight, 1).flat(), "tensorboard": False}), overwrite=True, **QUIET).fit()
+    assert [p.name for p in (straight / "tensorboard").iterdir()] == ["notes.txt"]
+    (straight / "tensorboard" / "notes.txt").unlink()
+    Trainer(_cfg(tiny, straight, 1), **QUIET, overwrite=True).fit()  # events of this run only
+    Trainer(TrainConfig.of(**{**_cfg(tiny, straight, 1).flat(), "tensorboard": False}), overwrite=True, **QUIET).fit()
+    assert not (straight / "tensorboard").exists()
 
 
 def test_the_setting_is_recorded_and_old_records_read_it_as_off(tiny, tmp_path):

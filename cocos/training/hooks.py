@@ -26,9 +26,9 @@ import numpy as np
 import torch
 
 from cocos.errors import CocosError
+from cocos.training.runfolder import TENSORBOARD_DIR
 from cocos.training.track import TENSORBOARD_HINT
 
-TENSORBOARD_DIR = "tensorboard"  # OUT/tensorboard/: cocos train --tensorboard's event files
 EVENT_FILES = "events.out.tfevents.*"  # what a SummaryWriter writes into its folder
 _REFUSED = re.compile(r"[^-/.\w]")  # characters TensorBoard refuses in a tag
 

@@ -35,6 +35,9 @@ from cocos.io import (
 )
 from cocos.training.checkpoint import peek_epoch
 
+TENSORBOARD_DIR = "tensorboard"  # OUT/tensorboard/: cocos train --tensorboard's event files
+EVENTS_PREFIX = "events.out.tfevents."  # TensorBoard's event file names
+
 TRAIN_LOG = "train_log.csv"
 TRACK_LOG = "cocos_track.csv"
 # a run folder's marker, its first file: cocos.io.output_kind reads it as kind "run" (only cocos train --overwrite
@@ -155,15 +158,22 @@ class RunFolder:
                     path.unlink(missing_ok=True)
 
     def _remove_previous_run(self) -> None:
-        """``overwrite``: the previous run's checkpoints, logs and figures go (its marker and other files stay), so
-        the folder never mixes two runs."""
-        for path in self.out.iterdir():
-            if path.name != RUN_MARKER and is_output(path.name) and (path.is_file() or path.is_symlink()):
-                try:
-                    path.unlink()
-                except OSError as exc:
-                    raise CocosError(f"{path}: cannot remove the previous run's file ({exc.strerror or exc})") \
-                        from None
+        """``overwrite``: the previous run's checkpoints, logs and figures go, and its TensorBoard event files
+        (``tensorboard/`` too where nothing else is left in it; the marker and other files stay), so the folder never
+        mixes two runs."""
+        board = self.out / TENSORBOARD_DIR
+        events = [e for e in board.iterdir() if e.is_file() and e.name.startswith(EVENTS_PREFIX)] \
+            if board.is_dir() and not board.is_symlink() else []
+        paths = events + [path for path in self.out.iterdir()
+                  if path.name != RUN_MARKER and is_output(path.name) and (path.is_file() or path.is_symlink())]
+        for path in paths:
+            try:
+                path.unlink()
+            except OSError as exc:
+                raise CocosError(f"{path}: cannot remove the previous run's file ({exc.strerror or exc})") from None
+        with contextlib.suppress(OSError):
+            if events and not any(board.iterdir()):
+                board.rmdir()
 
 
 def check_run_folder(out: str | os.PathLike, inputs=(), option: str = "--out") -> Path:
