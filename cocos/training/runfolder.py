@@ -162,10 +162,9 @@ class RunFolder:
         (``tensorboard/`` too where nothing else is left in it; the marker and other files stay), so the folder never
         mixes two runs."""
         board = self.out / TENSORBOARD_DIR
-        events = [e for e in board.iterdir() if e.is_file() and e.name.startswith(EVENTS_PREFIX)] \
-            if board.is_dir() and not board.is_symlink() else []
+        events = _event_files(board)
         paths = events + [path for path in self.out.iterdir()
-                  if path.name != RUN_MARKER and is_output(path.name) and (path.is_file() or path.is_symlink())]
+                          if path.name != RUN_MARKER and is_output(path.name) and (path.is_file() or path.is_symlink())]
         for path in paths:
             try:
                 path.unlink()
@@ -174,6 +173,13 @@ class RunFolder:
         with contextlib.suppress(OSError):
             if events and not any(board.iterdir()):
                 board.rmdir()
+
+
+def _event_files(board: Path) -> list[Path]:
+    """The TensorBoard event files in a run's ``tensorboard/`` folder (none where it is no folder of its own)."""
+    if not board.is_dir() or board.is_symlink():
+        return []
+    return [e for e in board.iterdir() if e.is_file() and e.name.startswith(EVENTS_PREFIX)]
 
 
 def check_run_folder(out: str | os.PathLike, inputs=(), option: str = "--out") -> Path:
