@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import re
 
@@ -53,15 +54,26 @@ def steady_heap() -> bool:
     temporary in again: 4.6 M page faults, twice the time; the peak it bounded came mostly from a reference
     cycle that is gone.)
     """
-    name = ctypes.util.find_library("c")
-    if not name:
+    libc = _libc()
+    if libc is None:
         return False
     try:
-        libc = ctypes.CDLL(name)
         return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
             libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
-    except (OSError, AttributeError):
+    except AttributeError:
         return False
+
+
+@functools.cache
+def _libc():
+    """The C library, found once per process (``find_library`` runs ``ldconfig``), or None where there is none."""
+    name = ctypes.util.find_library("c")
+    if not name:
+        return None
+    try:
+        return ctypes.CDLL(name)
+    except OSError:
+        return None
 
 
 def available_cores() -> int:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import pickle
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -34,6 +33,7 @@ from cocos.hf import is_clip_folder  # noqa: E402
 from cocos.models.clip import CLIPDual  # noqa: E402
 from cocos.models.vse_infty import bert_model, load_bert_weights  # noqa: E402
 from cocos_cli.main import app  # noqa: E402
+from tests import preloaded  # noqa: E402
 from tests.helpers import synth_words  # noqa: E402
 
 EMPTY_FIGURES = True  # no test here reads a figure: written as empty files (tests/conftest.py)
@@ -379,8 +379,8 @@ def test_memory_bombs_are_refused_before_allocation(world, tmp_path):
         runs[name] = (["analyze", str(folder), "--data", str(images), "--out", out, "--no-progress"] if family == "clip"
                       else ["train", "--data", str(regions), "--model", "vse_infty", "--bert", str(folder), "--out",
                             out, "--epochs", "1", "--no-progress", "--device", "cpu"])
-    proc = subprocess.run([sys.executable, "-c", BOMB_SCRIPT, json.dumps(runs)], capture_output=True, text=True,
-                          timeout=600, cwd=Path(__file__).parents[1])
+    proc = preloaded.run([sys.executable, "-c", BOMB_SCRIPT, json.dumps(runs)], capture_output=True, text=True,
+                         timeout=600, cwd=Path(__file__).parents[1])
     assert proc.returncode == 0, proc.stderr[-2000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     for i, (name, (_, _, words)) in enumerate(BOMBS.items()):

@@ -5,9 +5,9 @@ A model family in a separate package (a linear map of precomputed features and a
 ``pip install`` leaves it) and is trained, evaluated, analysed and reported with no edit to cocos. A checkpoint
 trained with a loss plugin is evaluated and analysed, with the same numbers, once the plugin is gone; only
 ``--resume`` needs it. A plugin that takes a built-in's name is refused in one line naming its package. The commands
-with a plugin run in fresh processes (the commands of one test one after another in one, :func:`cocos_several`: one
-import of torch), so nothing of the test process's registries leaks into them; a command without a plugin may run in
-the test process, whose registries never have one.
+with a plugin run in fresh processes (forked from the tests' preloaded interpreter, :mod:`tests.preloaded`; the
+commands of one test one after another in one, :func:`cocos_several`), so nothing of the test process's registries
+leaks into them; a command without a plugin may run in the test process, whose registries never have one.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import torch
 
 from cocos.data.synth import make_synthetic
 from cocos.data.text import tokenize
+from tests import preloaded
 from tests.helpers import empty_figures
 
 MODEL_PLUGIN = '''
@@ -155,8 +156,8 @@ def cocos(args, cwd: Path, path: Path | None = None) -> subprocess.CompletedProc
     if path is not None:
         env["PYTHONPATH"] = str(path)
     prelude = NO_DRAWING if args[0] in ("analyze", "report", "sweep") else ""
-    return subprocess.run([sys.executable, "-c", prelude + "from cocos_cli.main import run; run()", *args], cwd=cwd,
-                          env=env, capture_output=True, text=True, timeout=600)
+    return preloaded.run([sys.executable, "-c", prelude + "from cocos_cli.main import run; run()", *args], cwd=cwd,
+                         env=env, capture_output=True, text=True, timeout=600)
 
 
 SEVERAL = NO_DRAWING + """
@@ -176,8 +177,8 @@ def cocos_several(commands, cwd: Path, path: Path | None = None) -> list[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "COCOS_PLUGINS")}
     if path is not None:
         env["PYTHONPATH"] = str(path)
-    res = subprocess.run([sys.executable, "-c", SEVERAL, json.dumps(commands)], cwd=cwd, env=env,
-                         capture_output=True, text=True, timeout=600)
+    res = preloaded.run([sys.executable, "-c", SEVERAL, json.dumps(commands)], cwd=cwd, env=env,
+                        capture_output=True, text=True, timeout=600)
     parts = res.stdout.split("@@ exit ")
     assert len(parts) == len(commands) + 1, (res.stdout, res.stderr)
     codes = [int(p.split("\n", 1)[0]) for p in parts[1:]]

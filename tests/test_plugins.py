@@ -2,9 +2,9 @@
 
 The plugin is a module ``cocos_sqhinge`` written to a temporary folder, found either through an
 entry point of the ``cocos.losses`` group (a ``.dist-info`` folder on the path, as ``pip install``
-leaves it) or through ``COCOS_PLUGINS``. Each command with the plugin runs in a fresh process, so nothing of the
-test process's registry leaks into it; a command without it may run in the test process, whose registry never has
-it.
+leaves it) or through ``COCOS_PLUGINS``. Each command with the plugin runs in a fresh process (forked from the tests'
+preloaded interpreter, :mod:`tests.preloaded`, which imports no cocos), so nothing of the test process's registry
+leaks into it; a command without it may run in the test process, whose registry never has it.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from cocos.data.synth import make_synthetic
+from tests import preloaded
 from tests.helpers import empty_figures
 
 PLUGIN = '''
@@ -57,8 +58,8 @@ def cocos(args, cwd: Path, path: Path | None = None, plugins: str | None = None)
         env["PYTHONPATH"] = str(path)
     if plugins is not None:
         env["COCOS_PLUGINS"] = plugins
-    return subprocess.run([sys.executable, "-c", "from cocos_cli.main import run; run()", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return preloaded.run([sys.executable, "-c", "from cocos_cli.main import run; run()", *args], cwd=cwd, env=env,
+                         capture_output=True, text=True, timeout=300)
 
 
 SEVERAL = """
@@ -85,8 +86,8 @@ def cocos_several(commands, cwd: Path, path: Path | None = None) -> list[tuple[i
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "COCOS_PLUGINS")}
     if path is not None:
         env["PYTHONPATH"] = str(path)
-    res = subprocess.run([sys.executable, "-c", SEVERAL, json.dumps(commands)], cwd=cwd, env=env,
-                         capture_output=True, text=True, timeout=300)
+    res = preloaded.run([sys.executable, "-c", SEVERAL, json.dumps(commands)], cwd=cwd, env=env,
+                        capture_output=True, text=True, timeout=300)
     parts = res.stdout.split("@@ exit ")
     assert len(parts) == len(commands) + 1, (res.stdout, res.stderr)
     codes = [int(p.split("\n", 1)[0]) for p in parts[1:]]

@@ -20,6 +20,7 @@ from cocos.data.synth import make_synthetic
 from cocos.errors import CocosError
 from cocos.training.trainer import TrainConfig, Trainer
 from cocos_cli.main import app
+from tests import preloaded
 from tests.helpers import one_error_line, snapshot
 from tests.test_legacy_import import (
     DIM,
@@ -409,8 +410,8 @@ def test_other_ranks_wait_for_rank_0s_writing_beyond_the_collective_timeout(tmp_
     for rank in (0, 1):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
                "MASTER_PORT": str(port), "COCOS_DIST_TIMEOUT": "2", "CUDA_VISIBLE_DEVICES": ""}
-        procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
+        procs.append(preloaded.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True))
     results = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], results
     assert [out.strip() for out, _ in results] == ["left 0", "left 1"]

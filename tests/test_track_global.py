@@ -25,6 +25,7 @@ import torch
 from cocos.errors import CocosError
 from cocos.track import Tracker
 from cocos.training.track import FLOAT_FORMAT
+from tests import preloaded
 
 ROOT = Path(__file__).resolve().parents[1]
 WORLD = 2
@@ -170,9 +171,9 @@ def two(tmp_path_factory) -> tuple[Path, list[dict]]:
     """The one launch of two processes: the folder they wrote, and what each rank saw."""
     root = tmp_path_factory.mktemp("global")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(LAUNCH), str(ROOT), str(rank),
-                               str(root / "store"), str(root)], env=env, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for rank in range(WORLD)]
+    procs = [preloaded.Popen([sys.executable, "-c", textwrap.dedent(LAUNCH), str(ROOT), str(rank),
+                              str(root / "store"), str(root)], env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE) for rank in range(WORLD)]
     outputs = []
     for proc in procs:
         try:

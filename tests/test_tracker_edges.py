@@ -22,6 +22,7 @@ from cocos.errors import CocosError
 from cocos.io import lock_path, mark_output, output_kind, write_csv
 from cocos.track import Tracker
 from cocos.training.logs import read_logs
+from tests import preloaded
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,9 +33,11 @@ def _one_line(exc: pytest.ExceptionInfo) -> str:
     return text
 
 
-def _python(code: str, **kw) -> subprocess.Popen:
+def _python(code: str, real: bool = False, **kw) -> subprocess.Popen:
+    """``python -c code``: forked from the tests' preloaded interpreter, or a real one (``real``: a test that reads
+    the process's peak memory, which a fork starts at its server's)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=env, text=True,
+    return (subprocess.Popen if real else preloaded.Popen)([sys.executable, "-c", textwrap.dedent(code)], env=env, text=True,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
 
 
@@ -195,7 +198,7 @@ def test_counting_in_blocks_gives_the_values_of_the_whole_batch(monkeypatch):
 def test_a_big_batch_stays_within_its_memory_budget():
     # 4096 x 4096 (a quarter of 8192 x 8192) under a quarter of the default budget: the whole count of this batch
     # takes about 515 MB of temporaries (measured), blocks under a quarter of 1 GB
-    child = _python("""
+    child = _python(real=True, code="""
         import resource, torch
         import cocos.counting.blocks as blocks
         from cocos.track import Tracker
