@@ -191,6 +191,25 @@ CHILD = textwrap.dedent('''
 ''')
 
 
+PROXY = textwrap.dedent("""
+    import json, os, signal, socket, struct, sys
+    address, code, args = sys.argv[1], sys.argv[2], sys.argv[3:]
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    conn.connect(address)
+    request = {"code": code, "args": args, "cwd": os.getcwd(), "env": dict(os.environ)}
+    socket.send_fds(conn, [json.dumps(request).encode()], [0, 1, 2])
+    pid = struct.unpack("q", conn.recv(8))[0]
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda number, _: os.kill(pid, number))  # to the child, as to the process it stands for
+    status = conn.recv(8)
+    code = struct.unpack("q", status)[0] if len(status) == 8 else 1
+    if code < 0:  # killed by a signal: so is its stand-in
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    sys.exit(code)
+""")
+
+
 class _Server:
     """The preloaded interpreter of this process: a listening socket in a temporary folder."""
 
@@ -303,6 +322,16 @@ class _Forked(subprocess.Popen):
                 if self.returncode is None:
                     self._connection.settimeout(None)
         return self.returncode
+
+
+def command(code: str) -> list[str]:
+    """``[sys.executable, "-c", code]`` for a launcher that starts the processes itself (``torchrun --no-python``):
+    each is a small stand-in (no imports beyond the standard library's) whose child, forked from this process's
+    preloaded interpreter with the stand-in's descriptors, environment and folder, runs ``code``; signals to the
+    stand-in reach the child, and the stand-in exits as the child did."""
+    if not _preloadable([sys.executable, "-c", code], {}):
+        return [sys.executable, "-c", code]
+    return [sys.executable, "-c", PROXY, _the_server().address, code]
 
 
 def Popen(args, **kwargs) -> subprocess.Popen:  # noqa: N802 (subprocess's name)

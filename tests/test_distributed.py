@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cocos.distributed import Dist, block
+from tests import preloaded
 
 TORCHRUN = shutil.which("torchrun")
 needs_torchrun = pytest.mark.skipif(TORCHRUN is None, reason="torchrun is not on PATH")
@@ -202,10 +203,9 @@ DIES = [*TRAIN, "--out", "dead"]  # last in the launch: rank 1 dies in it (LAST_
 def two(run):
     """The commands of :data:`COMMANDS` on two processes, then :data:`DIES`: ``{name: rank 0's stdout of it}``,
     ``"all"``: every line, ``"dies"``: the launch's exit code and every line of stdout and stderr."""
-    import sys
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "COCOS_DIST_TIMEOUT": "60", "LAST_ONE_DIES": "1"}
-    cmd = [TORCHRUN, "--standalone", "--nproc_per_node=2", "--no-python", sys.executable, "-c", SEVERAL,
+    cmd = [TORCHRUN, "--standalone", "--nproc_per_node=2", "--no-python", *preloaded.command(SEVERAL),
            json.dumps([*COMMANDS.values(), DIES])]
     res = subprocess.run(cmd, cwd=run, env=env, capture_output=True, text=True, timeout=300)
     parts = res.stdout.split("@@ exit ")

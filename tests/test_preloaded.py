@@ -88,3 +88,21 @@ def test_other_commands_and_options_are_real_processes(monkeypatch):
     assert not preloaded._preloadable([sys.executable, "-c", "pass"], {})
     real = preloaded.Popen([sys.executable, "-c", "pass"])
     assert type(real) is subprocess.Popen and real.wait(timeout=120) == 0
+
+
+def test_a_stand_in_for_a_launcher_passes_its_descriptors_exit_code_and_signals(tmp_path):
+    code = "import os, sys; print(sys.argv[1:], os.environ['RANK'], flush=True); sys.exit(4)"
+    stand_in = preloaded.command(code)
+    assert stand_in[:2] == [sys.executable, "-c"] and len(stand_in) == 5  # the stand-in, the server, the code
+    res = subprocess.run([*stand_in, "x"], capture_output=True, text=True, timeout=120, env={**os.environ, "RANK": "1"})
+    assert (res.returncode, res.stdout) == (4, "['x'] 1\n")
+    sleeper = subprocess.Popen(preloaded.command("import time; print('up', flush=True); time.sleep(60)"),
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        assert sleeper.stdout.readline() == "up\n"
+        sleeper.terminate()  # SIGTERM to the stand-in: the child dies of it, and so does the stand-in
+        assert sleeper.wait(timeout=60) == -15
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+        sleeper.stdout.close()
