@@ -150,3 +150,23 @@ def _sigint_as_from_a_terminal():
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
     signal.signal(signal.SIGINT, previous)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _cocos_command_built_once():
+    """``CliRunner().invoke(app, ...)`` builds the click command of the whole ``cocos`` app (every command's
+    parameters from its signature and annotations) at each call: about 12 ms, some 900 times in the suite. The
+    app's commands and parameters are fixed at import, so the command of :data:`cocos_cli.main.app` is built once per
+    process and reused (as click's own tests reuse a command); any other app is built as before."""
+    import typer.testing
+
+    from cocos_cli.main import app
+
+    build = getattr(typer.testing, "_get_command", None)
+    if build is None:  # a typer that builds elsewhere: nothing to share
+        yield
+        return
+    built = build(app)
+    typer.testing._get_command = lambda typer_app: built if typer_app is app else build(typer_app)
+    yield
+    typer.testing._get_command = build
