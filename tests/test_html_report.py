@@ -205,8 +205,8 @@ def test_the_screenshot_is_not_blank(browsed, kind):
     _, _, path = browsed[kind]
     image = Image.open(path).convert("RGB")
     assert image.size == (1200, 2000)
-    assert len(image.getcolors(maxcolors=1 << 24)) > 50
     pixels = np.asarray(image).reshape(-1, 3)
+    assert len(np.unique(pixels.astype(np.int32) @ np.array([1 << 16, 1 << 8, 1], dtype=np.int32))) > 50  # colours
     assert (pixels.min(axis=1) < 235).mean() > 0.03  # text, tables and figures: not an empty white page
 
 

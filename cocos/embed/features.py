@@ -104,6 +104,7 @@ from cocos.io import (
 )
 from cocos.legacy import is_cocos_checkpoint, is_legacy_checkpoint, map_full_image, opt_dict, read_checkpoint_file
 from cocos.models.cnn import build_cnn, load_cnn_weights, strip_classifier
+from cocos.models.noinit import weights_to_be_loaded
 from cocos.models.weights import file_sha256, known_by_digest
 from cocos.progress import progress_bar
 from cocos.training.checkpoint import load_checkpoint
@@ -179,7 +180,8 @@ def load_cnn(path: str | os.PathLike, cnn_type: str) -> torch.nn.Module:
     so that a cache can hold the features of a checkpoint's own (fine-tuned or drifted) CNN."""
 
     path = Path(path)
-    trunk = strip_classifier(build_cnn(cnn_type))
+    with weights_to_be_loaded():  # every tensor comes from the file (a strict load, or load_cnn_weights's check)
+        trunk = strip_classifier(build_cnn(cnn_type))
     found = _checkpoint_cnn(path)
     if found is None:
         return load_cnn_weights(trunk, path, cnn_type).eval()

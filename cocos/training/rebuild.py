@@ -17,6 +17,7 @@ from cocos.data.precomp import PrecompSplit
 from cocos.data.text import Vocabulary
 from cocos.data.wordpiece import coder_of
 from cocos.errors import CocosError
+from cocos.models.noinit import weights_to_be_loaded
 from cocos.models.registry import get_family
 from cocos.training.checkpoint import validate_model
 
@@ -32,7 +33,8 @@ def build_from_checkpoint(ckpt: dict, where="checkpoint") -> tuple[torch.nn.Modu
     validate_model(ckpt, where)
     kind = ckpt["model"]["kind"]
     try:
-        model = get_family(kind).build(**ckpt["model"]["hparams"])
+        with weights_to_be_loaded():  # every tensor comes from the checkpoint (a strict load)
+            model = get_family(kind).build(**ckpt["model"]["hparams"])
         model.load_state_dict(ckpt["state_dict"])
     except (RuntimeError, TypeError, ValueError, AttributeError) as exc:
         raise CocosError(f"{where}: weights do not fit a {kind} model ({str(exc).splitlines()[0]})") from None
