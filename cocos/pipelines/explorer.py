@@ -349,6 +349,6 @@ def write_thumbnails(pictures, items, folder: Path, side: int = THUMB) -> list[s
         size = (max(1, round(image.size[0] * scale)), max(1, round(image.size[1] * scale)))
         name = thumbnail_name(item)
         (folder / name).parent.mkdir(exist_ok=True)
-        image.resize(size, Image.Resampling.LANCZOS).save(folder / name, format="PNG", optimize=True)
+        image.resize(size, Image.Resampling.LANCZOS).save(folder / name, format="PNG")
         names.append(name)
     return names
