@@ -9,7 +9,9 @@ runs ``code`` as ``python -c`` would, in a new process with its own pid, file de
 environment, ``sys.argv`` and ``sys.path`` (``PYTHONPATH`` of its environment first), with cocos and the tests'
 modules imported afresh (the server never imports them), exit codes as the interpreter's (``SystemExit``, an
 exception's traceback and 1, an unhandled ``KeyboardInterrupt`` as death by SIGINT, -N for a signal), non-daemon
-threads joined and ``atexit`` functions run at exit.
+threads joined and ``atexit`` functions run at exit. Where the project's own sources have no current ``.pyc``
+(``PYTHONDONTWRITEBYTECODE``, a fresh clone), the server compiles them once and a child's loader takes that code for
+the very same bytes, compiling anything else itself (nothing is written).
 
 What a fork cannot give a fresh interpreter is left to real processes: a test about what an interpreter imports (or
 not) at start, about startup itself, or about signals before the interpreter runs uses :mod:`subprocess`. Children
@@ -29,15 +31,38 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
 PRELOAD = ("numpy", "torch", "pandas", "matplotlib", "matplotlib.figure", "seaborn", "typer")
 _STATUS = struct.Struct("q")
 
 SERVER = textwrap.dedent("""
-    import gc, importlib, json, os, selectors, signal, socket, struct, sys
+    import gc, importlib, importlib.util, json, os, selectors, signal, socket, struct, sys
 
     for name in sys.argv[2:]:
         importlib.import_module(name)
+    CODE = {}  # the project's sources without a current .pyc (PYTHONDONTWRITEBYTECODE): compiled once, here
+    for root in filter(None, os.environ.pop("COCOS_PRELOADED_SOURCES", "").split(os.pathsep)):
+        for folder, _, files in os.walk(root):
+            for name in files:
+                if name.endswith(".py"):
+                    path = os.path.join(folder, name)
+                    try:
+                        with open(path, "rb") as f:
+                            source = f.read()
+                        with open(importlib.util.cache_from_source(path), "rb") as f:
+                            head = f.read(16)
+                        st = os.stat(path)
+                        if head == (importlib.util.MAGIC_NUMBER + bytes(4) + (int(st.st_mtime) & 0xFFFFFFFF)
+                                    .to_bytes(4, "little") + (st.st_size & 0xFFFFFFFF).to_bytes(4, "little")):
+                            continue  # the interpreter reads its .pyc
+                    except OSError:
+                        pass
+                    try:
+                        CODE[path] = (source, compile(source, path, "exec", dont_inherit=True))
+                    except (SyntaxError, ValueError):
+                        pass
     gc.collect()
     gc.freeze()  # the children do not copy these pages by collecting them
     STATUS = struct.Struct("q")
@@ -73,7 +98,7 @@ SERVER = textwrap.dedent("""
             if fd > 2:
                 os.close(fd)
         from tests_preloaded_child import main  # noqa: the child's runner, imported in the child only
-        main(request, BASE_PATH)
+        main(request, BASE_PATH, CODE)
 
 
     while True:
@@ -146,7 +171,23 @@ CHILD = textwrap.dedent('''
         return 1
 
 
-    def main(request, base_path):
+    def _compiled(code):
+        """The loader's compile of a source, from the server's compilations of the same bytes where it has one."""
+        from importlib.machinery import SourceFileLoader
+
+        original = SourceFileLoader.source_to_code
+
+        def source_to_code(self, data, path, *, _optimize=-1):
+            hit = code.get(path)
+            if hit is not None and _optimize == -1 and hit[0] == data:
+                return hit[1]
+            return original(self, data, path, _optimize=_optimize)
+
+        SourceFileLoader.source_to_code = source_to_code
+
+
+    def main(request, base_path, code):
+        _compiled(code)
         env = request["env"]
         os.chdir(request["cwd"])
         os.environ.clear()
@@ -220,6 +261,7 @@ class _Server:
             f.write(CHILD)
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         env["PYTHONPATH"] = self.folder  # the child's runner; each child's sys.path is its own request's
+        env["COCOS_PRELOADED_SOURCES"] = os.pathsep.join(str(ROOT / d) for d in ("cocos", "cli", "tests"))
         self.process = subprocess.Popen([sys.executable, "-c", SERVER, self.address, *PRELOAD], env=env,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         line = self.process.stdout.readline()

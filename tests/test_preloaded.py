@@ -106,3 +106,37 @@ def test_a_stand_in_for_a_launcher_passes_its_descriptors_exit_code_and_signals(
         if sleeper.poll() is None:
             sleeper.kill()
         sleeper.stdout.close()
+
+
+def test_a_child_compiles_the_projects_sources_only_where_they_changed():
+    """Without a current .pyc (PYTHONDONTWRITEBYTECODE) the server's compilation of a project file serves the
+    children, for those very bytes only; other bytes are compiled as the interpreter would."""
+    code = """
+import importlib.machinery, importlib.util, sys
+import cocos.io as module
+path = module.__file__
+loader = importlib.machinery.SourceFileLoader("x", path)
+data = open(path, "rb").read()
+first, again = loader.source_to_code(data, path), loader.source_to_code(data, path)
+changed = loader.source_to_code(data + b"\\nCHANGED = 1\\n", path)
+print(first is again, "CHANGED" in first.co_names, "CHANGED" in changed.co_names, changed is first)
+"""
+    res = preloaded.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    same, *rest = res.stdout.split()
+    assert rest == ["False", "True", "False"]  # the changed bytes compiled afresh
+    assert same == str(not _current_pyc(preloaded.ROOT / "cocos" / "io.py"))  # one compilation, unless a .pyc is
+
+
+def _current_pyc(path) -> bool:
+    """Whether the interpreter would read ``path``'s .pyc (its header names the source's mtime and size)."""
+    import importlib.util
+
+    try:
+        head = open(importlib.util.cache_from_source(str(path)), "rb").read(16)
+    except OSError:
+        return False
+    stat = os.stat(path)
+    return (head[:4] == importlib.util.MAGIC_NUMBER and int.from_bytes(head[4:8], "little") == 0
+            and int.from_bytes(head[8:12], "little") == int(stat.st_mtime) & 0xFFFFFFFF
+            and int.from_bytes(head[12:16], "little") == stat.st_size & 0xFFFFFFFF)
