@@ -18,6 +18,11 @@ first) go first, the others follow in xdist's order (``--no-loadscope-reorder`` 
 Figures are most of the suite's time, and most of a PDF's time is matplotlib
 subsetting the same font for the same glyphs again: :func:`tests.helpers.memoise_pdf_font_subsets`
 does it once per (font, glyphs) for the session, with byte-identical files.
+
+Also per test process: the heap frozen out of the cyclic collector's way after collection and at each module's start
+(:func:`_freeze_heap`), the click command of ``cocos``'s app built once for ``CliRunner``
+(:func:`_cocos_command_built_once`; both checked to change no output in tests/test_suite_speed.py), and fresh
+``python -c`` processes forked from a preloaded interpreter (tests/preloaded.py).
 """
 
 import os
@@ -49,27 +54,28 @@ def pytest_unconfigure(config):
         gc.freeze()
 
 
-# the modules (xdist scopes) of longest run time on the 2-core machine, longest first (measured: the first about
-# 55 s, the next two about 15 s, the last about 6 s; most other modules take under 3 s)
+# the modules (xdist scopes) of longest run time on the 2-core machine, longest first (measured with both workers
+# busy: the first about 12 s, the last about 5 s; most other modules take under 4 s)
 LONG_FIRST = [
-    "tests/test_model_plugins.py",  # fresh processes, each training or importing torch
-    "tests/test_plugins.py",  # fresh processes
     "tests/test_distributed.py",  # a torchrun launch
-    "tests/test_track_global.py",  # a launch of two processes
-    "tests/test_cnn.py",
     "tests/test_train_images.py",
+    "tests/test_model_plugins.py",  # fresh processes, each training
     "tests/test_figure_print.py",
     "tests/test_analyze.py",
+    "tests/test_html_report.py",  # Chromium
     "tests/test_vse_infty.py",
-    "tests/test_tracker_edges.py",
     "tests/test_demo_images.py",
-    "tests/test_reliability.py",
-    "tests/test_docs.py::TestTutorial",
-    "tests/test_docs.py::TestReadme",
-    "tests/test_demo.py",
-    "tests/test_demo_clip.py",
-    "tests/test_checkpoint_hardening.py",
+    "tests/test_cnn.py",
     "tests/test_clip.py",
+    "tests/test_plugins.py",  # fresh processes
+    "tests/test_checkpoint_hardening.py",
+    "tests/test_goal_objective.py",
+    "tests/test_sweep.py",
+    "tests/test_demo_clip.py",
+    "tests/test_demo.py",
+    "tests/test_training.py",
+    "tests/test_docs.py::TestTutorial",
+    "tests/test_reliability.py",
 ]
 
 

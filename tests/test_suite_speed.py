@@ -46,3 +46,24 @@ def test_memoised_font_subsets_give_the_same_pdf_bytes():
     assert plain[0] != plain[1]  # the two glyph sets give different files
     assert cached == [plain[0], plain[1], plain[0]]
     assert 2 <= len(memo) <= 4  # one subset per font and glyph set: the third PDF made none
+
+
+def test_the_cocos_command_built_once_answers_as_one_built_for_each_call(tmp_path, monkeypatch):
+    """tests/conftest.py builds the click command of ``cocos_cli.main.app`` once per process for ``CliRunner``: its
+    answers are those of a command built for the call."""
+    import typer.main
+    import typer.testing
+
+    from cocos_cli.main import app
+
+    runner = typer.testing.CliRunner()
+    assert typer.testing._get_command(app) is typer.testing._get_command(app)  # shared
+    commands = (["--help"], ["losses"], ["count", "--help"], ["count", "--no-such-flag"],
+                ["analyze", str(tmp_path / "missing.pt"), "--out", str(tmp_path / "out")])
+    shared = [runner.invoke(app, args) for args in commands]
+    monkeypatch.setattr(typer.testing, "_get_command", typer.main.get_command)  # typer's own: built at each call
+    assert typer.testing._get_command(app) is not typer.testing._get_command(app)
+    built = [runner.invoke(app, args) for args in commands]
+    for args, a, b in zip(commands, shared, built, strict=True):
+        assert (a.exit_code, a.output) == (b.exit_code, b.output), args
+    assert {a.exit_code for a in shared} == {0, 2}
