@@ -13,6 +13,7 @@ import torch
 from cocos import typed
 from cocos.errors import CocosError
 from cocos.losses.ltd import TargetDecoder
+from cocos.models.noinit import weights_to_be_loaded
 from cocos.safeload import first_line
 from cocos.training.ckpt_schema import (
     Checker,
@@ -29,19 +30,11 @@ from cocos.training.config import lr_group_names
 
 @contextlib.contextmanager
 def _on_meta_device():
-    """Build modules on the meta device. ``nn.init.normal_`` of a meta tensor is skipped: its meta
-    implementation imports torch's Python reference ops (a second of start-up for every command)."""
-    original = torch.nn.init.normal_
-
-    def normal_(tensor, *args, **kwargs):
-        return tensor if tensor.is_meta else original(tensor, *args, **kwargs)
-
-    torch.nn.init.normal_ = normal_
-    try:
-        with torch.device("meta"):
-            yield
-    finally:
-        torch.nn.init.normal_ = original
+    """Build modules on the meta device, their random initialisers skipped
+    (:func:`~cocos.models.noinit.weights_to_be_loaded`): shapes only, and ``nn.init.normal_`` of a meta tensor would
+    import torch's Python reference ops (a second of start-up for every command)."""
+    with weights_to_be_loaded(), torch.device("meta"):
+        yield
 
 
 def meta_module(check: Checker, name: str, build):
